@@ -1,0 +1,47 @@
+"""Rank pools shared by the whole session: each world size's processes start once.
+
+On the CPU emulation the default world sizes are 2, 3 and 4; on GPUs, 2 and every GPU
+visible. TRIDENT_TEST_WORLD_SIZES=2,4 overrides.
+"""
+import os
+
+import pytest
+
+from trident.launch import RankPool, default_backend
+
+BACKEND = default_backend()
+
+
+def _world_sizes() -> list[int]:
+    if os.environ.get("TRIDENT_TEST_WORLD_SIZES"):
+        return [int(w) for w in os.environ["TRIDENT_TEST_WORLD_SIZES"].split(",")]
+    if BACKEND == "cuda":
+        import torch
+        n = torch.cuda.device_count()
+        return sorted({w for w in (2, n) if 2 <= w <= n})
+    return [2, 3, 4]
+
+
+WORLD_SIZES = _world_sizes()
+_pools: dict[int, RankPool] = {}
+
+
+def get_pool(world_size: int) -> RankPool:
+    pool = _pools.get(world_size)
+    if pool is None or pool._procs is None:
+        heap = int(os.environ.get("TRIDENT_TEST_HEAP_SIZE", 1 << 30 if BACKEND == "cuda" else 64 << 20))
+        pool = _pools[world_size] = RankPool(world_size, backend=BACKEND, heap_size=heap,
+                                             timeout=60.0, run_timeout=900.0)
+    return pool
+
+
+@pytest.fixture(params=WORLD_SIZES, ids=lambda w: f"world{w}")
+def pool(request) -> RankPool:
+    """A RankPool of each test world size: `pool.run(fn, *args)` runs fn(ctx, *args) on all ranks."""
+    return get_pool(request.param)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for p in _pools.values():
+        p.close()
+    _pools.clear()

@@ -1,0 +1,109 @@
+"""The symmetric heap across ranks: offsets, reuse, mismatch detection, leaks."""
+import os
+
+import pytest
+import torch
+
+import trident as td
+from trident.heap import HeapFullError
+
+
+def _offsets(ctx):
+    ts = [ctx.empty(17, dtype=torch.float32), ctx.zeros(3, 5, dtype=torch.bfloat16),
+          ctx.ones(1000, dtype=torch.int8), ctx.full((4, 4), 2.5, dtype=torch.float16),
+          ctx.randn(33, dtype=torch.float32), ctx.rand(8, dtype=torch.float64),
+          ctx.arange(10, 30, 3, dtype=torch.int32)]
+    ts += [ctx.empty_like(ts[1]), ctx.zeros_like(ts[4])]
+    base = ctx.heap_bases[ctx.rank].item()
+    offs = [t.data_ptr() - base for t in ts]
+    assert all(o % 256 == 0 for o in offs)
+    assert all(ctx.is_symmetric(t) for t in ts)
+    assert torch.equal(ts[6].cpu(), torch.arange(10, 30, 3, dtype=torch.int32))
+    assert (ts[3] == 2.5).all() and (ts[2] == 1).all() and (ts[1] == 0).all()
+    assert ts[7].shape == (3, 5) and ts[7].dtype == torch.bfloat16
+    # free and reuse: a freed block comes back for a request that fits
+    ctx.free(ts[2])
+    again = ctx.empty(500, dtype=torch.int8)
+    assert again.data_ptr() - base == offs[2]
+    ctx.barrier()
+    return offs
+
+
+def test_symmetric_offsets_and_reuse(pool):
+    offs = pool.run(_offsets)
+    assert all(o == offs[0] for o in offs)
+
+
+def _mismatch(ctx):
+    ctx.empty(100 + (ctx.rank == 1) * 8, dtype=torch.uint8)
+    ctx.barrier()
+
+
+def test_asymmetric_allocation_is_caught(pool):
+    with pytest.raises(td.HeapMismatchError) as e:
+        pool.run(_mismatch)
+    msg = str(e.value)
+    assert "rank 0" in msg and "rank 1" in msg and "100 B" in msg and "108 B" in msg, msg
+
+
+def _exhaust(ctx):
+    with pytest.raises(HeapFullError) as e:
+        ctx.empty(ctx.heap_size, dtype=torch.uint8)
+    msg = str(e.value)
+    assert f"heap size {ctx.heap_size} B" in msg and "in use" in msg and "TRIDENT_HEAP_SIZE" in msg
+    ctx.barrier()
+
+
+def test_heap_full_message(pool):
+    pool.run(_exhaust)
+
+
+def _bad_arguments(ctx):
+    plain = torch.zeros(4, device=ctx.device)
+    with pytest.raises(ValueError, match="not on this context's symmetric heap"):
+        ctx.free(plain)
+    t = ctx.zeros(64)
+    with pytest.raises(ValueError, match="view inside an allocation"):
+        ctx.free(t[8:])
+    with pytest.raises(ValueError, match="symmetric heap"):
+        ctx.check_symmetric(plain, "out")
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        ctx.check_symmetric([1, 2], "out")
+    with pytest.raises(ValueError, match="negative"):
+        ctx.empty(-1)
+    with pytest.raises(ValueError, match="positive"):
+        ctx.set_timeout(0)
+    assert not ctx.is_symmetric(t.cpu() if ctx.device.type != "cpu" else t.clone())
+    ctx.free(t)
+    ctx.barrier()
+
+
+def test_bad_arguments(pool):
+    pool.run(_bad_arguments)
+
+
+def _fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _shm_files():
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("trident-"))
+
+
+def _init_close_many(ctx, rounds):
+    fds, shm = _fds(), _shm_files()
+    gpu = torch.cuda.memory_allocated(ctx.device) if ctx.backend == "cuda" else 0
+    for i in range(rounds):
+        with td.init(heap_size=4 << 20, group=ctx.group) as other:
+            x = other.randn(1000)
+            assert other.is_symmetric(x) and not ctx.is_symmetric(x)
+            other.barrier()
+    assert _fds() == fds, (fds, _fds())
+    assert _shm_files() == shm
+    if ctx.backend == "cuda":
+        assert torch.cuda.memory_allocated(ctx.device) == gpu
+    return rounds
+
+
+def test_repeated_init_close_leaks_nothing(pool):
+    assert pool.run(_init_close_many, 20) == [20] * pool.world_size

@@ -1,0 +1,149 @@
+"""signal/wait, the device barrier, and bounded waits that become CommTimeout."""
+import time
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import trident as td
+import trident.language as tdl
+
+
+@triton.jit
+def _ping_pong_kernel(flags, data, log, ctrl, rank, heap_bases, rounds):
+    """Ranks 0 and 1 take turns: each round, write a value into the peer, then signal it.
+    The receiver checks the value arrived with the flag and records it."""
+    peer = 1 - rank
+    for i in range(rounds):
+        if (i % 2) == rank:
+            tdl.store(data, i * 7 + 3, rank, peer, heap_bases)
+            tdl.signal(flags, i + 1, rank, peer, heap_bases)
+        else:
+            tdl.wait(flags, i + 1, ctrl, rank, peer, 12)
+            tl.store(log + i, tl.load(data, volatile=True))
+
+
+def _ping_pong(ctx, rounds):
+    flags = ctx.zeros(1, dtype=torch.int32)
+    data = ctx.zeros(1, dtype=torch.int32)
+    log = ctx.full(rounds, -1, dtype=torch.int32)
+    ctx.barrier()
+    if ctx.rank < 2:
+        _ping_pong_kernel[(1,)](flags, data, log, ctx.ctrl, ctx.rank, ctx.heap_bases, rounds)
+    ctx.barrier()
+    if ctx.rank < 2:
+        mine = torch.arange(rounds)[torch.arange(rounds) % 2 != ctx.rank]
+        got = log.cpu()[mine]
+        assert torch.equal(got, (mine * 7 + 3).to(torch.int32)), got
+
+
+def test_ping_pong_1000_rounds(pool):
+    pool.run(_ping_pong, 1000)
+
+
+@triton.jit
+def _barrier_rounds_kernel(slots, errors, ctrl, rank, world_size, heap_bases, rounds):
+    """Each round every rank writes the round number into its slot on every peer, meets the
+    others at the barrier, checks that every slot holds this round, and meets them again."""
+    bad = 0
+    for i in range(rounds):
+        for peer in range(world_size):
+            tdl.store(slots + rank, i + 1, rank, peer, heap_bases)
+        tdl.barrier(ctrl, rank, world_size, heap_bases)
+        for peer in range(world_size):
+            bad += (tl.load(slots + peer, volatile=True) != i + 1).to(tl.int32)
+        tdl.barrier(ctrl, rank, world_size, heap_bases)
+    tl.store(errors, bad)
+
+
+def _barrier_rounds(ctx, rounds):
+    slots = ctx.zeros(ctx.world_size, dtype=torch.int32)
+    errors = ctx.full(1, -1, dtype=torch.int32)
+    ctx.barrier()
+    _barrier_rounds_kernel[(1,)](slots, errors, ctx.ctrl, ctx.rank, ctx.world_size,
+                                 ctx.heap_bases, rounds)
+    for _ in range(10):          # the host-launched barrier kernel, back to back
+        ctx.device_barrier()
+    ctx.barrier()
+    assert errors.item() == 0, f"{errors.item()} slots seen before their round was written"
+
+
+def test_device_barrier_repeated_without_reset(pool):
+    pool.run(_barrier_rounds, 50)
+
+
+@triton.jit
+def _wait_for_rank1_kernel(flag, ok, ctrl, rank, heap_bases):
+    tl.store(ok, tdl.wait(flag, 1, ctrl, rank, 1, 12).to(tl.int32))
+
+
+def _silent_peer(ctx):
+    flag = ctx.zeros(1, dtype=torch.int32)
+    ok = ctx.full(1, -1, dtype=torch.int32)
+    ctx.set_timeout(0.5)
+    ctx.barrier()
+    start = time.monotonic()
+    try:
+        if ctx.rank != 1:      # rank 1 never signals
+            _wait_for_rank1_kernel[(1,)](flag, ok, ctx.ctrl, ctx.rank, ctx.heap_bases)
+            with pytest.raises(td.CommTimeout) as e:
+                ctx.sync()
+            assert e.value.rank == ctx.rank and e.value.peer == 1 and e.value.op == "test"
+            assert ok.item() == 0
+        ctx.barrier()          # the error word was cleared by sync: the barrier passes
+    finally:
+        ctx.set_timeout(60.0)
+    return time.monotonic() - start
+
+
+def test_silent_peer_gives_comm_timeout(pool):
+    elapsed = pool.run(_silent_peer)
+    assert max(elapsed) < 20, elapsed
+
+
+def _timeout_at_barrier(ctx):
+    flag = ctx.zeros(1, dtype=torch.int32)
+    ok = ctx.zeros(1, dtype=torch.int32)
+    ctx.set_timeout(0.3)
+    try:
+        if ctx.rank == 0:
+            _wait_for_rank1_kernel[(1,)](flag, ok, ctx.ctrl, ctx.rank, ctx.heap_bases)
+        with pytest.raises(td.CommTimeout, match="rank 0: test timed out .* from rank 1"):
+            ctx.barrier()      # every rank learns of rank 0's timeout
+        ctx.barrier()
+    finally:
+        ctx.set_timeout(60.0)
+
+
+def test_timeout_is_raised_on_every_rank_at_barrier(pool):
+    pool.run(_timeout_at_barrier)
+
+
+def _debug_mode(ctx):
+    with td.init(heap_size=1 << 20, group=ctx.group, timeout=0.3, debug=True) as dbg:
+        for _ in range(3):
+            dbg.device_barrier()      # checked after each op; all ranks take part: no error
+        assert dbg.ctrl[0].item() == 0
+
+
+def test_debug_mode_checks_after_each_op(pool):
+    pool.run(_debug_mode)
+
+
+def _timestamps(ctx):
+    out = ctx.zeros(2, dtype=torch.int64)
+    _timestamp_kernel[(1,)](out)
+    ctx.sync()
+    t0, t1 = out.tolist()
+    assert 0 < t0 <= t1
+
+
+@triton.jit
+def _timestamp_kernel(out):
+    tl.store(out, tdl.timestamp())
+    tl.store(out + 1, tdl.timestamp())
+
+
+def test_timestamp_is_monotonic(pool):
+    pool.run(_timestamps)

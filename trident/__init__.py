@@ -1,0 +1,10 @@
+"""trident: Triton kernels that read, write and signal each other's memory across the
+GPUs of one NVLink node, through a symmetric heap -- and run on the CPU for testing."""
+from . import _env  # noqa: F401  (must come first: picks GPU or interpreter helpers)
+from .context import Context, init
+from .errors import CommTimeout, HeapMismatchError
+from .heap import HeapFullError
+from .launch import launch
+
+__version__ = "0.1.0"
+__all__ = ["init", "Context", "launch", "CommTimeout", "HeapFullError", "HeapMismatchError"]

@@ -1,0 +1,292 @@
+"""Context: one rank's view of the job -- rank, world size, device, the symmetric heap."""
+from __future__ import annotations
+
+import math
+import os
+import uuid
+
+import torch
+import torch.distributed as dist
+
+from . import _env
+from .errors import CommTimeout, HeapMismatchError, decode_timeout
+from .heap.allocator import Allocator
+from .language import sync as _sync
+
+# Host-side copies of the control-block layout (the device side uses tl.constexpr).
+CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS = (
+    int(getattr(c, "value", c)) for c in (_sync.CTRL_ERROR, _sync.CTRL_TIMEOUT, _sync.CTRL_WORDS,
+                                          _sync.MAX_RANKS))
+
+DEFAULT_HEAP_SIZE = 1 << 30
+DEFAULT_TIMEOUT_S = 30.0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return int(value) if value else default
+
+
+class Context:
+    """Created by `trident.init`; holds the heap and offers the collectives and ops.
+
+    Attributes: rank, world_size, device, backend ("cuda" or "cpu"), heap_size,
+    heap_bases (int64 tensor on `device`: where each rank's heap lives in this process),
+    ctrl (this rank's control block: error word, timeout, barrier epoch and flags).
+    """
+
+    def __init__(self, heap_size: int | None = None, group=None, timeout: float | None = None,
+                 debug: bool | None = None):
+        if not dist.is_initialized():
+            raise RuntimeError("trident.init needs torch.distributed to be initialised first "
+                               "(dist.init_process_group), or start ranks with trident.launch")
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        if self.world_size > MAX_RANKS:
+            raise ValueError(f"trident supports up to {MAX_RANKS} ranks, got {self.world_size}")
+        self.heap_size = heap_size or _env_int("TRIDENT_HEAP_SIZE", DEFAULT_HEAP_SIZE)
+        self.debug = bool(int(os.environ.get("TRIDENT_DEBUG", "0"))) if debug is None else debug
+        self.backend = "cpu" if _env.INTERPRET else "cuda"
+        if self.backend == "cuda":
+            local_rank = _env_int("LOCAL_RANK", self.rank % torch.cuda.device_count())
+            self.device = torch.device("cuda", local_rank)
+            torch.cuda.set_device(self.device)
+            from .heap.cuda import CudaHeap
+            self._heap = CudaHeap(self.heap_size, self.rank, self.world_size, self.group,
+                                  self.device)
+        else:
+            from . import emulation
+            from .heap.cpu import CpuHeap
+            emulation.install()
+            self.device = torch.device("cpu")
+            self._heap = CpuHeap(self.heap_size, self.rank, self.world_size, self.group,
+                                 self._job_id())
+        self._closed = False
+        self._workspaces: dict = {}
+        self._persistent: set[int] = set()
+        self._heap_ptr = self._heap.local.data_ptr()
+        self.allocator = Allocator(self.heap_size)
+        self.heap_bases = torch.tensor(self._heap.bases, dtype=torch.int64, device=self.device)
+        self.ctrl = self.zeros(CTRL_WORDS, dtype=torch.int64)
+        self._persistent.add(0)
+        self.set_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
+        self.barrier()
+
+    def _job_id(self) -> str:
+        job = [os.environ.get("TRIDENT_JOB_ID") or uuid.uuid4().hex[:12]]
+        dist.broadcast_object_list(job, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return job[0]
+
+    # ------------------------------------------------------------------ allocation
+    def _alloc(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        self._check_open()
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"negative dimension in shape {shape}")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        offset = self.allocator.alloc(nbytes, what=f"for shape {list(shape)} {dtype}")
+        return self._heap.local[offset:offset + nbytes].view(dtype).view(shape)
+
+    def empty(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """An uninitialised tensor on the symmetric heap (same offset on every rank)."""
+        return self._alloc(shape, dtype)
+
+    def zeros(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._alloc(shape, dtype).zero_()
+
+    def ones(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._alloc(shape, dtype).fill_(1)
+
+    def full(self, shape, fill_value, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._alloc((shape,) if isinstance(shape, int) else shape, dtype).fill_(fill_value)
+
+    def randn(self, *shape, dtype: torch.dtype = torch.float32, generator=None) -> torch.Tensor:
+        return self._alloc(shape, dtype).normal_(generator=generator)
+
+    def rand(self, *shape, dtype: torch.dtype = torch.float32, generator=None) -> torch.Tensor:
+        return self._alloc(shape, dtype).uniform_(generator=generator)
+
+    def arange(self, start, end=None, step=1, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        values = torch.arange(start, end, step, dtype=dtype) if end is not None \
+            else torch.arange(start, dtype=dtype)
+        return self._alloc(values.shape, dtype).copy_(values)
+
+    def empty_like(self, t: torch.Tensor) -> torch.Tensor:
+        return self._alloc(t.shape, t.dtype)
+
+    def zeros_like(self, t: torch.Tensor) -> torch.Tensor:
+        return self._alloc(t.shape, t.dtype).zero_()
+
+    def is_symmetric(self, t: torch.Tensor) -> bool:
+        """True if `t` lies in this context's heap (so peers can address it)."""
+        if self._closed or not isinstance(t, torch.Tensor) or t.device != self.device:
+            return False
+        return (t.untyped_storage().data_ptr() == self._heap_ptr
+                and self._heap_ptr <= t.data_ptr() < self._heap_ptr + self.heap_size)
+
+    def free(self, t: torch.Tensor) -> None:
+        """Return `t`'s block to the heap. Every rank must free the same tensors in the same order."""
+        if not self.is_symmetric(t):
+            raise ValueError("ctx.free: tensor is not on this context's symmetric heap")
+        offset = t.data_ptr() - self._heap_ptr
+        if not self.allocator.owns(offset):
+            raise ValueError(f"ctx.free: tensor at heap offset {offset} is a view inside an "
+                             f"allocation, not the tensor the factory returned")
+        self.allocator.free(offset)
+
+    def check_symmetric(self, t: torch.Tensor, name: str) -> None:
+        """Raise a clear error unless `t` is on the heap (for use by ops)."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not self.is_symmetric(t):
+            raise ValueError(f"{name} must be a tensor on the symmetric heap (made by ctx.empty/"
+                             f"zeros/...): peers cannot address memory outside it")
+
+    # ------------------------------------------------------------------ synchronisation
+    def set_timeout(self, seconds: float) -> None:
+        """Limit of every device-side wait. Past it, the wait gives up and CommTimeout follows."""
+        if seconds <= 0:
+            raise ValueError(f"timeout must be positive, got {seconds}")
+        self.timeout_s = float(seconds)
+        self.ctrl[CTRL_TIMEOUT] = int(seconds * 1e9)
+
+    def sync(self) -> None:
+        """Wait for this rank's queued device work; raise CommTimeout if a wait timed out."""
+        self._check_open()
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        self._raise_if_timed_out(int(self.ctrl[CTRL_ERROR].item()))
+
+    def _raise_if_timed_out(self, word: int) -> None:
+        if word:
+            self.ctrl[CTRL_ERROR] = 0
+            op, rank, peer = decode_timeout(word)
+            raise CommTimeout(op, rank, peer, self.timeout_s)
+
+    def after_op(self) -> None:
+        """Called by every op after its launch: in debug mode, synchronise and check errors."""
+        if self.debug:
+            self.sync()
+
+    def barrier(self) -> None:
+        """Host barrier: finishes device work, checks every rank's error word and that all
+        ranks made the same heap allocations, then synchronises the ranks."""
+        self._check_open()
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        mine = torch.tensor([self.allocator.digest(), int(self.ctrl[CTRL_ERROR].item())],
+                            dtype=torch.int64, device=self.device)
+        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(everyone, mine, group=self.group)
+        digests = [int(t[0]) for t in everyone]
+        errors = [int(t[1]) for t in everyone]
+        if len(set(digests)) > 1:
+            self._raise_heap_mismatch(digests)
+        self.allocator.log.clear()
+        if errors[self.rank]:
+            self._raise_if_timed_out(errors[self.rank])
+        for word in errors:
+            if word:
+                op, rank, peer = decode_timeout(word)
+                raise CommTimeout(op, rank, peer, self.timeout_s)
+
+    def _raise_heap_mismatch(self, digests: list[int]) -> None:
+        logs = [None] * self.world_size
+        dist.all_gather_object(logs, list(self.allocator.log), group=self.group)
+        ref = 0
+        other = next(r for r in range(self.world_size) if digests[r] != digests[ref])
+        a, b = logs[ref], logs[other]
+        i = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+        req_a = a[i] if i < len(a) else "(nothing)"
+        req_b = b[i] if i < len(b) else "(nothing)"
+        raise HeapMismatchError(
+            f"symmetric heap allocations differ between rank {ref} and rank {other}: request "
+            f"#{i} since the last barrier was '{req_a}' on rank {ref} but '{req_b}' on rank "
+            f"{other}. Every rank must allocate and free the same sizes in the same order.")
+
+    def device_barrier(self) -> None:
+        """Stream-ordered barrier across ranks (one tiny kernel; CUDA-graph capturable)."""
+        from .ccl.barrier import device_barrier
+        device_barrier(self)
+        self.after_op()
+
+    def free_since(self, live_before) -> None:
+        """Free every allocation made since `live_before` (a set of live offsets), then
+        restart the allocation history: all ranks end up with the same heap again, even
+        after a function that failed part-way on some ranks (used by RankPool)."""
+        keep = set(live_before) | self._persistent
+        for offset in self.allocator.live_offsets():
+            if offset not in keep:
+                self.allocator.free(offset)
+        self.allocator.restart_log()
+
+    def workspace(self, key, factory):
+        """A heap object that lives as long as the context (created on first use by
+        `factory(ctx)`, on every rank at the same call). Ops keep their buffers here."""
+        obj = self._workspaces.get(key)
+        if obj is None:
+            before = set(self.allocator.live_offsets())
+            obj = self._workspaces[key] = factory(self)
+            self._persistent |= set(self.allocator.live_offsets()) - before
+        return obj
+
+    def reset(self) -> None:
+        """Collective: after a failure, bring error words, epochs and flags back to zero on
+        every rank so the context can be used again."""
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.barrier(self.group)
+        self.ctrl.zero_()
+        self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
+        for ws in self._workspaces.values():
+            if hasattr(ws, "reset"):
+                ws.reset()
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        dist.barrier(self.group)
+
+    # ------------------------------------------------------------------ lifetime
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this trident Context is closed")
+
+    def close(self) -> None:
+        """Release the heap. Tensors from this context must not be used afterwards."""
+        if self._closed:
+            return
+        try:
+            self.barrier()
+        finally:
+            self._closed = True
+            self.ctrl = self.heap_bases = None
+            self._heap.close()
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"trident.Context(rank={self.rank}, world_size={self.world_size}, "
+                f"backend={self.backend!r}, device={self.device}, heap_size={self.heap_size}, "
+                f"in_use={self.allocator.bytes_in_use})")
+
+
+def init(heap_size: int | None = None, group=None, timeout: float | None = None,
+         debug: bool | None = None) -> Context:
+    """Collective over `group` (default: the whole job): map every rank's symmetric heap.
+
+    Under torchrun (RANK/WORLD_SIZE set) the process group is created if it is not yet.
+    heap_size defaults to $TRIDENT_HEAP_SIZE or 1 GiB; timeout (seconds) bounds every
+    device wait; debug=True checks for timed-out waits after every op.
+    """
+    if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        backend = "gloo" if _env.INTERPRET else "nccl"
+        if backend == "nccl":
+            torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+        dist.init_process_group(backend)
+    return Context(heap_size=heap_size, group=group, timeout=timeout, debug=debug)

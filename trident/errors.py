@@ -1,0 +1,53 @@
+"""Errors trident raises, and the op codes that device waits record when they time out."""
+
+# Each kernel that waits passes one of these codes to `wait`, so that a timeout can be
+# reported by name on the host. Append only: the codes travel between ranks.
+OP_NAMES = {
+    0: "wait",
+    1: "device_barrier",
+    2: "all_gather",
+    3: "reduce_scatter",
+    4: "all_reduce",
+    5: "all_to_all",
+    6: "broadcast",
+    7: "all_gather_matmul",
+    8: "matmul_reduce_scatter",
+    9: "matmul_all_reduce",
+    10: "moe_dispatch",
+    11: "moe_combine",
+    12: "test",
+    13: "p2p_bench",
+}
+OP_CODES = {name: code for code, name in OP_NAMES.items()}
+
+ERROR_FLAG = 1 << 62
+
+
+def encode_timeout(op: int, rank: int, peer: int) -> int:
+    """The value a timed-out wait writes into the error word (see language/sync.py)."""
+    return ERROR_FLAG | (op << 32) | (rank << 16) | peer
+
+
+def decode_timeout(word: int) -> tuple[str, int, int]:
+    op = (word >> 32) & 0xFFFF
+    return OP_NAMES.get(op, f"op#{op}"), (word >> 16) & 0xFFFF, word & 0xFFFF
+
+
+class CommTimeout(RuntimeError):
+    """A device-side wait ran past its limit: a peer never signalled.
+
+    Raised on the host at the next synchronisation point (ctx.barrier(), ctx.sync(), or
+    after every op when the context is in debug mode).
+    """
+
+    def __init__(self, op: str, rank: int, peer: int, timeout_s: float):
+        self.op, self.rank, self.peer, self.timeout_s = op, rank, peer, timeout_s
+        super().__init__(f"rank {rank}: {op} timed out after {timeout_s:g} s waiting for a signal "
+                         f"from rank {peer} (did that rank skip or fail the same call?)")
+
+    def __reduce__(self):
+        return CommTimeout, (self.op, self.rank, self.peer, self.timeout_s)
+
+
+class HeapMismatchError(RuntimeError):
+    """Ranks made different allocation requests on the symmetric heap."""

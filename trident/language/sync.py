@@ -1,0 +1,81 @@
+"""Signals, bounded waits, the cross-rank device barrier, and timestamps.
+
+Memory ordering: `signal` makes every store the calling program issued before it
+visible to `peer` before the flag changes (program barrier, then an atomic with release
+semantics at system scope). `wait` reads the flag with acquire semantics at system
+scope, so loads after it see the data written before the matching signal.
+
+Every wait is bounded: past the context's timeout it records (op, rank, peer) in the
+rank's error word and returns False; the host then raises trident.CommTimeout. Once the
+error word is set, later waits return at once, so a missing peer costs one timeout.
+"""
+import triton
+import triton.language as tl
+
+from .._env import INTERPRET
+from .rma import translate
+
+if INTERPRET:
+    from ._cpu import backoff, load_acquire, timestamp
+else:
+    from ._gpu import backoff, load_acquire, timestamp
+
+# Layout of the per-rank control block (int64 words, the first allocation of the heap).
+CTRL_ERROR: tl.constexpr = 0        # 0, or the first timeout's encode_timeout(...)
+CTRL_TIMEOUT: tl.constexpr = 1      # wait limit in ns
+CTRL_EPOCH: tl.constexpr = 2        # device-barrier epoch of this rank
+CTRL_FLAGS: tl.constexpr = 8        # device-barrier flags, one per source rank
+MAX_RANKS: tl.constexpr = 64
+CTRL_WORDS: tl.constexpr = 8 + 64
+
+_ERROR_FLAG: tl.constexpr = 1 << 62
+
+
+@triton.jit
+def signal(flag, value, rank, peer, heap_bases, add: tl.constexpr = False):
+    """Set (or, with add=True, add to) `peer`'s copy of `flag`, with release semantics.
+
+    All stores this program made before the call are visible on `peer` first.
+    """
+    tl.debug_barrier()
+    remote = translate(flag, rank, peer, heap_bases)
+    if add:
+        tl.atomic_add(remote, value, sem="release", scope="sys")
+    else:
+        tl.atomic_xchg(remote, value, sem="release", scope="sys")
+
+
+@triton.jit
+def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
+    """Wait until the local `flag` >= `value` (acquire, system scope). Returns True if it did.
+
+    `ctrl` is the context's control block (`ctx.ctrl`); `peer` and `op` only label a timeout.
+    """
+    cur = load_acquire(flag)
+    if cur < value:
+        failed = tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
+        limit = tl.load(ctrl + CTRL_TIMEOUT)
+        start = timestamp()
+        while (cur < value) & (not failed):
+            backoff()
+            cur = load_acquire(flag)
+            failed = (timestamp() - start) > limit
+        if cur < value:
+            code = (_ERROR_FLAG | (op << 32)) + (tl.cast(rank, tl.int64) << 16) + peer
+            # cmp spelled as int64: the interpreter sizes the CAS by cmp's type
+            tl.atomic_cas(ctrl + CTRL_ERROR, tl.full([], 0, tl.int64), code.to(tl.int64),
+                          sem="relaxed", scope="gpu")
+    return cur >= value
+
+
+@triton.jit
+def barrier(ctrl, rank, world_size, heap_bases):
+    """Cross-rank barrier for one program of a kernel. No flag reset is needed: each call
+    raises the rank's epoch, and each peer waits for its slot to reach that epoch, so the
+    same kernel can be replayed from a CUDA graph."""
+    epoch = tl.load(ctrl + CTRL_EPOCH) + 1
+    tl.store(ctrl + CTRL_EPOCH, epoch)
+    for peer in range(world_size):
+        signal(ctrl + CTRL_FLAGS + rank, epoch, rank, peer, heap_bases)
+    for peer in range(world_size):
+        wait(ctrl + CTRL_FLAGS + peer, epoch, ctrl, rank, peer, 1)

@@ -1,0 +1,255 @@
+"""Start N ranks (one per GPU with NCCL, or CPU processes with gloo) and run code in them.
+
+`launch(fn, world_size, *args)` runs `fn(ctx, *args)` once on every rank and returns the
+list of results. `RankPool` keeps the ranks alive so that many functions can run in the
+same processes (the test suite starts each world size once).
+
+If a rank raises, the first error is re-raised here with the rank and its traceback
+attached; a rank that dies or hangs past `run_timeout` takes the pool down instead of
+hanging the caller.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import pickle
+import socket
+import time
+import traceback
+import uuid
+from multiprocessing.connection import wait as wait_any
+
+import torch.multiprocessing as mp
+
+from .errors import CommTimeout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def default_backend() -> str:
+    if os.environ.get("TRIDENT_BACKEND") in ("cpu", "cuda"):
+        return os.environ["TRIDENT_BACKEND"]
+    import torch
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def default_world_size(backend: str) -> int:
+    if backend == "cuda":
+        import torch
+        return torch.cuda.device_count()
+    return 4
+
+
+def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str]:
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        blob = pickle.dumps(exc)
+        pickle.loads(blob)
+    except Exception:
+        blob = None
+    return blob, f"{type(exc).__name__}: {exc}", tb
+
+
+def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
+    import torch
+    import torch.distributed as dist
+    if backend == "cuda":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, device_id=torch.device("cuda", rank))
+    else:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size)
+    import trident
+    try:
+        ctx = trident.init(heap_size=heap_size, timeout=timeout)
+    except BaseException as exc:
+        conn.send(("err", *_pack_error(exc)))
+        raise
+    conn.send(("ok", None))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        if msg == "reset":
+            ctx.reset()
+            conn.send(("ok", None))
+            continue
+        fn, args = msg
+        before = set(ctx.allocator.live_offsets())
+        try:
+            reply = ("ok", fn(ctx, *args))
+        except BaseException as exc:   # report everything, keep serving
+            reply = ("err", *_pack_error(exc))
+        finally:
+            ctx.free_since(before)
+        try:
+            conn.send(reply)
+        except Exception as exc:       # unpicklable result
+            conn.send(("err", *_pack_error(exc)))
+    ctx.close()
+    dist.destroy_process_group()
+
+
+class RankPool:
+    """`world_size` rank processes, each holding a trident Context, serving `run` calls."""
+
+    def __init__(self, world_size: int | None = None, backend: str | None = None,
+                 heap_size: int | None = None, timeout: float | None = None,
+                 run_timeout: float = 600.0):
+        self.backend = backend or default_backend()
+        self.world_size = world_size or default_world_size(self.backend)
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {self.world_size}")
+        if self.backend == "cuda":
+            import torch
+            if torch.cuda.device_count() < self.world_size:
+                raise ValueError(f"world_size {self.world_size} needs as many GPUs; "
+                                 f"{torch.cuda.device_count()} visible")
+        self.run_timeout = run_timeout
+        self.failure_grace = 30.0 if self.backend == "cpu" else 10.0
+        self.job = uuid.uuid4().hex[:12]
+        env = {"TRIDENT_BACKEND": self.backend, "TRIDENT_JOB_ID": self.job}
+        if self.backend == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        spawn = mp.get_context("spawn")
+        port = _free_port()
+        self._procs, self._conns = [], []
+        try:
+            for rank in range(self.world_size):
+                parent, child = spawn.Pipe()
+                proc = spawn.Process(target=_worker, daemon=True, name=f"trident-rank{rank}",
+                                     args=(rank, self.world_size, self.backend, port, heap_size,
+                                           timeout, child))
+                proc.start()
+                child.close()
+                self._procs.append(proc)
+                self._conns.append(parent)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        self._collect(timeout=300.0, what="start-up")
+
+    def run(self, fn, *args, timeout: float | None = None) -> list:
+        """Run fn(ctx, *args) on every rank; return the results in rank order."""
+        if self._procs is None:
+            raise RuntimeError("this RankPool is closed")
+        try:
+            msg = pickle.dumps((fn, args))
+        except Exception as exc:
+            raise TypeError(f"fn and its arguments are sent to the rank processes and must be "
+                            f"picklable (a module-level function): {exc}") from None
+        for conn in self._conns:
+            conn.send_bytes(msg)
+        try:
+            return self._collect(timeout or self.run_timeout, what=getattr(fn, "__name__", "fn"))
+        except BaseException:
+            if self._procs is not None:
+                self._reset()
+            raise
+
+    def _reset(self) -> None:
+        for conn in self._conns:
+            conn.send("reset")
+        self._collect(timeout=120.0, what="reset")
+
+    def _collect(self, timeout: float, what: str) -> list:
+        deadline = time.monotonic() + timeout
+        results: dict[int, object] = {}
+        errors: list[tuple[float, int, tuple]] = []
+        stuck_note = None
+        pending = {conn: rank for rank, conn in enumerate(self._conns)}
+        while pending:
+            ready = wait_any(list(pending) + [p.sentinel for p in self._procs],
+                             timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                stuck = sorted(pending.values())
+                self.close(force=True)
+                if errors:
+                    stuck_note = f"ranks {stuck} were still waiting after rank(s) failed; " \
+                                 f"the rank processes were stopped"
+                    break
+                raise TimeoutError(f"{what}: rank(s) {stuck} did not finish within {timeout:g} s; "
+                                   f"the rank processes were stopped")
+            for conn in [c for c in ready if c in pending]:
+                rank = pending.pop(conn)
+                try:
+                    reply = conn.recv()
+                except EOFError:
+                    code = self._procs[rank].exitcode
+                    self.close(force=True)
+                    raise RuntimeError(f"{what}: rank {rank} process died (exit code {code})") from None
+                if reply[0] == "ok":
+                    results[rank] = reply[1]
+                else:
+                    errors.append((time.monotonic(), rank, reply[1:]))
+                    # peers of a failed rank may wait for it in a collective forever
+                    deadline = min(deadline, time.monotonic() + self.failure_grace)
+            dead = [r for r, p in enumerate(self._procs) if p.exitcode is not None
+                    and self._conns[r] in pending and not self._conns[r].poll()]
+            if dead:
+                codes = {r: self._procs[r].exitcode for r in dead}
+                self.close(force=True)
+                raise RuntimeError(f"{what}: rank process(es) died (exit codes {codes})")
+        if errors:
+            # A root cause beats the CommTimeouts it causes on the other ranks.
+            errors.sort(key=lambda e: (e[2][1].startswith(CommTimeout.__name__), e[0]))
+            _, rank, (blob, summary, tb) = errors[0]
+            exc = pickle.loads(blob) if blob is not None else RuntimeError(summary)
+            exc.add_note(f"(raised on rank {rank} of {self.world_size}; traceback there:)\n{tb}")
+            others = sorted(r for _, r, _ in errors[1:])
+            if others:
+                exc.add_note(f"ranks {others} failed too")
+            if stuck_note:
+                exc.add_note(stuck_note)
+            raise exc
+        return [results[r] for r in range(self.world_size)]
+
+    def close(self, force: bool = False) -> None:
+        if self._procs is None:
+            return
+        procs, self._procs = self._procs, None
+        if not force:
+            for conn in self._conns:
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+            for p in procs:
+                p.join(timeout=60)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for path in glob.glob(f"/dev/shm/trident-{self.job}-*"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
+    def __enter__(self) -> "RankPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def launch(fn, world_size: int | None = None, *args, backend: str | None = None,
+           heap_size: int | None = None, timeout: float | None = None) -> list:
+    """Spawn `world_size` ranks, run fn(ctx, *args) on each, return the per-rank results.
+
+    backend: "cuda" (one process per GPU, NCCL) or "cpu" (gloo, Triton interpreter);
+    default: cuda when GPUs are visible. fn must be a module-level function.
+    """
+    with RankPool(world_size, backend=backend, heap_size=heap_size, timeout=timeout) as pool:
+        return pool.run(fn, *args)
