@@ -7,4 +7,14 @@ from .heap import HeapFullError
 from .launch import launch
 
 __version__ = "0.1.0"
-__all__ = ["init", "Context", "launch", "CommTimeout", "HeapFullError", "HeapMismatchError"]
+
+
+def __getattr__(name):
+    if name == "ExpertParallel":           # MoE dispatch/combine (trident/moe)
+        from .moe import ExpertParallel
+        return ExpertParallel
+    raise AttributeError(f"module 'trident' has no attribute {name!r}")
+
+
+__all__ = ["init", "Context", "launch", "CommTimeout", "HeapFullError", "HeapMismatchError",
+           "ExpertParallel"]

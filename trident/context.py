@@ -248,6 +248,54 @@ class Context:
             torch.cuda.synchronize(self.device)
         dist.barrier(self.group)
 
+    # ------------------------------------------------------------------ collectives
+    # Each method hands over to its package (imported on first use); see DESIGN.md.
+    def all_gather(self, out, inp, **options):
+        """out [world*n, ...] = concatenation of every rank's inp [n, ...]."""
+        from . import ccl
+        return ccl.all_gather(self, out, inp, **options)
+
+    def reduce_scatter(self, out, inp, op: str = "sum", **options):
+        """out [n, ...] = this rank's block of the sum over ranks of inp [world*n, ...]."""
+        from . import ccl
+        return ccl.reduce_scatter(self, out, inp, op=op, **options)
+
+    def all_reduce(self, t, op: str = "sum", **options):
+        """In place: t = reduction of t over ranks; returns t."""
+        from . import ccl
+        return ccl.all_reduce(self, t, op=op, **options)
+
+    def all_to_all(self, out, inp, out_splits=None, in_splits=None, **options):
+        from . import ccl
+        return ccl.all_to_all(self, out, inp, out_splits=out_splits, in_splits=in_splits, **options)
+
+    def broadcast(self, t, src: int = 0, **options):
+        from . import ccl
+        return ccl.broadcast(self, t, src=src, **options)
+
+    # ------------------------------------------------------------------ fused ops
+    def all_gather_matmul(self, a, w, bias=None, **options):
+        """all_gather(a, dim 0) @ w.T + bias (column-parallel linear)."""
+        from . import ops
+        return ops.all_gather_matmul(self, a, w, bias=bias, **options)
+
+    def matmul_reduce_scatter(self, a, w, bias=None, **options):
+        """reduce_scatter(a @ w.T, dim 0) + bias (row-parallel linear)."""
+        from . import ops
+        return ops.matmul_reduce_scatter(self, a, w, bias=bias, **options)
+
+    def matmul_all_reduce(self, a, w, bias=None, **options):
+        """all_reduce(a @ w.T) + bias (row-parallel linear)."""
+        from . import ops
+        return ops.matmul_all_reduce(self, a, w, bias=bias, **options)
+
+    # ------------------------------------------------------------------ tracing
+    def trace(self, path: str | None = None, **options):
+        """Context manager: record device-side events of the ops inside it, then write
+        one Chrome/Perfetto trace merged across ranks."""
+        from . import trace
+        return trace.session(self, path, **options)
+
     # ------------------------------------------------------------------ lifetime
     def _check_open(self) -> None:
         if self._closed:

@@ -1,0 +1,38 @@
+"""`trident info | demo | bench SUITE | trace OP`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+BENCH_SUITES = ("p2p", "ccl", "ops", "moe")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="trident", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="backend, ranks, GPUs, NVLink topology, heap size")
+    demo = sub.add_parser("demo", help="ring of remote stores + signals and an atomic counter")
+    demo.add_argument("--world-size", type=int, default=None)
+    bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCH_SUITES))
+    bench.add_argument("suite", choices=BENCH_SUITES)
+    trace = sub.add_parser("trace", help="run one op with tracing on, write a Perfetto trace")
+    args, rest = parser.parse_known_args(argv)
+    if args.command in ("info", "demo") and rest:
+        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    if args.command == "info":
+        from .demo import info
+        return info()
+    if args.command == "demo":
+        from .demo import demo
+        return demo(args.world_size)
+    if args.command == "bench":
+        return importlib.import_module(f"trident.bench.{args.suite}").main(rest) or 0
+    if args.command == "trace":
+        return importlib.import_module("trident.trace.cli").main(rest) or 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
