@@ -1,0 +1,51 @@
+"""Pull all-gather: every rank reads every peer's block straight from the peer's input.
+
+No scratch and no local copy: each byte crosses NVLink once and lands in the output,
+so this wins for large blocks; the ARRIVE handshake before reading and the DONE one
+before returning cost a round trip, so push wins for small blocks (see selector.py).
+The input must be on the heap (a plain tensor is staged); the output can be any tensor.
+"""
+import triton
+import triton.language as tl
+
+import trident.language as tdl
+from trident.trace import device as trd, kernel_args, tags
+
+from .. import common
+from ..device import ARRIVE, DONE, begin_epoch, notify_all, wait_all
+
+
+@triton.jit
+def _pull_kernel(out, inp, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size, n,
+                 BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = begin_epoch(sync)
+    t0 = trd.begin(TRACE)
+    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
+    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 2)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        for i in range(world_size):
+            src = (rank + i) % world_size
+            tdl.get(out + src * n + offs, inp + offs, rank, src, heap_bases, mask=mask)
+    trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    notify_all(flags, DONE, epoch, rank, world_size, heap_bases)
+    wait_all(flags, DONE, epoch, ctrl, rank, world_size, 2)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+
+
+def pull(ctx, out, inp, block=None, programs=None):
+    """out, inp: flat word views (checked by the caller); out has world * inp.numel()."""
+    n = inp.numel()
+    src = common.stage(ctx, inp, "stage.in")
+    st = common.state(ctx)
+    block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    _pull_kernel[(grid,)](out, src, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+                          ctx.rank, ctx.world_size, n, BLOCK=block, TRACE=trace,
+                          **common.kernel_options(ctx))

@@ -1,0 +1,60 @@
+"""Push all-gather: every rank stores its block into a scratch slot on every peer, then
+each rank copies the slots into its output.
+
+One NVLink hop, no handshake before sending (the scratch is ours, see device.py), so
+it wins for small blocks; for large ones the local copy out of the scratch costs HBM
+bandwidth and pull (no copy) wins (crossover in selector.py). Works on any tensors.
+"""
+import triton
+import triton.language as tl
+
+import trident.language as tdl
+from trident.trace import device as trd, kernel_args, tags
+
+from .. import common
+from ..device import DATA, begin_epoch, notify_all, wait_all
+
+
+@triton.jit
+def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
+                 n, stride, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = begin_epoch(sync)
+    slots = scratch + (epoch % 2) * world_size * stride
+    t0 = trd.begin(TRACE)
+    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(inp + offs, mask=mask)
+        for i in range(1, world_size):
+            tdl.store(slots + rank * stride + offs, x, rank, (rank + i) % world_size,
+                      heap_bases, mask=mask)
+        tl.store(out + rank * n + offs, x, mask=mask)
+    notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    wait_all(flags, DATA, epoch, ctrl, rank, world_size, 2)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        for i in range(1, world_size):
+            src = (rank + i) % world_size
+            tl.store(out + src * n + offs, tl.load(slots + src * stride + offs, mask=mask),
+                     mask=mask)
+    trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
+
+
+def push(ctx, out, inp, block=None, programs=None):
+    """out, inp: flat word views (checked by the caller); out has world * inp.numel()."""
+    n = inp.numel()
+    stride = common.round_up(n)
+    slots = common.scratch(ctx, 2 * ctx.world_size * stride * inp.element_size(), inp.dtype)
+    st = common.state(ctx)
+    block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    _push_kernel[(grid,)](out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
+                          trace_buf, ctx.rank, ctx.world_size, n, stride, BLOCK=block,
+                          TRACE=trace, **common.kernel_options(ctx))

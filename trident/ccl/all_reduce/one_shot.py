@@ -1,0 +1,60 @@
+"""One-shot all-reduce: every rank pushes its whole tensor into a scratch slot on every
+peer, then reduces all slots locally.
+
+One NVLink hop and one kernel, so it wins on latency for small tensors; it moves
+(world-1)*n per rank instead of two-shot's 2*(world-1)/world*n, so two-shot wins
+once bandwidth matters (crossover in selector.py). Works on any tensor: only the
+scratch buffer has to be on the heap. Every rank reduces in rank order, so all ranks
+get bit-identical results.
+"""
+import triton
+import triton.language as tl
+
+import trident.language as tdl
+from trident.trace import device as trd, kernel_args, tags
+
+from .. import common
+from ..device import DATA, begin_epoch, notify_all, reduce_slots, wait_all
+
+
+@triton.jit
+def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
+                     n, stride, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = begin_epoch(sync)
+    slots = scratch + (epoch % 2) * world_size * stride     # this launch's half
+    t0 = trd.begin(TRACE)
+    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(t + offs, mask=mask)
+        for i in range(1, world_size):
+            tdl.store(slots + rank * stride + offs, x, rank, (rank + i) % world_size,
+                      heap_bases, mask=mask)
+    notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    wait_all(flags, DATA, epoch, ctrl, rank, world_size, 4)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        acc = reduce_slots(t, slots, stride, offs, mask, rank, world_size, OP)
+        tl.store(t + offs, acc.to(t.dtype.element_ty), mask=mask)
+    trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+
+
+def one_shot(ctx, t, op_code: int, block=None, programs=None):
+    """In place on `t` (contiguous, checked by the caller)."""
+    n = t.numel()
+    stride = common.round_up(n)
+    slots = common.scratch(ctx, 2 * ctx.world_size * stride * t.element_size(), t.dtype)
+    st = common.state(ctx)
+    block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    _one_shot_kernel[(grid,)](t, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+                              ctx.rank, ctx.world_size, n, stride, OP=op_code, BLOCK=block,
+                              TRACE=trace, **common.kernel_options(ctx))
+    return t

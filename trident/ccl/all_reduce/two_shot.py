@@ -1,0 +1,59 @@
+"""Two-shot all-reduce: reduce-scatter by pulling, then all-gather by pushing.
+
+Rank r owns segment r (about n/world elements): it reads that segment from every
+rank's tensor over NVLink, reduces it in fp32 and stores the result into every rank's
+tensor, in place. Each rank moves 2*(world-1)/world*n, the bandwidth optimum, so this
+wins from a few hundred KiB up (crossover in selector.py); one-shot wins below.
+The tensor must be on the heap (a plain tensor is staged through a heap buffer).
+Handshakes per program: ARRIVE (peers' inputs are in place) before reading, DONE
+(peers finished with my tensor) before returning.
+"""
+import triton
+import triton.language as tl
+
+import trident.language as tdl
+from trident.trace import device as trd, kernel_args, tags
+
+from .. import common
+from ..device import ARRIVE, DONE, begin_epoch, notify_all, reduce_peers, wait_all
+
+
+@triton.jit
+def _two_shot_kernel(t, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size, n, seg,
+                     OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = begin_epoch(sync)
+    t0 = trd.begin(TRACE)
+    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
+    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 4)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    start = rank * seg
+    for blk in range(pid, tl.cdiv(seg, BLOCK), nprog):
+        local = blk * BLOCK + tl.arange(0, BLOCK)
+        offs = start + local
+        mask = (local < seg) & (offs < n)
+        y = reduce_peers(t, offs, mask, rank, world_size, heap_bases, OP).to(t.dtype.element_ty)
+        for i in range(world_size):
+            tdl.store(t + offs, y, rank, (rank + i) % world_size, heap_bases, mask=mask)
+    trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    notify_all(flags, DONE, epoch, rank, world_size, heap_bases)
+    wait_all(flags, DONE, epoch, ctrl, rank, world_size, 4)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+
+
+def two_shot(ctx, t, op_code: int, block=None, programs=None):
+    """In place on `t` (contiguous, checked by the caller)."""
+    n = t.numel()
+    seg = common.round_up(triton.cdiv(n, ctx.world_size))
+    buf = common.stage(ctx, t, "stage.inout")
+    st = common.state(ctx)
+    block, grid = common.launch_size(ctx, seg, t.element_size(), block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    _two_shot_kernel[(grid,)](buf, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+                              ctx.rank, ctx.world_size, n, seg, OP=op_code, BLOCK=block,
+                              TRACE=trace, **common.kernel_options(ctx))
+    common.unstage(t, buf)
+    return t

@@ -1,0 +1,60 @@
+"""Push broadcast: the source stores its tensor into a scratch buffer on every peer; each
+peer copies it out into its own tensor.
+
+One NVLink hop, no handshake before sending, any tensors. The source sends (world-1)*n,
+so for large tensors at many ranks a pipelined or pull scheme could beat it; at 2-8
+NVLink peers the source's outgoing links are all used at once. Every rank also tells
+every peer it arrived (and waits for that at the end), which keeps all ranks within one
+launch of each other -- the rule that makes the scratch halves safe (device.py).
+"""
+import triton
+import triton.language as tl
+
+import trident.language as tdl
+from trident.trace import device as trd, kernel_args, tags
+
+from .. import common
+from ..device import ARRIVE, DATA, begin_epoch, notify_all, wait_all, wait_for
+
+
+@triton.jit
+def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size, src,
+                 n, stride, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = begin_epoch(sync)
+    slot = scratch + (epoch % 2) * stride
+    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
+    t0 = trd.begin(TRACE)
+    if rank == src:
+        for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+            offs = blk * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            x = tl.load(t + offs, mask=mask)
+            for i in range(1, world_size):
+                tdl.store(slot + offs, x, rank, (rank + i) % world_size, heap_bases, mask=mask)
+        notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
+        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    else:
+        wait_for(flags, DATA, epoch, src, ctrl, rank, 6)
+        trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+        t0 = trd.begin(TRACE)
+        for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+            offs = blk * BLOCK + tl.arange(0, BLOCK)
+            mask = offs < n
+            tl.store(t + offs, tl.load(slot + offs, mask=mask), mask=mask)
+        trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
+    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 6)
+
+
+def push(ctx, t, src: int, block=None, programs=None):
+    """t: a flat word view (checked by the caller)."""
+    n = t.numel()
+    stride = common.round_up(n)
+    slot = common.scratch(ctx, 2 * stride * t.element_size(), t.dtype)
+    st = common.state(ctx)
+    block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    _push_kernel[(grid,)](t, slot, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+                          ctx.rank, ctx.world_size, src, n, stride, BLOCK=block, TRACE=trace,
+                          **common.kernel_options(ctx))

@@ -1,0 +1,119 @@
+"""Host side that every collective shares: input checks, the per-context state (epoch
+counter and flags), scratch and staging buffers on the heap, and launch sizes."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from . import device
+
+REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
+REDUCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Launch sizes. GPU: 16 KiB per program per step (16-byte vectors, 4 per thread with 8
+# warps), up to 128 programs (about one per SM of an H100/H200). The interpreter runs
+# programs one by one in Python, so there fewer, smaller programs are cheaper.
+GPU_BLOCK_BYTES, GPU_MAX_PROGRAMS, GPU_NUM_WARPS = 16384, 128, 8
+CPU_BLOCK_BYTES, CPU_MAX_PROGRAMS = 1024, 2
+ALIGN = 64          # elements: slot strides and segment starts stay 16-byte aligned
+
+
+class State:
+    """Per-context collective state: epoch counter and flags (see device.py)."""
+
+    def __init__(self, ctx):
+        self.sync = ctx.zeros(2, dtype=torch.int64)
+        self.flags = ctx.zeros(device.NUM_PHASES * device.MAX_RANKS
+                               * device.MAX_PROGRAMS, dtype=torch.int64)
+        self.a2a_meta = ctx.zeros(2 * device.MAX_RANKS, dtype=torch.int64)
+        self.a2a_check = ctx.zeros(1, dtype=torch.int64)
+
+    def reset(self):
+        for t in (self.sync, self.flags, self.a2a_meta, self.a2a_check):
+            t.zero_()
+
+
+def state(ctx) -> State:
+    return ctx.workspace("ccl.state", State)
+
+
+def _size_class(nbytes: int) -> int:
+    return max(1 << 16, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+def scratch(ctx, nbytes: int, dtype: torch.dtype, key: str = "scratch") -> torch.Tensor:
+    """A heap buffer of at least `nbytes`, viewed as `dtype`. One per size class (power of
+    two), kept for the context's life: the same on every rank, no reallocation."""
+    size = _size_class(nbytes)
+    buf = ctx.workspace((f"ccl.{key}", size), lambda c: c.empty(size, dtype=torch.uint8))
+    return buf.view(dtype)
+
+
+def stage(ctx, t: torch.Tensor, key: str, copy_in: bool = True) -> torch.Tensor:
+    """`t` itself when it lies on the heap, else a heap buffer of its size (holding a copy
+    of `t` when copy_in). Copy results back with `unstage`."""
+    if ctx.is_symmetric(t):
+        return t
+    buf = scratch(ctx, t.numel() * t.element_size(), t.dtype, key)[:t.numel()].view(t.shape)
+    if copy_in:
+        buf.copy_(t)
+    return buf
+
+
+def unstage(t: torch.Tensor, staged: torch.Tensor) -> None:
+    if staged is not t:
+        t.copy_(staged)
+
+
+def check_tensor(ctx, t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device != ctx.device:
+        raise ValueError(f"{name} is on {t.device}, but this rank's context is on {ctx.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
+
+
+def check_reduce(t: torch.Tensor, name: str, op: str) -> int:
+    if t.dtype not in REDUCE_DTYPES:
+        raise TypeError(f"{name}: reductions support bfloat16, float16 and float32, got {t.dtype}")
+    if op not in REDUCE_OPS:
+        raise ValueError(f"op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
+    return REDUCE_OPS[op]
+
+
+def check_same_dtype(a: torch.Tensor, b: torch.Tensor, names: str) -> None:
+    if a.dtype != b.dtype:
+        raise TypeError(f"{names} must have the same dtype, got {a.dtype} and {b.dtype}")
+
+
+def as_words(*ts: torch.Tensor) -> list[torch.Tensor]:
+    """Flat views of the tensors as the widest integer type (int32/int16/int8) that tiles
+    all of them, so data movement works for any dtype (bool, fp8, complex, ...)."""
+    flat = [t.reshape(-1).view(torch.uint8) for t in ts]
+    for wide, size in ((torch.int32, 4), (torch.int16, 2)):
+        if all(f.numel() % size == 0 and f.data_ptr() % size == 0 for f in flat):
+            return [f.view(wide) for f in flat]
+    return [f.view(torch.int8) for f in flat]
+
+
+def round_up(n: int, m: int = ALIGN) -> int:
+    return (n + m - 1) // m * m
+
+
+def launch_size(ctx, n: int, elem_size: int, block=None, programs=None) -> tuple[int, int]:
+    """(BLOCK elements, number of programs) for a kernel over `n` elements per program
+    loop; block/programs override (tests use them to force several steps)."""
+    gpu = ctx.backend == "cuda"
+    if block is None:
+        block = max(16, (GPU_BLOCK_BYTES if gpu else CPU_BLOCK_BYTES) // elem_size)
+    if block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block}")
+    limit = programs or (GPU_MAX_PROGRAMS if gpu else CPU_MAX_PROGRAMS)
+    if not 1 <= limit <= device.MAX_PROGRAMS:
+        raise ValueError(f"programs must be in 1..{device.MAX_PROGRAMS}, got {limit}")
+    return block, max(1, min(limit, triton.cdiv(n, block)))
+
+
+def kernel_options(ctx) -> dict:
+    return {"num_warps": GPU_NUM_WARPS} if ctx.backend == "cuda" else {}

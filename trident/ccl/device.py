@@ -1,0 +1,114 @@
+"""Device helpers that every collective kernel shares: the launch epoch, per-program
+flags, and the reduction of one block.
+
+Epochs. Each collective launch gets an epoch one higher than the previous launch on this
+rank (`begin_epoch`: every program reads the counter, the last program to arrive stores
+the new value). All ranks launch the same collectives in the same order, so a launch
+has the same epoch everywhere. Flags are set to the epoch, never reset, so back-to-back
+calls and CUDA-graph replays need no memset and no value from the host.
+
+Flags are per (phase, source rank, program): program p of a launch only waits on
+program p of its peers, which keeps the interpreter's one-program-after-another rule
+and keeps programs independent on the GPU.
+
+Scratch halves. Kernels that push into a peer's scratch buffer use half `epoch % 2`.
+Every launch waits for at least one signal that each peer sent in that same launch, so
+a rank can be at most one launch ahead of any peer: half `epoch % 2` is free again when
+launch `epoch + 2` writes it.
+"""
+import triton
+import triton.language as tl
+
+import trident.language as tdl
+
+MAX_PROGRAMS: tl.constexpr = 256      # grid limit of every collective kernel
+MAX_RANKS: tl.constexpr = 64
+ARRIVE: tl.constexpr = 0              # "I entered this launch": my buffers may be used
+DATA: tl.constexpr = 1                # "my data for you is in place"
+DONE: tl.constexpr = 2                # "I no longer read or write your buffers"
+NUM_PHASES: tl.constexpr = 3
+SUM: tl.constexpr = 0
+MAX: tl.constexpr = 1
+MIN: tl.constexpr = 2
+
+
+@triton.jit
+def begin_epoch(sync):
+    """This launch's epoch. `sync` = [epoch of the last launch, programs arrived so far]."""
+    epoch = tl.load(sync, volatile=True) + 1
+    arrived = tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu")
+    if arrived == tl.num_programs(0) - 1:      # every program has read the old epoch
+        tl.store(sync + 1, 0)
+        tl.store(sync, epoch)
+    return epoch
+
+
+@triton.jit
+def _flag(flags, phase, src):
+    return flags + (phase * MAX_RANKS + src) * MAX_PROGRAMS + tl.program_id(0)
+
+
+@triton.jit
+def notify(flags, phase: tl.constexpr, epoch, rank, peer, heap_bases):
+    """Tell `peer` (release, after every store of this program) that this program of
+    `rank` reached `phase` of launch `epoch`."""
+    tdl.signal(_flag(flags, phase, rank), epoch, rank, peer, heap_bases)
+
+
+@triton.jit
+def wait_for(flags, phase: tl.constexpr, epoch, src, ctrl, rank, op: tl.constexpr):
+    """Wait (acquire, bounded) until program of the same id on `src` reached `phase`."""
+    tdl.wait(_flag(flags, phase, src), epoch, ctrl, rank, src, op)
+
+
+@triton.jit
+def notify_all(flags, phase: tl.constexpr, epoch, rank, world_size, heap_bases):
+    for i in range(1, world_size):
+        notify(flags, phase, epoch, rank, (rank + i) % world_size, heap_bases)
+
+
+@triton.jit
+def wait_all(flags, phase: tl.constexpr, epoch, ctrl, rank, world_size, op: tl.constexpr):
+    for i in range(1, world_size):
+        wait_for(flags, phase, epoch, (rank + i) % world_size, ctrl, rank, op)
+
+
+@triton.jit
+def combine(acc, x, OP: tl.constexpr):
+    """acc (fp32) combined with x under SUM / MAX / MIN."""
+    x = x.to(tl.float32)
+    if OP == SUM:
+        out = acc + x
+    elif OP == MAX:
+        out = tl.maximum(acc, x)
+    else:
+        out = tl.minimum(acc, x)
+    return out
+
+
+@triton.jit
+def reduce_slots(local, slots, stride, offs, mask, rank, world_size, OP: tl.constexpr):
+    """Reduce one block over ranks in rank order 0..world-1 (so every rank that reduces
+    the same block gets bit-identical results): rank `rank`'s contribution is read from
+    `local + offs`, rank s's from `slots + s * stride + offs`."""
+    if rank == 0:
+        acc = tl.load(local + offs, mask=mask).to(tl.float32)
+    else:
+        acc = tl.load(slots + offs, mask=mask).to(tl.float32)
+    for src in range(1, world_size):
+        if src == rank:
+            x = tl.load(local + offs, mask=mask)
+        else:
+            x = tl.load(slots + src * stride + offs, mask=mask)
+        acc = combine(acc, x, OP)
+    return acc
+
+
+@triton.jit
+def reduce_peers(ptr, offs, mask, rank, world_size, heap_bases, OP: tl.constexpr):
+    """Reduce one block of `ptr` over every rank's copy of it (read over NVLink), in rank
+    order 0..world-1."""
+    acc = tdl.load(ptr + offs, rank, 0, heap_bases, mask=mask).to(tl.float32)
+    for src in range(1, world_size):
+        acc = combine(acc, tdl.load(ptr + offs, rank, src, heap_bases, mask=mask), OP)
+    return acc

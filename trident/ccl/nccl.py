@@ -1,0 +1,25 @@
+"""The "nccl" algorithm: hand the collective to torch.distributed on the context's group
+(NCCL on GPUs, gloo on the CPU emulation). The selector picks it where trident loses."""
+import torch.distributed as dist
+
+_REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+def all_reduce(ctx, t, op):
+    dist.all_reduce(t, op=_REDUCE[op], group=ctx.group)
+
+
+def all_gather(ctx, out, inp):
+    dist.all_gather_into_tensor(out, inp, group=ctx.group)
+
+
+def reduce_scatter(ctx, out, inp, op):
+    dist.reduce_scatter_tensor(out, inp, op=_REDUCE[op], group=ctx.group)
+
+
+def all_to_all(ctx, out, inp, out_splits, in_splits):
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=ctx.group)
+
+
+def broadcast(ctx, t, src):
+    dist.broadcast(t, src=dist.get_global_rank(ctx.group, src), group=ctx.group)

@@ -1,0 +1,49 @@
+"""Pull reduce-scatter: every rank reads its block from every rank's input over NVLink
+and reduces it in fp32, in rank order.
+
+No scratch and no extra copy, so it wins for large blocks; the ARRIVE and DONE
+handshakes cost a round trip, so push wins for small blocks (see selector.py). The
+input must be on the heap (a plain tensor is staged); the output can be any tensor.
+"""
+import triton
+import triton.language as tl
+
+from trident.trace import device as trd, kernel_args, tags
+
+from .. import common
+from ..device import ARRIVE, DONE, begin_epoch, notify_all, reduce_peers, wait_all
+
+
+@triton.jit
+def _pull_kernel(out, inp, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size, n,
+                 OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = begin_epoch(sync)
+    t0 = trd.begin(TRACE)
+    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
+    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 3)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        acc = reduce_peers(inp + rank * n, offs, mask, rank, world_size, heap_bases, OP)
+        tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+    trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    notify_all(flags, DONE, epoch, rank, world_size, heap_bases)
+    wait_all(flags, DONE, epoch, ctrl, rank, world_size, 3)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+
+
+def pull(ctx, out, inp, op_code: int, block=None, programs=None):
+    """out [n], inp [world * n] (checked by the caller)."""
+    n = out.numel()
+    src = common.stage(ctx, inp, "stage.in")
+    st = common.state(ctx)
+    block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    _pull_kernel[(grid,)](out, src, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+                          ctx.rank, ctx.world_size, n, OP=op_code, BLOCK=block, TRACE=trace,
+                          **common.kernel_options(ctx))

@@ -1,0 +1,57 @@
+"""Push reduce-scatter: every rank stores block p of its input into a scratch slot on
+rank p, then each rank reduces its slots (and its own block, read in place).
+
+One NVLink hop and no handshake before sending, so it wins for small blocks; pull
+(no scratch, reads in place) wins for large ones (crossover in selector.py). Works on
+any tensors: only the scratch is on the heap. Accumulates in fp32, in rank order.
+"""
+import triton
+import triton.language as tl
+
+import trident.language as tdl
+from trident.trace import device as trd, kernel_args, tags
+
+from .. import common
+from ..device import DATA, begin_epoch, notify_all, reduce_slots, wait_all
+
+
+@triton.jit
+def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
+                 n, stride, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = begin_epoch(sync)
+    slots = scratch + (epoch % 2) * world_size * stride
+    t0 = trd.begin(TRACE)
+    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        for i in range(1, world_size):
+            peer = (rank + i) % world_size
+            x = tl.load(inp + peer * n + offs, mask=mask)
+            tdl.store(slots + rank * stride + offs, x, rank, peer, heap_bases, mask=mask)
+    notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    wait_all(flags, DATA, epoch, ctrl, rank, world_size, 3)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        acc = reduce_slots(inp + rank * n, slots, stride, offs, mask, rank, world_size, OP)
+        tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+    trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+
+
+def push(ctx, out, inp, op_code: int, block=None, programs=None):
+    """out [n], inp [world * n] (checked by the caller)."""
+    n = out.numel()
+    stride = common.round_up(n)
+    slots = common.scratch(ctx, 2 * ctx.world_size * stride * inp.element_size(), inp.dtype)
+    st = common.state(ctx)
+    block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    _push_kernel[(grid,)](out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
+                          trace_buf, ctx.rank, ctx.world_size, n, stride, OP=op_code,
+                          BLOCK=block, TRACE=trace, **common.kernel_options(ctx))
