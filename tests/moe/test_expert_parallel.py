@@ -1,0 +1,259 @@
+"""ExpertParallel dispatch/combine against plain torch on the inputs of every rank.
+
+Every rank builds the inputs of all ranks from one seed (what an all_gather would give),
+runs its own part through trident, and checks its experts' rows and its combined output
+against a reference computed in plain torch.
+"""
+from collections import Counter
+
+import pytest
+import torch
+
+import trident as td
+from trident.launch import default_backend
+
+TOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
+
+
+def _routing(g, T, E, k):
+    """T tokens, k distinct experts each, uniformly random."""
+    if T == 0:
+        return torch.empty(0, k, dtype=torch.int64)
+    return torch.rand(T, E, generator=g).argsort(dim=1)[:, :k]
+
+
+def _round_inputs(seed, world, E, k, H, M, dtype, counts=None):
+    """Inputs of every rank for one round: (T, x, topk_idx, topk_weights) per rank, and
+    the per-expert function the 'experts' apply (y = x * a[e] + b[e])."""
+    g = torch.Generator().manual_seed(seed)
+    if counts is None:
+        counts = torch.randint(0, M + 1, (world,), generator=g).tolist()
+    ranks = []
+    for T in counts:
+        x = (torch.randn(T, H, generator=g) + 0.5).to(dtype)
+        idx = _routing(g, T, E, k)
+        w = torch.rand(T, k, generator=g) + 0.1
+        ranks.append((T, x, idx, w))
+    a = torch.rand(E, generator=g) + 0.5
+    b = torch.randn(E, generator=g) * 0.1
+    return ranks, a, b
+
+
+def _expert_fn(x, e, a, b, dtype):
+    return (x.float() * a[e] + b[e]).to(dtype)
+
+
+def _row_key(row):
+    return row.contiguous().view(torch.int16).numpy().tobytes()
+
+
+def _check_dispatch(ctx, d, ranks, L):
+    cnt = d.expert_num_tokens.cpu()
+    for le in range(L):
+        e = ctx.rank * L + le
+        want = Counter(_row_key(x[t]) for (T, x, idx, w) in ranks for t in range(T)
+                       if e in idx[t].tolist())
+        n = int(cnt[le])
+        assert n == sum(want.values()), f"expert {e}: {n} rows, expected {sum(want.values())}"
+        got = Counter(_row_key(r) for r in d.expert_x[le, :n].cpu())
+        assert got == want, f"expert {e}: received rows differ from the tokens routed to it"
+
+
+def _run_experts(ctx, d, L, a, b, dtype):
+    ey = torch.empty_like(d.expert_x)
+    cnt = d.expert_num_tokens.cpu()
+    for le in range(L):
+        n = int(cnt[le])
+        ey[le, :n] = _expert_fn(d.expert_x[le, :n], ctx.rank * L + le, a, b, dtype)
+    return ey
+
+
+def _reference_combine(T, x, idx, w, a, b, dtype):
+    ref = torch.zeros(T, x.shape[1])
+    for j in range(idx.shape[1]):
+        e = idx[:, j]
+        ref += w[:, j:j + 1] * (x.float() * a[e][:, None] + b[e][:, None]).to(dtype).float()
+    return ref
+
+
+def _check_combine(y, T, x, idx, w, a, b, dtype):
+    ref = _reference_combine(T, x, idx, w, a, b, dtype)
+    assert y.shape == (T, x.shape[1]) and y.dtype == dtype
+    tol = TOL[dtype]
+    torch.testing.assert_close(y.float().cpu(), ref, atol=tol, rtol=tol)
+
+
+def _rounds(ctx, E, k, H, M, dtype, seeds, idx_dtype=torch.int64, split=False):
+    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype)
+    L = E // ctx.world_size
+    try:
+        for i, seed in enumerate(seeds):
+            counts = None
+            if i == 0:      # the extremes: no tokens on rank 0, a full batch on rank 1
+                counts = [0, M] + [M // 2] * (ctx.world_size - 2)
+            ranks, a, b = _round_inputs(seed, ctx.world_size, E, k, H, M, dtype, counts)
+            T, x, idx, w = ranks[ctx.rank]
+            x, idx, w = x.to(ctx.device), idx.to(idx_dtype).to(ctx.device), w.to(ctx.device)
+            if split:
+                h = ep.dispatch(x, idx, wait=False)
+                other = torch.randn(32, 32) @ torch.randn(32, 32)    # work between the halves
+                d = h.wait()
+            else:
+                d = ep.dispatch(x, idx)
+            _check_dispatch(ctx, d, ranks, L)
+            ey = _run_experts(ctx, d, L, a, b, dtype)
+            if split:
+                h = ep.combine(ey, d, w, wait=False)
+                other = other + 1
+                y = h.wait()
+            else:
+                y = ep.combine(ey, d, w)
+            _check_combine(y, T, x.cpu(), idx.cpu(), w.cpu(), a, b, dtype)
+        ctx.barrier()
+    finally:
+        ep.close()
+
+
+@pytest.mark.parametrize("E,k,H,dtype", [
+    (12, 3, 96, torch.bfloat16),      # several experts per rank, H not a power of two
+    (12, 1, 80, torch.float16),       # top-1
+    (24, 4, 64, torch.bfloat16),
+], ids=["e12k3h96-bf16", "e12k1h80-fp16", "e24k4h64-bf16"])
+def test_matches_reference(pool, E, k, H, dtype):
+    pool.run(_rounds, E, k, H, 5, dtype, [11, 12])
+
+
+def test_one_expert_per_rank_int32_ids(pool):
+    E = pool.world_size
+    pool.run(_rounds, E, min(2, E), 72, 4, torch.bfloat16, [21, 22], torch.int32)
+
+
+def test_split_mode_with_work_between_halves(pool):
+    pool.run(_rounds, 12, 2, 64, 4, torch.bfloat16, [31, 32, 33], torch.int64, True)
+
+
+def _back_to_back(ctx, iters):
+    """Many rounds on one ExpertParallel, plus dispatch-only and combine-only repeats (as a
+    benchmark runs them): epochs and buffer halves must keep every round separate."""
+    E, k, H, M, dtype = 8, 2, 64, 3, torch.bfloat16
+    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype, validate=False)
+    L = E // ctx.world_size
+    try:
+        for i in range(iters):
+            ranks, a, b = _round_inputs(100 + i, ctx.world_size, E, k, H, M, dtype)
+            T, x, idx, w = ranks[ctx.rank]
+            repeat_dispatch = 1 + (i % 3 == 1) * 2
+            for _ in range(repeat_dispatch):
+                d = ep.dispatch(x.to(ctx.device), idx.to(ctx.device))
+            ey = _run_experts(ctx, d, L, a, b, dtype)
+            for _ in range(1 + (i % 4 == 2)):
+                y = ep.combine(ey, d, w.to(ctx.device))
+            _check_combine(y, T, x, idx, w, a, b, dtype)
+        ctx.barrier()
+    finally:
+        ep.close()
+
+
+def test_many_back_to_back_rounds(pool):
+    pool.run(_back_to_back, 12)
+
+
+def _bad_inputs(ctx):
+    E, k, H, M = 4 * ctx.world_size, 2, 64, 4
+    with pytest.raises(ValueError, match="multiple of the world size"):
+        td.ExpertParallel(ctx, ctx.world_size + 1, 1, H, M)
+    with pytest.raises(ValueError, match="exceeds num_experts"):
+        td.ExpertParallel(ctx, ctx.world_size, ctx.world_size + 1, H, M)
+    with pytest.raises(TypeError, match="dtype"):
+        td.ExpertParallel(ctx, E, k, H, M, dtype=torch.int32)
+    ep = td.ExpertParallel(ctx, E, k, H, M)
+    try:
+        x = torch.randn(3, H).to(torch.bfloat16)
+        idx = torch.tensor([[0, 1], [2, 3], [4, 5]])
+        w = torch.rand(3, k)
+        with pytest.raises(ValueError, match=r"topk_idx\[1, 1\] = .* not an expert id"):
+            ep.dispatch(x, torch.tensor([[0, 1], [2, E], [4, 5]]))
+        with pytest.raises(ValueError, match="not an expert id"):
+            ep.dispatch(x, torch.tensor([[0, 1], [-1, 3], [4, 5]]))
+        with pytest.raises(ValueError, match="token 2 lists an expert twice"):
+            ep.dispatch(x, torch.tensor([[0, 1], [2, 3], [5, 5]]))
+        with pytest.raises(ValueError, match="exceeds max_num_tokens"):
+            ep.dispatch(torch.randn(M + 1, H).to(torch.bfloat16), torch.zeros(M + 1, k, dtype=torch.long))
+        with pytest.raises(TypeError, match="x must be torch.bfloat16"):
+            ep.dispatch(x.half(), idx)
+        with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
+            ep.dispatch(torch.randn(3, H + 1).to(torch.bfloat16), idx)
+        with pytest.raises(TypeError, match="int32 or int64"):
+            ep.dispatch(x, idx.float())
+        with pytest.raises(ValueError, match="topk_idx must be"):
+            ep.dispatch(x, idx[:, :1])
+        # nothing above reached a kernel: a correct round still works on every rank
+        d = ep.dispatch(x, idx)
+        ey = torch.zeros_like(d.expert_x)
+        with pytest.raises(TypeError, match="topk_weights must be float32"):
+            ep.combine(ey, d, w.double())
+        with pytest.raises(ValueError, match="topk_weights must be"):
+            ep.combine(ey, d, w[:2])
+        with pytest.raises(ValueError, match="expert_y must be"):
+            ep.combine(ey[:, :1], d, w)
+        with pytest.raises(TypeError, match="expert_y must be"):
+            ep.combine(ey.half(), d, w)
+        with pytest.raises(TypeError, match="Dispatched"):
+            ep.combine(ey, ep, w)
+        y = ep.combine(ey, d, w)
+        assert y.shape == (3, H)
+        d2 = ep.dispatch(x, idx)
+        with pytest.raises(ValueError, match="earlier dispatch"):
+            ep.combine(ey, d, w)
+        ep.combine(ey, d2, w)
+        ctx.barrier()
+    finally:
+        ep.close()
+
+
+def test_bad_input_raises_clear_errors(pool):
+    pool.run(_bad_inputs)
+
+
+def _graph_replay(ctx, replays):
+    E, k, H, M, dtype = 8 * ctx.world_size, 4, 2880, 64, torch.bfloat16
+    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype, validate=False)
+    L = E // ctx.world_size
+    x = torch.empty(M, H, dtype=dtype, device=ctx.device)
+    idx = torch.empty(M, k, dtype=torch.int64, device=ctx.device)
+    w = torch.empty(M, k, device=ctx.device)
+    ey = torch.empty(L, ep.capacity, H, dtype=dtype, device=ctx.device)
+
+    def step():
+        d = ep.dispatch(x, idx)
+        ey.copy_(d.expert_x)       # identity experts
+        return ep.combine(ey, d, w)
+
+    ctx.barrier()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()                     # compile and warm up outside the graph
+    torch.cuda.current_stream().wait_stream(s)
+    ctx.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = step()
+    ctx.barrier()
+    for i in range(replays):
+        ranks, a, b = _round_inputs(300 + i, ctx.world_size, E, k, H, M, dtype,
+                                    [M] * ctx.world_size)
+        T, xi, ii, wi = ranks[ctx.rank]
+        x.copy_(xi)
+        idx.copy_(ii)
+        w.copy_(wi)
+        graph.replay()
+        ref = (wi.sum(dim=1, keepdim=True) * xi.float())
+        torch.testing.assert_close(y.float().cpu(), ref, atol=3e-2, rtol=3e-2)
+    ctx.barrier()
+    ep.close()
+
+
+@pytest.mark.skipif(default_backend() != "cuda", reason="CUDA graphs need GPUs")
+def test_graph_replay(pool):
+    pool.run(_graph_replay, 20)

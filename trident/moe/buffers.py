@@ -1,0 +1,116 @@
+"""The buffers of one ExpertParallel: allocated once, reused by every dispatch/combine.
+
+Receive buffers on the symmetric heap (peers write into them), each in two halves picked
+by the parity of the op's epoch:
+
+    tokens   [2, world, M, H]   dispatch: token i that rank s sent here, at [par, s, i]
+    meta     [2, world, M, KP]  its top-k expert ids (int32, -1 padding)
+    weights  [2, world, M, KP]  combine: the token's top-k weights (fp32), same rows
+    partial  [2, world, M, H]   combine: sum over this rank's experts of w * expert_y,
+                                 written by expert rank s at [par, s, slot of the token on s]
+    flags    [3, 2, world]      int64, one per (kind, parity, source rank)
+
+A token goes once to each rank that owns any of its experts (not once per expert); the
+receiving rank copies it into the rows of each of its experts. Why two halves: a peer can
+start epoch e+1 while this rank still reads epoch e, but it cannot reach e+2 before this
+rank has signalled e+1, which this rank does only after it has finished reading e (every
+rank signals every rank in every op, also with nothing to send). So flags never need a
+reset: a flag carries its epoch (dispatch flags: epoch << 32 | token count).
+
+Local buffers (not on the heap): epochs and per-kernel "programs done" counters in
+`state`, the slot counters, where each of our tokens went (`send_slot`), where each
+received token's rows are (`token_rows`), and the outputs expert_x / expert_num_tokens.
+Counters are zeroed by the last program of the kernel that used them, never by a memset.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+import torch
+
+# words of `state` (int64)
+DISPATCH_SEND_EPOCH = tl.constexpr(0)
+DISPATCH_RECV_EPOCH = tl.constexpr(1)
+COMBINE_SEND_EPOCH = tl.constexpr(2)
+COMBINE_RECV_EPOCH = tl.constexpr(3)
+DISPATCH_SEND_DONE = tl.constexpr(4)     # programs of the kernel that have finished
+DISPATCH_RECV_DONE = tl.constexpr(5)
+WEIGHTS_DONE = tl.constexpr(6)
+COMBINE_SEND_DONE = tl.constexpr(7)
+COMBINE_RECV_DONE = tl.constexpr(8)
+STATE_WORDS = 16
+
+# kinds of flags
+FLAG_DISPATCH = tl.constexpr(0)
+FLAG_WEIGHTS = tl.constexpr(1)
+FLAG_COMBINE = tl.constexpr(2)
+
+COUNT_BITS = tl.constexpr(32)            # dispatch flag = epoch << 32 | tokens sent
+COUNT_MASK = tl.constexpr(0xFFFFFFFF)
+
+
+
+@triton.jit
+def finished_last(counter, num_programs):
+    """Count this program as finished; True in the program that finishes last.
+
+    The acq_rel atomic at system scope after a program barrier releases every store the
+    program made (also those into peers' heaps) and, in the last program, acquires all of
+    them: a flag the last program then signals with release covers the whole kernel's data.
+    """
+    tl.debug_barrier()
+    done = tl.atomic_add(counter, 1, sem="acq_rel", scope="sys")
+    return done == num_programs - 1
+
+
+def block_h(hidden: int, largest: int = 2048) -> int:
+    """Columns per step over a row: the power of two (64..largest) wasting the fewest lanes
+    on the masked tail, the largest among equals (7168 -> 1024, 2880 -> 1024, 4096 -> 2048)."""
+    best = None
+    b = 64
+    while b <= largest:
+        waste = -hidden % b
+        if best is None or waste <= best[0]:
+            best = (waste, b)
+        b *= 2
+    return best[1]
+
+
+class Buffers:
+    """Allocates the layout above (heap part: same sizes in the same order on every rank)."""
+
+    def __init__(self, ctx, num_local_experts: int, experts_per_token: int, hidden: int,
+                 max_num_tokens: int, dtype: torch.dtype):
+        world, M, H = ctx.world_size, max_num_tokens, hidden
+        self.kp = triton.next_power_of_2(experts_per_token)
+        self.wp = triton.next_power_of_2(world)
+        self.cap = M * world
+        dev = ctx.device
+        self.tokens = ctx.empty(2, world, M, H, dtype=dtype)
+        self.meta = ctx.empty(2, world, M, self.kp, dtype=torch.int32)
+        self.weights = ctx.empty(2, world, M, self.kp, dtype=torch.float32)
+        self.partial = ctx.empty(2, world, M, H, dtype=dtype)
+        self.flags = ctx.zeros(3, 2, world, dtype=torch.int64)
+        self._heap = [self.tokens, self.meta, self.weights, self.partial, self.flags]
+        self.state = torch.zeros(STATE_WORDS, dtype=torch.int64, device=dev)
+        self.slot_counter = torch.zeros(self.wp, dtype=torch.int32, device=dev)
+        self.expert_counter = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
+        self.send_slot = torch.full((M, self.wp), -1, dtype=torch.int32, device=dev)
+        self.token_rows = torch.full((world, M, self.kp), -1, dtype=torch.int32, device=dev)
+        self.recv_count = torch.zeros(self.wp, dtype=torch.int32, device=dev)
+        self.expert_x = torch.empty(num_local_experts, self.cap, H, dtype=dtype, device=dev)
+        self.expert_num_tokens = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
+
+    @staticmethod
+    def heap_bytes(world: int, experts_per_token: int, hidden: int, max_num_tokens: int,
+                   dtype: torch.dtype) -> int:
+        """Symmetric-heap bytes one ExpertParallel needs (before allocator alignment)."""
+        kp = triton.next_power_of_2(experts_per_token)
+        esize = torch.empty((), dtype=dtype).element_size()
+        rows = 2 * world * max_num_tokens
+        return rows * hidden * esize * 2 + rows * kp * 8 + 3 * 2 * world * 8
+
+    def free(self, ctx) -> None:
+        for t in reversed(self._heap):
+            ctx.free(t)
+        self._heap = []

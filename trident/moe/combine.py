@@ -1,0 +1,125 @@
+"""MoE combine: y[t] = sum_k w[t, k] * expert_y[row of (t, k)], accumulated in fp32.
+
+Send (`combine_send_kernel`), two kinds of programs in one launch:
+  - the first `num_weight_programs` push the top-k weights of this rank's tokens (a tile
+    of tokens at a time, 32 bytes per token and destination) next to the copies of the
+    tokens that dispatch put on each expert rank, then the last of them signals "weights".
+  - the others run on the expert side: for every token received at dispatch they form
+    the weighted partial sum over *this* rank's experts of that token in fp32, and push
+    it once (in x's dtype) back into the token's rank, at the slot the token had there.
+    So a token comes back once per expert rank, not once per expert. They wait for the
+    weights of a source rank before its first token; the last program signals "partials".
+  The weight programs have the lower program ids: a partial-sum program only waits for
+  work of lower ids or of other ranks (so the grid cannot deadlock, and the CPU
+  emulation, which runs programs in order, works).
+
+Receive (`combine_recv_kernel`): wait for every rank's "partials" flag, then each token
+sums its (at most world) partials in fp32 and writes y[t].
+"""
+import triton
+import triton.language as tl
+
+from .. import language as tdl
+from ..trace import device as trd
+from ..trace import tags
+from . import buffers as B
+
+
+@triton.jit
+def combine_send_kernel(expert_y, topk_weights, num_tokens, send_slot, token_rows, recv_count,
+                        weights, partial, flags, state, ctrl, heap_bases, trace_buf, rank,
+                        world, max_tokens, num_weight_programs,
+                        H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    npid = tl.num_programs(0)
+    epoch = tl.load(state + B.COMBINE_SEND_EPOCH) + 1
+    par = epoch % 2
+    ks = tl.arange(0, KP)
+    t0 = trd.begin(TRACE)
+    if pid < num_weight_programs:
+        ts0 = tl.arange(0, BLOCK_T)
+        for tb in range(pid * BLOCK_T, num_tokens, num_weight_programs * BLOCK_T):
+            ts = tb + ts0
+            tm = ts < num_tokens
+            w = tl.load(topk_weights + ts[:, None] * K + ks[None, :],
+                        mask=tm[:, None] & (ks[None, :] < K), other=0.0)
+            for r in range(world):
+                slot = tl.load(send_slot + ts * WP + r, mask=tm, other=-1)
+                row = (par * world + rank) * max_tokens + slot
+                tdl.store(weights + row[:, None] * KP + ks[None, :], w, rank, r, heap_bases,
+                          mask=(slot >= 0)[:, None] & (ks[None, :] < KP))
+        if B.finished_last(state + B.WEIGHTS_DONE, num_weight_programs):
+            for r in range(world):
+                tdl.signal(flags + (B.FLAG_WEIGHTS * 2 + par) * world + rank, epoch, rank, r,
+                           heap_bases)
+            tl.store(state + B.WEIGHTS_DONE, 0)
+        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    else:
+        q = pid - num_weight_programs
+        nq = npid - num_weight_programs
+        cols = tl.arange(0, BLOCK_H)
+        start = 0
+        for s in range(world):
+            n = tl.load(recv_count + s)
+            i0 = (q - start % nq + nq) % nq
+            if i0 < n:
+                tw = trd.begin(TRACE)
+                tdl.wait(flags + (B.FLAG_WEIGHTS * 2 + par) * world + s, epoch, ctrl, rank, s,
+                         11)  # moe_combine
+                trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
+            for i in range(i0, n, nq):
+                rows = tl.load(token_rows + (s * max_tokens + i) * KP + ks)
+                mine = rows >= 0
+                src_row = (par * world + s) * max_tokens + i
+                w = tl.load(weights + src_row * KP + ks, mask=mine, other=0.0)
+                y_ptr = expert_y + rows.to(tl.int64)[:, None] * H
+                dst = partial + tl.cast((par * world + rank) * max_tokens + i, tl.int64) * H
+                for c in tl.static_range(0, H, BLOCK_H):
+                    m = c + cols < H
+                    y = tl.load(y_ptr + c + cols[None, :], mask=mine[:, None] & m[None, :],
+                                other=0.0)
+                    acc = tl.sum(y.to(tl.float32) * w[:, None], axis=0)
+                    tdl.store(dst + c + cols, acc.to(partial.dtype.element_ty), rank, s,
+                              heap_bases, mask=m)
+            start += n
+        trd.end(trace_buf, t0, tags.COMBINE, rank, TRACE)
+    if B.finished_last(state + B.COMBINE_SEND_DONE, npid):
+        for r in range(world):
+            tdl.signal(flags + (B.FLAG_COMBINE * 2 + par) * world + rank, epoch, rank, r,
+                       heap_bases)
+        tl.store(state + B.COMBINE_SEND_DONE, 0)
+        tl.store(state + B.COMBINE_SEND_EPOCH, epoch)
+
+
+@triton.jit
+def combine_recv_kernel(out, num_tokens, send_slot, partial, flags, state, ctrl, heap_bases,
+                        trace_buf, rank, world, max_tokens,
+                        H: tl.constexpr, WP: tl.constexpr, BLOCK_H: tl.constexpr,
+                        TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    npid = tl.num_programs(0)
+    epoch = tl.load(state + B.COMBINE_RECV_EPOCH) + 1
+    par = epoch % 2
+    t0 = trd.begin(TRACE)
+    for s in range(world):
+        tdl.wait(flags + (B.FLAG_COMBINE * 2 + par) * world + s, epoch, ctrl, rank, s,
+                 11)  # moe_combine
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    rs = tl.arange(0, WP)
+    cols = tl.arange(0, BLOCK_H)
+    for t in range(pid, num_tokens, npid):
+        slots = tl.load(send_slot + t * WP + rs)
+        has = slots >= 0
+        src = partial + ((par * world + rs) * max_tokens + slots).to(tl.int64)[:, None] * H
+        dst = out + tl.cast(t, tl.int64) * H
+        for c in tl.static_range(0, H, BLOCK_H):
+            m = c + cols < H
+            v = tl.load(src + c + cols[None, :], mask=has[:, None] & m[None, :], other=0.0)
+            acc = tl.sum(v.to(tl.float32), axis=0)
+            tl.store(dst + c + cols, acc.to(out.dtype.element_ty), mask=m)
+    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+    if B.finished_last(state + B.COMBINE_RECV_DONE, npid):
+        tl.store(state + B.COMBINE_RECV_DONE, 0)
+        tl.store(state + B.COMBINE_RECV_EPOCH, epoch)

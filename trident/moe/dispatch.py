@@ -1,0 +1,128 @@
+"""MoE dispatch: send each token to the ranks that own its experts, then lay the received
+tokens out per local expert (expert_x [L, cap, H], expert_num_tokens [L]).
+
+Send (`dispatch_send_kernel`): programs take tokens round-robin. For each token, the set
+of destination ranks comes from its top-k ids; a slot per destination is claimed from a
+device-side counter, and the token row (and its top-k ids) is pushed once into each
+destination's receive buffer -- once per rank, however many of its experts live there.
+The program that finishes last signals every rank `epoch << 32 | tokens sent to it` (a
+rank that got nothing is signalled too). Nothing here waits: the send half frees its SMs
+as soon as its stores are issued.
+
+Receive (`dispatch_recv_kernel`): wait for every rank's flag, then spread the received
+tokens evenly over the programs (flattened over source ranks, however unequal they
+are); each token is copied from the receive buffer into one row of each of its local
+experts, the row claimed from a per-expert counter. The last program publishes the
+counts and zeroes the counters for the next epoch. The copy is local (HBM), the NVLink
+traffic is only the deduplicated push.
+"""
+import triton
+import triton.language as tl
+
+from .. import language as tdl
+from ..trace import device as trd
+from ..trace import tags
+from . import buffers as B
+
+
+@triton.jit
+def dispatch_send_kernel(x, stride_x, topk_idx, num_tokens, tokens, meta, flags, state,
+                         slot_counter, send_slot, ctrl, heap_bases, trace_buf, rank, world,
+                         max_tokens, experts_per_rank, num_experts,
+                         H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                         BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    npid = tl.num_programs(0)
+    t0 = trd.begin(TRACE)
+    epoch = tl.load(state + B.DISPATCH_SEND_EPOCH) + 1
+    par = epoch % 2
+    ks = tl.arange(0, KP)
+    rs = tl.arange(0, WP)
+    cols = tl.arange(0, BLOCK_H)
+    for t in range(pid, num_tokens, npid):
+        e = tl.load(topk_idx + t * K + ks, mask=ks < K, other=-1).to(tl.int32)
+        valid = (e >= 0) & (e < num_experts)     # bad ids are dropped (validate= reports them)
+        e = tl.where(valid, e, -1)
+        dest = tl.where(valid, e // experts_per_rank, -1)
+        hit = tl.max((dest[None, :] == rs[:, None]).to(tl.int32), axis=1) > 0
+        slots = tl.atomic_add(slot_counter + rs, 1, mask=hit, sem="relaxed", scope="gpu")
+        slots = tl.where(hit, slots, -1)
+        tl.store(send_slot + t * WP + rs, slots)
+        rows = ((par * world + rank) * max_tokens + slots).to(tl.int64)
+        for r in range(world):
+            slot_r = tl.sum(tl.where(rs == r, slots, 0))
+            if slot_r >= 0:
+                row = tl.sum(tl.where(rs == r, rows, 0))
+                tdl.store(meta + row * KP + ks, e, rank, r, heap_bases)
+        src = x + tl.cast(t, tl.int64) * stride_x
+        for c in tl.static_range(0, H, BLOCK_H):
+            m = c + cols < H
+            v = tl.load(src + c + cols, mask=m)
+            for r in range(world):
+                row = tl.sum(tl.where(rs == r, rows, 0))
+                if tl.sum(tl.where(rs == r, slots, 0)) >= 0:
+                    tdl.store(tokens + row * H + c + cols, v, rank, r, heap_bases, mask=m)
+    trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
+    if B.finished_last(state + B.DISPATCH_SEND_DONE, npid):
+        for r in range(world):
+            sent = tl.atomic_xchg(slot_counter + r, 0, sem="relaxed", scope="gpu")
+            value = (epoch << B.COUNT_BITS) | sent.to(tl.int64)
+            tdl.signal(flags + (B.FLAG_DISPATCH * 2 + par) * world + rank, value, rank, r,
+                       heap_bases)
+        tl.store(state + B.DISPATCH_SEND_DONE, 0)
+        tl.store(state + B.DISPATCH_SEND_EPOCH, epoch)
+
+
+@triton.jit
+def dispatch_recv_kernel(tokens, meta, flags, state, expert_counter, token_rows, recv_count,
+                         expert_x, expert_num_tokens, ctrl, heap_bases, trace_buf, rank, world,
+                         max_tokens, experts_per_rank, cap,
+                         H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                         BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    npid = tl.num_programs(0)
+    epoch = tl.load(state + B.DISPATCH_RECV_EPOCH) + 1
+    par = epoch % 2
+    my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
+    t0 = trd.begin(TRACE)
+    for s in range(world):
+        tdl.wait(my_flags + s, epoch << B.COUNT_BITS, ctrl, rank, s, 10)  # moe_dispatch
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    ks = tl.arange(0, KP)
+    cols = tl.arange(0, BLOCK_H)
+    first_expert = rank * experts_per_rank
+    start = 0
+    for s in range(world):
+        n = (tl.load(my_flags + s, volatile=True) & B.COUNT_MASK).to(tl.int32)
+        # the tokens of all sources form one list; program pid takes every npid-th of it
+        i0 = (pid - start % npid + npid) % npid
+        for i in range(i0, n, npid):
+            row = (par * world + s) * max_tokens + i
+            e = tl.load(meta + row * KP + ks)
+            local = (e >= first_expert) & (e < first_expert + experts_per_rank)
+            le = e - first_expert
+            slot = tl.atomic_add(expert_counter + le, 1, mask=local, sem="relaxed", scope="gpu")
+            local = local & (slot < cap)
+            dst = tl.where(local, le * cap + slot, -1)
+            tl.store(token_rows + (s * max_tokens + i) * KP + ks, dst)
+            dst_ptr = expert_x + dst.to(tl.int64)[:, None] * H
+            src = tokens + tl.cast(row, tl.int64) * H
+            for c in tl.static_range(0, H, BLOCK_H):
+                m = c + cols < H
+                v = tl.load(src + c + cols, mask=m)
+                tl.store(dst_ptr + c + cols[None, :], tl.broadcast_to(v[None, :], (KP, BLOCK_H)),
+                         mask=local[:, None] & m[None, :])
+        start += n
+    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+    if B.finished_last(state + B.DISPATCH_RECV_DONE, npid):
+        rs = tl.arange(0, WP)
+        counts = tl.load(my_flags + rs, mask=rs < world, other=0, volatile=True) & B.COUNT_MASK
+        tl.store(recv_count + rs, counts.to(tl.int32))
+        for l0 in range(0, experts_per_rank, BLOCK_L):
+            ls = l0 + tl.arange(0, BLOCK_L)
+            lm = ls < experts_per_rank
+            got = tl.atomic_xchg(expert_counter + ls, 0, mask=lm, sem="relaxed", scope="gpu")
+            tl.store(expert_num_tokens + ls, tl.minimum(got, cap), mask=lm)
+        tl.store(state + B.DISPATCH_RECV_DONE, 0)
+        tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
