@@ -12,6 +12,12 @@ class CudaHeap:
         self._handle = symm_mem.rendezvous(self.local, group.group_name)
         self.bases = [int(p) for p in self._handle.buffer_ptrs]
 
+    def peer_view(self, peer: int, local: torch.Tensor, start: int, numel: int) -> torch.Tensor:
+        """A torch tensor over `peer`'s copy of local[start:start+numel] (for copy-engine
+        baselines: torch copy_ into it goes over NVLink)."""
+        offset = (local.data_ptr() - self.local.data_ptr()) // local.element_size() + start
+        return self._handle.get_buffer(peer, (numel,), local.dtype, offset)
+
     def close(self) -> None:
         self._handle = None
         self.local = None
