@@ -94,8 +94,9 @@ def _rounds(ctx, E, k, H, M, dtype, seeds, idx_dtype=torch.int64, split=False):
             ranks, a, b = _round_inputs(seed, ctx.world_size, E, k, H, M, dtype, counts)
             T, x, idx, w = ranks[ctx.rank]
             x, idx, w = x.to(ctx.device), idx.to(idx_dtype).to(ctx.device), w.to(ctx.device)
+            early = split and i % 2 == 1      # weights sent with the tokens
             if split:
-                h = ep.dispatch(x, idx, wait=False)
+                h = ep.dispatch(x, idx, wait=False, topk_weights=w if early else None)
                 other = torch.randn(32, 32) @ torch.randn(32, 32)    # work between the halves
                 d = h.wait()
             else:
@@ -103,7 +104,7 @@ def _rounds(ctx, E, k, H, M, dtype, seeds, idx_dtype=torch.int64, split=False):
             _check_dispatch(ctx, d, ranks, L)
             ey = _run_experts(ctx, d, L, a, b, dtype)
             if split:
-                h = ep.combine(ey, d, w, wait=False)
+                h = ep.combine(ey, d, None if early else w, wait=False)
                 other = other + 1
                 y = h.wait()
             else:
@@ -135,7 +136,7 @@ def test_split_mode_with_work_between_halves(pool):
 def _back_to_back(ctx, iters):
     """Many rounds on one ExpertParallel, plus dispatch-only and combine-only repeats (as a
     benchmark runs them): epochs and buffer halves must keep every round separate."""
-    E, k, H, M, dtype = 8, 2, 64, 3, torch.bfloat16
+    E, k, H, M, dtype = 2 * ctx.world_size, 2, 64, 3, torch.bfloat16
     ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype, validate=False)
     L = E // ctx.world_size
     try:
@@ -148,6 +149,11 @@ def _back_to_back(ctx, iters):
             ey = _run_experts(ctx, d, L, a, b, dtype)
             for _ in range(1 + (i % 4 == 2)):
                 y = ep.combine(ey, d, w.to(ctx.device))
+            if i % 3 == 2:     # weights with the tokens; combine-only repeats use them too
+                d = ep.dispatch(x.to(ctx.device), idx.to(ctx.device), topk_weights=w.to(ctx.device))
+                ey = _run_experts(ctx, d, L, a, b, dtype)
+                for _ in range(2):
+                    y = ep.combine(ey, d)
             _check_combine(y, T, x, idx, w, a, b, dtype)
         ctx.barrier()
     finally:
@@ -198,6 +204,8 @@ def _bad_inputs(ctx):
             ep.combine(ey[:, :1], d, w)
         with pytest.raises(TypeError, match="expert_y must be"):
             ep.combine(ey.half(), d, w)
+        with pytest.raises(ValueError, match="topk_weights is needed"):
+            ep.combine(ey, d)
         with pytest.raises(TypeError, match="Dispatched"):
             ep.combine(ey, ep, w)
         y = ep.combine(ey, d, w)

@@ -6,6 +6,7 @@ by the parity of the op's epoch:
     tokens   [2, world, M, H]   dispatch: token i that rank s sent here, at [par, s, i]
     meta     [2, world, M, KP]  its top-k expert ids (int32, -1 padding)
     weights  [2, world, M, KP]  combine: the token's top-k weights (fp32), same rows
+    dweights [2, world, M, KP]  the same, when the weights came with dispatch instead
     partial  [2, world, M, H]   combine: sum over this rank's experts of w * expert_y,
                                  written by expert rank s at [par, s, slot of the token on s]
     flags    [3, 2, world]      int64, one per (kind, parity, source rank)
@@ -89,9 +90,11 @@ class Buffers:
         self.tokens = ctx.empty(2, world, M, H, dtype=dtype)
         self.meta = ctx.empty(2, world, M, self.kp, dtype=torch.int32)
         self.weights = ctx.empty(2, world, M, self.kp, dtype=torch.float32)
+        self.dweights = ctx.empty(2, world, M, self.kp, dtype=torch.float32)
         self.partial = ctx.empty(2, world, M, H, dtype=dtype)
         self.flags = ctx.zeros(3, 2, world, dtype=torch.int64)
-        self._heap = [self.tokens, self.meta, self.weights, self.partial, self.flags]
+        self._heap = [self.tokens, self.meta, self.weights, self.dweights, self.partial,
+                      self.flags]
         self.state = torch.zeros(STATE_WORDS, dtype=torch.int64, device=dev)
         self.slot_counter = torch.zeros(self.wp, dtype=torch.int32, device=dev)
         self.expert_counter = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
@@ -108,7 +111,7 @@ class Buffers:
         kp = triton.next_power_of_2(experts_per_token)
         esize = torch.empty((), dtype=dtype).element_size()
         rows = 2 * world * max_num_tokens
-        return rows * hidden * esize * 2 + rows * kp * 8 + 3 * 2 * world * 8
+        return rows * hidden * esize * 2 + rows * kp * 12 + 3 * 2 * world * 8
 
     def free(self, ctx) -> None:
         for t in reversed(self._heap):

@@ -9,6 +9,8 @@ Send (`combine_send_kernel`), two kinds of programs in one launch:
     it once (in x's dtype) back into the token's rank, at the slot the token had there.
     So a token comes back once per expert rank, not once per expert. They wait for the
     weights of a source rank before its first token; the last program signals "partials".
+  When the weights came with dispatch (dispatch(..., topk_weights=w)), they are already
+  next to the tokens: there are no weight programs and the send half waits for nothing.
   The weight programs have the lower program ids: a partial-sum program only waits for
   work of lower ids or of other ranks (so the grid cannot deadlock, and the CPU
   emulation, which runs programs in order, works).
@@ -30,11 +32,16 @@ def combine_send_kernel(expert_y, topk_weights, num_tokens, send_slot, token_row
                         weights, partial, flags, state, ctrl, heap_bases, trace_buf, rank,
                         world, max_tokens, num_weight_programs,
                         H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                        WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     npid = tl.num_programs(0)
     epoch = tl.load(state + B.COMBINE_SEND_EPOCH) + 1
     par = epoch % 2
+    if WEIGHTS_AT_DISPATCH:     # `weights` is dweights: already here, in dispatch's half
+        wpar = tl.load(state + B.DISPATCH_RECV_EPOCH) % 2
+    else:
+        wpar = par
     ks = tl.arange(0, KP)
     t0 = trd.begin(TRACE)
     if pid < num_weight_programs:
@@ -63,15 +70,16 @@ def combine_send_kernel(expert_y, topk_weights, num_tokens, send_slot, token_row
         for s in range(world):
             n = tl.load(recv_count + s)
             i0 = (q - start % nq + nq) % nq
-            if i0 < n:
-                tw = trd.begin(TRACE)
-                tdl.wait(flags + (B.FLAG_WEIGHTS * 2 + par) * world + s, epoch, ctrl, rank, s,
-                         11)  # moe_combine
-                trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
+            if not WEIGHTS_AT_DISPATCH:
+                if i0 < n:
+                    tw = trd.begin(TRACE)
+                    tdl.wait(flags + (B.FLAG_WEIGHTS * 2 + par) * world + s, epoch, ctrl, rank,
+                             s, 11)  # moe_combine
+                    trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
             for i in range(i0, n, nq):
                 rows = tl.load(token_rows + (s * max_tokens + i) * KP + ks)
                 mine = rows >= 0
-                src_row = (par * world + s) * max_tokens + i
+                src_row = (wpar * world + s) * max_tokens + i
                 w = tl.load(weights + src_row * KP + ks, mask=mine, other=0.0)
                 y_ptr = expert_y + rows.to(tl.int64)[:, None] * H
                 dst = partial + tl.cast((par * world + rank) * max_tokens + i, tl.int64) * H

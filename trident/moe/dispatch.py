@@ -4,7 +4,8 @@ tokens out per local expert (expert_x [L, cap, H], expert_num_tokens [L]).
 Send (`dispatch_send_kernel`): programs take tokens round-robin. For each token, the set
 of destination ranks comes from its top-k ids; a slot per destination is claimed from a
 device-side counter, and the token row (and its top-k ids) is pushed once into each
-destination's receive buffer -- once per rank, however many of its experts live there.
+destination's receive buffer -- once per rank, however many of its experts live there
+(with its top-k weights too, when dispatch is given them: then combine need not send them).
 The program that finishes last signals every rank `epoch << 32 | tokens sent to it` (a
 rank that got nothing is signalled too). Nothing here waits: the send half frees its SMs
 as soon as its stores are issued.
@@ -26,11 +27,13 @@ from . import buffers as B
 
 
 @triton.jit
-def dispatch_send_kernel(x, stride_x, topk_idx, num_tokens, tokens, meta, flags, state,
+def dispatch_send_kernel(x, stride_x, topk_idx, topk_weights, num_tokens, tokens, meta,
+                         dweights, flags, state,
                          slot_counter, send_slot, ctrl, heap_bases, trace_buf, rank, world,
                          max_tokens, experts_per_rank, num_experts,
                          H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                         BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                         HAS_WEIGHTS: tl.constexpr, BLOCK_H: tl.constexpr,
+                         TRACE: tl.constexpr):
     pid = tl.program_id(0)
     npid = tl.num_programs(0)
     t0 = trd.begin(TRACE)
@@ -49,18 +52,19 @@ def dispatch_send_kernel(x, stride_x, topk_idx, num_tokens, tokens, meta, flags,
         slots = tl.where(hit, slots, -1)
         tl.store(send_slot + t * WP + rs, slots)
         rows = ((par * world + rank) * max_tokens + slots).to(tl.int64)
+        src = x + tl.cast(t, tl.int64) * stride_x
         for r in range(world):
-            slot_r = tl.sum(tl.where(rs == r, slots, 0))
-            if slot_r >= 0:
+            # ranks outer, columns inner: two reductions per destination, not per chunk;
+            # the row is read from L1/L2 again for the second and later destinations
+            if tl.sum(tl.where(rs == r, slots, 0)) >= 0:
                 row = tl.sum(tl.where(rs == r, rows, 0))
                 tdl.store(meta + row * KP + ks, e, rank, r, heap_bases)
-        src = x + tl.cast(t, tl.int64) * stride_x
-        for c in tl.static_range(0, H, BLOCK_H):
-            m = c + cols < H
-            v = tl.load(src + c + cols, mask=m)
-            for r in range(world):
-                row = tl.sum(tl.where(rs == r, rows, 0))
-                if tl.sum(tl.where(rs == r, slots, 0)) >= 0:
+                if HAS_WEIGHTS:
+                    w = tl.load(topk_weights + t * K + ks, mask=ks < K, other=0.0)
+                    tdl.store(dweights + row * KP + ks, w, rank, r, heap_bases)
+                for c in tl.static_range(0, H, BLOCK_H):
+                    m = c + cols < H
+                    v = tl.load(src + c + cols, mask=m)
                     tdl.store(tokens + row * H + c + cols, v, rank, r, heap_bases, mask=m)
     trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
     if B.finished_last(state + B.DISPATCH_SEND_DONE, npid):

@@ -35,6 +35,7 @@ class Dispatched:
     expert_x: torch.Tensor           # [L, cap, H]: rows [0, expert_num_tokens[e]) are valid
     expert_num_tokens: torch.Tensor  # [L] int32, on the device
     num_tokens: int                  # T of this rank's dispatch
+    has_weights: bool = False        # topk_weights travelled with the tokens
     _seq: int = 0
 
 
@@ -138,6 +139,17 @@ class ExpertParallel:
         if x.stride(1) != 1:
             raise ValueError("dispatch: x must have contiguous rows (x.stride(1) == 1)")
 
+    def _check_weights(self, w, T: int, op: str) -> None:
+        k = self.experts_per_token
+        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (T, k):
+            got = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+            raise ValueError(f"{op}: topk_weights must be [T, experts_per_token] = [{T}, {k}], "
+                             f"got {got}")
+        if w.dtype != torch.float32:
+            raise TypeError(f"{op}: topk_weights must be float32, got {w.dtype}")
+        if w.device != self.ctx.device:
+            raise ValueError(f"{op}: topk_weights must be on {self.ctx.device}, got {w.device}")
+
     def _check_ids(self, topk_idx: torch.Tensor) -> None:
         """Ids in range and distinct within each token: one device->host sync."""
         E = self.num_experts
@@ -165,25 +177,35 @@ class ExpertParallel:
 
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, wait: bool = True,
-                 validate: bool | None = None):
+                 validate: bool | None = None, topk_weights: torch.Tensor | None = None):
         """Send every token to the ranks owning its experts; returns a Dispatched (or, with
-        wait=False, a PendingDispatch whose .wait() returns it)."""
+        wait=False, a PendingDispatch whose .wait() returns it).
+
+        topk_weights [T, k] float32, optional: send the weights with the tokens (32 bytes
+        per token and rank); combine may then be called without them, and its send half
+        waits for nothing.
+        """
         self._check_tokens(x, topk_idx)
+        if topk_weights is not None:
+            self._check_weights(topk_weights, x.shape[0], "dispatch")
         if self._validating(validate) and x.shape[0] > 0:
             self._check_ids(topk_idx)
         ctx, b = self.ctx, self.buf
         T = x.shape[0]
         topk_idx = topk_idx.contiguous()
+        has_w = topk_weights is not None
+        w = topk_weights.contiguous() if has_w else b.dweights
         trace_buf, trace = kernel_args(ctx)
         dispatch_send_kernel[(self._grid(T),)](
-            x, x.stride(0), topk_idx, T, b.tokens, b.meta, b.flags, b.state, b.slot_counter,
+            x, x.stride(0), topk_idx, w, T, b.tokens, b.meta, b.dweights, b.flags, b.state,
+            b.slot_counter,
             b.send_slot, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
             self.max_num_tokens, self.num_local_experts, self.num_experts,
-            H=self.hidden_dim, K=self.experts_per_token, KP=b.kp, WP=b.wp,
+            H=self.hidden_dim, K=self.experts_per_token, KP=b.kp, WP=b.wp, HAS_WEIGHTS=has_w,
             BLOCK_H=self.block_h, TRACE=trace, num_warps=self.num_warps)
         ctx.after_op()
         self._seq += 1
-        self._result = Dispatched(b.expert_x, b.expert_num_tokens, T, self._seq)
+        self._result = Dispatched(b.expert_x, b.expert_num_tokens, T, has_w, self._seq)
         pending = PendingDispatch(self, self._result)
         return pending.wait() if wait else pending
 
@@ -202,24 +224,33 @@ class ExpertParallel:
         ctx.after_op()
 
     # ------------------------------------------------------------------ combine
-    def combine(self, expert_y: torch.Tensor, d: Dispatched, topk_weights: torch.Tensor,
-                wait: bool = True, out: torch.Tensor | None = None):
+    def combine(self, expert_y: torch.Tensor, d: Dispatched,
+                topk_weights: torch.Tensor | None = None, wait: bool = True,
+                out: torch.Tensor | None = None):
         """y[t] = sum_k topk_weights[t, k] * expert_y[row of (t, k)] (fp32 accumulation),
-        in x's dtype; with wait=False, a PendingCombine whose .wait() returns y."""
+        in x's dtype; with wait=False, a PendingCombine whose .wait() returns y.
+
+        topk_weights may be None when dispatch was given them. Given here, they are first
+        pushed to the expert ranks, and the expert side waits for a peer's weights before
+        its first token from that peer (a wait as long as the ranks' skew).
+        """
         T = self._check_combine(expert_y, d, topk_weights, out)
         ctx, b = self.ctx, self.buf
         if out is None:
             out = torch.empty(T, self.hidden_dim, dtype=self.dtype, device=ctx.device)
-        topk_weights = topk_weights.contiguous()
+        at_dispatch = topk_weights is None
+        topk_weights = b.dweights if at_dispatch else topk_weights.contiguous()
         expert_y = expert_y.contiguous()
-        weight_programs = max(1, min(triton.cdiv(T, 64), self.max_programs // 4))
+        weight_programs = 0 if at_dispatch else \
+            max(1, min(triton.cdiv(T, 64), self.max_programs // 4))
         expert_programs = self._grid(self.max_num_tokens * ctx.world_size)
         trace_buf, trace = kernel_args(ctx)
         combine_send_kernel[(weight_programs + expert_programs,)](
-            expert_y, topk_weights, T, b.send_slot, b.token_rows, b.recv_count, b.weights,
-            b.partial, b.flags, b.state, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank,
-            ctx.world_size, self.max_num_tokens, weight_programs,
-            H=self.hidden_dim, K=self.experts_per_token, KP=b.kp, WP=b.wp, BLOCK_T=64,
+            expert_y, topk_weights, T, b.send_slot, b.token_rows, b.recv_count,
+            b.dweights if at_dispatch else b.weights, b.partial, b.flags, b.state, ctx.ctrl,
+            ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, self.max_num_tokens,
+            weight_programs, H=self.hidden_dim, K=self.experts_per_token, KP=b.kp, WP=b.wp,
+            WEIGHTS_AT_DISPATCH=at_dispatch, BLOCK_T=64,
             BLOCK_H=self.block_h, TRACE=trace, num_warps=self.num_warps)
         ctx.after_op()
         pending = PendingCombine(self, out)
@@ -244,22 +275,21 @@ class ExpertParallel:
             raise ValueError("combine: d is from an earlier dispatch; its buffers have been "
                              "reused since. Combine the latest dispatch (one round in flight "
                              "per ExpertParallel)")
-        T, k, H = d.num_tokens, self.experts_per_token, self.hidden_dim
+        T, H = d.num_tokens, self.hidden_dim
         shape = (self.num_local_experts, self.capacity, H)
         if not isinstance(expert_y, torch.Tensor) or tuple(expert_y.shape) != shape:
             got = list(expert_y.shape) if isinstance(expert_y, torch.Tensor) else type(expert_y)
             raise ValueError(f"combine: expert_y must be [L, cap, H] = {list(shape)}, got {got}")
         if expert_y.dtype != self.dtype:
             raise TypeError(f"combine: expert_y must be {self.dtype}, got {expert_y.dtype}")
-        if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (T, k):
-            got = list(topk_weights.shape) if isinstance(topk_weights, torch.Tensor) else None
-            raise ValueError(f"combine: topk_weights must be [T, experts_per_token] = "
-                             f"[{T}, {k}], got {got}")
-        if topk_weights.dtype != torch.float32:
-            raise TypeError(f"combine: topk_weights must be float32, got {topk_weights.dtype}")
-        for name, t in (("expert_y", expert_y), ("topk_weights", topk_weights)):
-            if t.device != self.ctx.device:
-                raise ValueError(f"combine: {name} must be on {self.ctx.device}, got {t.device}")
+        if topk_weights is None:
+            if not d.has_weights:
+                raise ValueError("combine: topk_weights is needed (dispatch was not given them)")
+        else:
+            self._check_weights(topk_weights, T, "combine")
+        if expert_y.device != self.ctx.device:
+            raise ValueError(f"combine: expert_y must be on {self.ctx.device}, "
+                             f"got {expert_y.device}")
         if out is not None and (tuple(out.shape) != (T, H) or out.dtype != self.dtype
                                 or not out.is_contiguous() or out.device != self.ctx.device):
             raise ValueError(f"combine: out must be a contiguous [{T}, {H}] {self.dtype} tensor "
