@@ -18,7 +18,7 @@ import triton.language as tl
 import trident.language as tdl
 from trident.errors import OP_CODES
 
-_DEMO_OP: tl.constexpr = OP_CODES["test"]
+_DEMO_OP = tl.constexpr(OP_CODES["test"])
 
 
 @triton.jit

@@ -90,18 +90,27 @@ def _shm_files():
     return sorted(f for f in os.listdir("/dev/shm") if f.startswith("trident-"))
 
 
+def _gpu_free_bytes(ctx):
+    torch.cuda.synchronize(ctx.device)
+    return torch.cuda.mem_get_info(ctx.device)[0] if ctx.backend == "cuda" else 0
+
+
 def _init_close_many(ctx, rounds):
-    fds, shm = _fds(), _shm_files()
-    gpu = torch.cuda.memory_allocated(ctx.device) if ctx.backend == "cuda" else 0
+    heap = 256 << 20 if ctx.backend == "cuda" else 4 << 20
+    with td.init(heap_size=heap, group=ctx.group):   # first use may set up caches
+        pass
+    fds, shm, free = _fds(), _shm_files(), _gpu_free_bytes(ctx)
     for i in range(rounds):
-        with td.init(heap_size=4 << 20, group=ctx.group) as other:
+        with td.init(heap_size=heap, group=ctx.group) as other:
             x = other.randn(1000)
             assert other.is_symmetric(x) and not ctx.is_symmetric(x)
             other.barrier()
+            del x
     assert _fds() == fds, (fds, _fds())
     assert _shm_files() == shm
-    if ctx.backend == "cuda":
-        assert torch.cuda.memory_allocated(ctx.device) == gpu
+    lost = free - _gpu_free_bytes(ctx)
+    # a leaked heap would cost rounds * 256 MiB; allow 64 MiB of allocator/NCCL caches
+    assert lost < 64 << 20, f"{lost / 2**20:.0f} MiB of GPU memory lost over {rounds} rounds"
     return rounds
 
 

@@ -21,14 +21,14 @@ else:
     from ._gpu import backoff, load_acquire, timestamp
 
 # Layout of the per-rank control block (int64 words, the first allocation of the heap).
-CTRL_ERROR: tl.constexpr = 0        # 0, or the first timeout's encode_timeout(...)
-CTRL_TIMEOUT: tl.constexpr = 1      # wait limit in ns
-CTRL_EPOCH: tl.constexpr = 2        # device-barrier epoch of this rank
-CTRL_FLAGS: tl.constexpr = 8        # device-barrier flags, one per source rank
-MAX_RANKS: tl.constexpr = 64
-CTRL_WORDS: tl.constexpr = 8 + 64
+CTRL_ERROR = tl.constexpr(0)        # 0, or the first timeout's encode_timeout(...)
+CTRL_TIMEOUT = tl.constexpr(1)      # wait limit in ns
+CTRL_EPOCH = tl.constexpr(2)        # device-barrier epoch of this rank
+CTRL_FLAGS = tl.constexpr(8)        # device-barrier flags, one per source rank
+MAX_RANKS = tl.constexpr(64)
+CTRL_WORDS = tl.constexpr(8 + 64)
 
-_ERROR_FLAG: tl.constexpr = 1 << 62
+_ERROR_FLAG = tl.constexpr(1 << 62)
 
 
 @triton.jit
