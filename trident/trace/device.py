@@ -16,8 +16,8 @@ import triton.language as tl
 
 from ..language import timestamp
 
-HEADER: tl.constexpr = 8
-EVENT_WORDS: tl.constexpr = 4
+HEADER = tl.constexpr(8)        # words before the first event
+EVENT_WORDS = tl.constexpr(4)   # words per event
 
 
 @triton.jit
