@@ -91,8 +91,10 @@ def _shm_files():
 
 
 def _gpu_free_bytes(ctx):
+    if ctx.backend != "cuda":
+        return 0
     torch.cuda.synchronize(ctx.device)
-    return torch.cuda.mem_get_info(ctx.device)[0] if ctx.backend == "cuda" else 0
+    return torch.cuda.mem_get_info(ctx.device)[0]
 
 
 def _init_close_many(ctx, rounds):
