@@ -9,6 +9,8 @@ called with the same sizes, and every op is synchronised and checked for timeout
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -139,9 +141,8 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | 
     elif ctx.world_size == 1:
         out.copy_(inp)
     else:
-        words_out, words_in = common.as_words(out, inp)
-        row_bytes = inp[:1].numel() * inp.element_size() if inp.shape[0] else \
-            out[:1].numel() * out.element_size()
+        row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
+        words_out, words_in = common.as_words(out, inp, unit=row_bytes)
         row = row_bytes // words_out.element_size()
         ALL_TO_ALL[name](ctx, words_out, words_in, out_splits, in_splits, row, block=block,
                          programs=programs)

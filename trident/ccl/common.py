@@ -87,12 +87,14 @@ def check_same_dtype(a: torch.Tensor, b: torch.Tensor, names: str) -> None:
         raise TypeError(f"{names} must have the same dtype, got {a.dtype} and {b.dtype}")
 
 
-def as_words(*ts: torch.Tensor) -> list[torch.Tensor]:
+def as_words(*ts: torch.Tensor, unit: int = 0) -> list[torch.Tensor]:
     """Flat views of the tensors as the widest integer type (int32/int16/int8) that tiles
-    all of them, so data movement works for any dtype (bool, fp8, complex, ...)."""
+    all of them (and `unit` bytes, e.g. a row), so data movement works for any dtype
+    (bool, fp8, complex, ...)."""
     flat = [t.reshape(-1).view(torch.uint8) for t in ts]
     for wide, size in ((torch.int32, 4), (torch.int16, 2)):
-        if all(f.numel() % size == 0 and f.data_ptr() % size == 0 for f in flat):
+        if unit % size == 0 and all(f.numel() % size == 0 and f.data_ptr() % size == 0
+                                    for f in flat):
             return [f.view(wide) for f in flat]
     return [f.view(torch.int8) for f in flat]
 

@@ -21,15 +21,15 @@ import triton.language as tl
 
 import trident.language as tdl
 
-MAX_PROGRAMS: tl.constexpr = 256      # grid limit of every collective kernel
-MAX_RANKS: tl.constexpr = 64
-ARRIVE: tl.constexpr = 0              # "I entered this launch": my buffers may be used
-DATA: tl.constexpr = 1                # "my data for you is in place"
-DONE: tl.constexpr = 2                # "I no longer read or write your buffers"
-NUM_PHASES: tl.constexpr = 3
-SUM: tl.constexpr = 0
-MAX: tl.constexpr = 1
-MIN: tl.constexpr = 2
+MAX_PROGRAMS = tl.constexpr(256)      # grid limit of every collective kernel
+MAX_RANKS = tl.constexpr(64)
+ARRIVE = tl.constexpr(0)              # "I entered this launch": my buffers may be used
+DATA = tl.constexpr(1)                # "my data for you is in place"
+DONE = tl.constexpr(2)                # "I no longer read or write your buffers"
+NUM_PHASES = tl.constexpr(3)
+SUM = tl.constexpr(0)
+MAX = tl.constexpr(1)
+MIN = tl.constexpr(2)
 
 
 @triton.jit

@@ -1,0 +1,49 @@
+"""Inputs and independent references shared by the collective tests: every rank builds
+every rank's random input from the same seeds, so each can compute the expected result
+with plain torch."""
+import torch
+
+BLOCK = 64          # small blocks on the emulation, so that programs loop over several
+
+
+def rank_inputs(world_size, shape, dtype, seed):
+    """The input of every rank (random, never zeros), identical on all ranks."""
+    out = []
+    for r in range(world_size):
+        g = torch.Generator().manual_seed(seed * 1000 + r)
+        if dtype.is_floating_point:
+            x = torch.randn(shape, generator=g).to(dtype)
+        elif dtype == torch.bool:
+            x = torch.randint(0, 2, shape, generator=g).bool()
+        else:
+            x = torch.randint(-100, 100, shape, generator=g).to(dtype)
+        out.append(x)
+    return out
+
+
+def reduce_ref(xs, op):
+    """op over the list in rank order, accumulated in fp32, cast back."""
+    acc = xs[0].float()
+    for x in xs[1:]:
+        x = x.float()
+        acc = acc + x if op == "sum" else torch.maximum(acc, x) if op == "max" else torch.minimum(acc, x)
+    return acc.to(xs[0].dtype)
+
+
+def place(ctx, x, symmetric):
+    """x on this rank's device, on the heap or as a plain tensor."""
+    if symmetric:
+        t = ctx.empty(*x.shape, dtype=x.dtype)
+        return t.copy_(x)
+    return x.clone().to(ctx.device)
+
+
+def assert_equal(got, expected, what):
+    got = got.cpu()
+    if got.dtype.is_floating_point:
+        # bf16: the Triton interpreter rounds fp32 -> bf16 by truncation, not to nearest
+        # as torch and the GPU do, so allow one bf16 step there.
+        tol = 1.6e-2 if got.dtype == torch.bfloat16 else 1e-6
+        torch.testing.assert_close(got, expected, rtol=tol, atol=1e-5, msg=lambda m: f"{what}: {m}")
+    else:
+        assert torch.equal(got, expected), f"{what}: {got} != {expected}"

@@ -1,0 +1,85 @@
+"""all_reduce: every algorithm, dtype and op on odd sizes, against plain torch on the
+gathered inputs; back-to-back calls without synchronisation; identical results on
+every rank."""
+import pytest
+import torch
+
+from .refs import BLOCK, assert_equal, place, rank_inputs, reduce_ref
+
+# (algorithm, dtype, op, numel, on the heap, block)
+CASES = [
+    ("one_shot", torch.float32, "sum", 37, False, BLOCK),
+    ("one_shot", torch.bfloat16, "max", 300, True, None),
+    ("one_shot", torch.float16, "min", 1, False, None),
+    ("two_shot", torch.bfloat16, "sum", 300, True, BLOCK),
+    ("two_shot", torch.float16, "sum", 37, False, None),
+    ("two_shot", torch.float32, "max", 5, True, None),
+]
+
+
+def _all_reduce_cases(ctx, cases):
+    results = []
+    for i, (alg, dtype, op, n, sym, block) in enumerate(cases):
+        first = rank_inputs(ctx.world_size, (n,), dtype, seed=i)
+        second = rank_inputs(ctx.world_size, (n,), dtype, seed=100 + i)
+        a, b = place(ctx, first[ctx.rank], sym), place(ctx, second[ctx.rank], sym)
+        # three launches back to back, no host synchronisation in between
+        ctx.all_reduce(a, op=op, algorithm=alg, block=block)
+        ctx.all_reduce(b, op=op, algorithm=alg, block=block)
+        ctx.all_reduce(b, op=op, algorithm=alg, block=block)
+        ctx.sync()
+        expected_b = reduce_ref([reduce_ref(second, op)] * ctx.world_size, op)
+        assert_equal(a, reduce_ref(first, op), f"{alg} {dtype} {op} n={n}")
+        assert_equal(b, expected_b, f"{alg} {dtype} {op} n={n} (repeated)")
+        results.append(a.cpu().clone())   # never return a heap view
+    return results
+
+
+def test_all_reduce(pool):
+    per_rank = pool.run(_all_reduce_cases, CASES)
+    for mine in per_rank[1:]:       # bit-identical on every rank
+        for got, ref in zip(mine, per_rank[0]):
+            assert torch.equal(got, ref)
+
+
+def _mixed_algorithms(ctx):
+    """Alternating algorithms and sizes reuse the same flags and scratch halves."""
+    xs = [rank_inputs(ctx.world_size, (n,), torch.float32, seed=n) for n in (70, 129, 8)]
+    ts = [place(ctx, x[ctx.rank], sym) for x, sym in zip(xs, (False, True, False))]
+    for t, alg in zip(ts, ("two_shot", "one_shot", "two_shot")):
+        ctx.all_reduce(t, algorithm=alg, block=BLOCK)
+    ctx.all_reduce(ts[2])                        # the selector's choice
+    ctx.sync()
+    for t, x in zip(ts[:2], xs[:2]):
+        assert_equal(t, reduce_ref(x, "sum"), "mixed")
+    assert_equal(ts[2], reduce_ref([reduce_ref(xs[2], "sum")] * ctx.world_size, "sum"), "mixed")
+
+
+def test_all_reduce_mixed_back_to_back(pool):
+    pool.run(_mixed_algorithms)
+
+
+def _bad_inputs(ctx):
+    with pytest.raises(TypeError, match="bfloat16, float16 and float32"):
+        ctx.all_reduce(torch.ones(4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="op must be one of"):
+        ctx.all_reduce(torch.ones(4), op="prod")
+    with pytest.raises(ValueError, match="contiguous"):
+        ctx.all_reduce(torch.ones(4, 4).t())
+    with pytest.raises(ValueError, match="is on meta"):
+        ctx.all_reduce(torch.ones(4, device="meta"))
+    with pytest.raises(ValueError, match="unknown algorithm 'ring'"):
+        ctx.all_reduce(torch.ones(4), algorithm="ring")
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        ctx.all_reduce([1.0, 2.0])
+    # sizes that differ across ranks: caught in debug mode, on every rank
+    ctx.debug = True
+    try:
+        with pytest.raises(ValueError, match="every rank must pass the same sizes"):
+            ctx.all_reduce(torch.ones(4 + ctx.rank))
+    finally:
+        ctx.debug = False
+
+
+def test_all_reduce_bad_inputs(pool):
+    pool.run(_bad_inputs)
