@@ -46,48 +46,48 @@ def put(dst_ptr, src_ptr, rank, peer, heap_bases, mask=None):
 
 
 @triton.jit
-def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     return tl.atomic_add(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     return tl.atomic_cas(translate(ptr, rank, peer, heap_bases), cmp, val, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-                scope: tl.constexpr = "sys"):
+def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+                scope: tl.constexpr = tl.constexpr("sys")):
     return tl.atomic_xchg(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     return tl.atomic_max(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     return tl.atomic_min(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     return tl.atomic_and(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-              scope: tl.constexpr = "sys"):
+def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+              scope: tl.constexpr = tl.constexpr("sys")):
     return tl.atomic_or(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = "acq_rel",
-               scope: tl.constexpr = "sys"):
+def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
+               scope: tl.constexpr = tl.constexpr("sys")):
     return tl.atomic_xor(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)

@@ -61,7 +61,8 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
             cur = load_acquire(flag)
             failed = (timestamp() - start) > limit
         if cur < value:
-            code = (_ERROR_FLAG | (op << 32)) + (tl.cast(rank, tl.int64) << 16) + peer
+            code = ((tl.full([], op, tl.int64) << 32) + (tl.cast(rank, tl.int64) << 16) + peer
+                    + _ERROR_FLAG)
             # cmp spelled as int64: the interpreter sizes the CAS by cmp's type
             tl.atomic_cas(ctrl + CTRL_ERROR, tl.full([], 0, tl.int64), code.to(tl.int64),
                           sem="relaxed", scope="gpu")
