@@ -225,12 +225,17 @@ class Context:
 
     def workspace(self, key, factory):
         """A heap object that lives as long as the context (created on first use by
-        `factory(ctx)`, on every rank at the same call). Ops keep their buffers here."""
+        `factory(ctx)`, on every rank at the same call). Ops keep their buffers here.
+
+        Creation ends with a host barrier: a peer must not signal into flags this rank has
+        not zeroed yet. So the first call of an op is not graph-capturable; warm up first.
+        """
         obj = self._workspaces.get(key)
         if obj is None:
             before = set(self.allocator.live_offsets())
             obj = self._workspaces[key] = factory(self)
             self._persistent |= set(self.allocator.live_offsets()) - before
+            self.barrier()
         return obj
 
     def reset(self) -> None:
