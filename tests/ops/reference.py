@@ -1,0 +1,23 @@
+"""Inputs and fp32 references shared by the tests of trident.ops.
+
+Every rank builds the same global tensors from one seed, takes its shard, and checks the
+op's result against plain torch in fp32 on the gathered inputs.
+"""
+import torch
+
+
+def make(shape, seed, dtype, device):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(dtype).to(device)
+
+
+def assert_close(out, ref, what, rel=2e-2):
+    """bf16/fp16 output against an fp32 reference: relative Frobenius error and a max
+    elementwise error scaled to the reference's magnitude."""
+    out = out.float().cpu()
+    ref = ref.float().cpu()
+    assert out.shape == ref.shape, f"{what}: shape {list(out.shape)} != {list(ref.shape)}"
+    assert torch.isfinite(out).all(), f"{what}: non-finite values"
+    err = (out - ref).norm() / ref.norm().clamp_min(1e-6)
+    worst = (out - ref).abs().max() / ref.abs().max().clamp_min(1e-6)
+    assert err < rel and worst < 4 * rel, f"{what}: relative error {err:.2e}, worst {worst:.2e}"

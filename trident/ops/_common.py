@@ -1,0 +1,218 @@
+"""What the three fused ops share: input checks, tile sizes per backend, the workspace
+(heap buffers + epoch/ack words that make reuse safe without memsets), and the GEMM tile.
+
+Epochs. Every fused kernel reads its workspace's epoch word at the start (this call is
+epoch e = stored + 1) and waits for flags to reach e, so flags never need resetting. The
+last program of the grid to finish (a done-counter) stores e, rearms the counter and
+tells every peer "rank r is done with epoch e" through the ack words; a rank writes into
+a peer's buffers in epoch e only once that peer acked e - 1. All of it lives on the
+device, so a call is one launch, needs no host synchronisation and can be captured in a
+CUDA graph.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import language as tdl
+from .._env import INTERPRET
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+# Sync words of a workspace (int32): [EPOCH, DONE, pad..., ACK(world) ..., FLAGS ...]
+SYNC_EPOCH = tl.constexpr(0)
+SYNC_DONE = tl.constexpr(1)
+SYNC_ACK = tl.constexpr(8)
+SYNC_FLAGS = tl.constexpr(8 + 64)
+
+# The interpreter's tl.dot gives garbage for bfloat16 operands (NumPy has no bfloat16):
+# there, operands are widened to fp32 first. Compiled kernels keep bf16/fp16 tensor cores.
+DOT_UPCAST = tl.constexpr(INTERPRET)
+
+
+# ---------------------------------------------------------------------------- input checks
+def check_matrix(ctx, t, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D matrix, got shape {list(t.shape)}")
+    if t.dtype not in DTYPES:
+        raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
+    if t.device != ctx.device:
+        raise ValueError(f"{name} is on {t.device}, expected this rank's device {ctx.device}")
+
+
+def check_inputs(ctx, op: str, a, w, bias, out, out_shape) -> torch.Tensor | None:
+    """Validate a, w (nn.Linear layout [N, K]), bias [N] and out; returns out or None."""
+    check_matrix(ctx, a, f"{op}: a")
+    check_matrix(ctx, w, f"{op}: w")
+    if w.dtype != a.dtype:
+        raise TypeError(f"{op}: w has dtype {w.dtype} but a has {a.dtype}; they must match")
+    if a.shape[1] != w.shape[1]:
+        raise ValueError(f"{op}: a is [M, K] = {list(a.shape)} and w is [N, K] = "
+                         f"{list(w.shape)} (nn.Linear layout): their K differ")
+    if a.shape[0] == 0 or a.shape[1] == 0 or w.shape[0] == 0:
+        raise ValueError(f"{op}: empty matrix (a {list(a.shape)}, w {list(w.shape)})")
+    if a.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError(f"{op}: a and w need a contiguous last dimension (stride 1); got "
+                         f"strides {a.stride()} and {w.stride()}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"{op}: bias must be a torch.Tensor or None, got {type(bias).__name__}")
+        if bias.dim() != 1 or bias.shape[0] != w.shape[0]:
+            raise ValueError(f"{op}: bias must have shape [{w.shape[0]}] (w's rows), got "
+                             f"{list(bias.shape)}")
+        if bias.dtype not in (*DTYPES, torch.float32):
+            raise TypeError(f"{op}: bias must be bfloat16, float16 or float32, got {bias.dtype}")
+        if bias.device != ctx.device:
+            raise ValueError(f"{op}: bias is on {bias.device}, expected {ctx.device}")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"{op}: out must be a torch.Tensor or None, got {type(out).__name__}")
+        if tuple(out.shape) != tuple(out_shape) or out.dtype != a.dtype or out.device != ctx.device:
+            raise ValueError(f"{op}: out must be a {list(out_shape)} {a.dtype} tensor on "
+                             f"{ctx.device}, got {list(out.shape)} {out.dtype} on {out.device}")
+        if out.stride(1) != 1:
+            raise ValueError(f"{op}: out needs a contiguous last dimension, got strides {out.stride()}")
+    return out
+
+
+def check_same_on_all_ranks(ctx, op: str, signature: tuple) -> None:
+    """In debug mode (ctx.debug), check with one host collective that the sizes which must
+    agree across ranks do. Not done otherwise: it would synchronise the host on every
+    call (a rank-dependent "check only the first time" could itself hang)."""
+    if not ctx.debug:
+        return
+    import torch.distributed as dist
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, signature, group=ctx.group)
+    for r, sig in enumerate(everyone):
+        if sig != signature:
+            raise ValueError(f"{op}: sizes must agree on every rank; rank {ctx.rank} has "
+                             f"{signature} but rank {r} has {sig}")
+
+
+# ---------------------------------------------------------------------------- tile sizes
+def gemm_config(ctx, m: int, n: int, k: int) -> dict:
+    """Tile sizes of the GEMM programs. Small blocks under the interpreter keep the CPU
+    emulation fast; on Hopper 128x256x64 (8 warps, 3 stages) when there are enough tiles
+    to fill the GPU, 128x128 otherwise, 64-row tiles for decode-sized M."""
+    if ctx.backend != "cuda":
+        return dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1)
+    bm = 64 if m <= 64 else 128
+    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    if bm == 128 and triton.cdiv(m, 128) * triton.cdiv(n, 256) >= sms:
+        return dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=3)
+    return dict(BM=bm, BN=128, BK=64, num_warps=4 if bm == 64 else 8, num_stages=4)
+
+
+def num_sms(ctx) -> int:
+    if ctx.backend != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(ctx.device).multi_processor_count
+
+
+# ---------------------------------------------------------------------------- workspace
+def _bucket(n: int) -> int:
+    """Round up to a power of two so that nearby shapes share one workspace."""
+    return 1 << max(int(n) - 1, 1).bit_length()
+
+
+class Workspace:
+    """Heap buffers of one fused op: `data` (bytes, viewed per call), and int32 sync words
+    (epoch, done-counter, one ack per peer, then the per-tile ready flags)."""
+
+    def __init__(self, ctx, data_bytes: int, num_flags: int):
+        self.data = ctx.zeros(data_bytes, dtype=torch.uint8)
+        self.num_flags = num_flags
+        self.sync = ctx.zeros(int(getattr(SYNC_FLAGS, "value", SYNC_FLAGS)) + num_flags, dtype=torch.int32)
+
+    def view(self, dtype: torch.dtype, *shape) -> torch.Tensor:
+        n = 1
+        for s in shape:
+            n *= s
+        return self.data[:n * dtype.itemsize].view(dtype).view(*shape)
+
+    def reset(self) -> None:
+        self.sync.zero_()
+
+
+def workspace(ctx, op: str, data_bytes: int, num_flags: int) -> Workspace:
+    """The op's workspace for this size class: allocated on first use (on every rank, at the
+    same call, since every rank makes the same calls) and reused afterwards."""
+    key = ("trident.ops", op, _bucket(max(data_bytes, 256)), _bucket(max(num_flags, 64)))
+    return ctx.workspace(key, lambda c: Workspace(c, key[2], key[3]))
+
+
+# ---------------------------------------------------------------------------- device side
+@triton.jit
+def gemm_tile(a_ptr, stride_am, w_ptr, stride_wn, m0, n0, M, N, K,
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp32 [BM, BN] tile of a[m0:m0+BM, :] @ w[n0:n0+BN, :].T. Out-of-range rows/columns
+    are clamped to valid ones (their results are never stored), so only K needs a mask."""
+    rows = (m0 + tl.arange(0, BM)) % M
+    cols = (n0 + tl.arange(0, BN)) % N
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BK)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            w = tl.load(w_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BK, other=0.0)
+            w = tl.load(w_ptrs, mask=offs_k[:, None] < K - k * BK, other=0.0)
+        if DOT_UPCAST:
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc)
+        a_ptrs += BK
+        w_ptrs += BK
+    return acc
+
+
+@triton.jit
+def add_bias(acc, bias_ptr, n0, N, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
+    if HAS_BIAS:
+        cols = n0 + tl.arange(0, BN)
+        acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def store_tile(out_ptr, stride_om, tile, m0, n0, m_end, N, BM: tl.constexpr, BN: tl.constexpr):
+    """Store rows [m0, m_end) and columns [n0, N) of a [BM, BN] tile."""
+    rows = m0 + tl.arange(0, BM)
+    cols = n0 + tl.arange(0, BN)
+    ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
+    tl.store(ptrs, tile.to(out_ptr.dtype.element_ty),
+             mask=(rows[:, None] < m_end) & (cols[None, :] < N))
+
+
+@triton.jit
+def epoch_of_call(sync):
+    """The epoch of the running call: one more than the last finished call's."""
+    return tl.load(sync + SYNC_EPOCH) + 1
+
+
+@triton.jit
+def wait_peers_done(sync, epoch, ctrl, rank, world_size, OP: tl.constexpr):
+    """Wait until every rank finished the previous call on this workspace (their ack)."""
+    for peer in range(world_size):
+        tdl.wait(sync + SYNC_ACK + peer, epoch - 1, ctrl, rank, peer, OP)
+
+
+@triton.jit
+def finish_program(sync, epoch, rank, world_size, heap_bases):
+    """Every program calls this last. The last one to arrive stores the epoch, rearms the
+    done-counter for the next call and acks the epoch to every rank."""
+    tl.debug_barrier()
+    total = tl.num_programs(0)
+    arrived = tl.atomic_add(sync + SYNC_DONE, 1, sem="acq_rel", scope="gpu")
+    if arrived == total - 1:
+        tl.store(sync + SYNC_DONE, 0)
+        tl.store(sync + SYNC_EPOCH, epoch)
+        for peer in range(world_size):
+            tdl.signal(sync + SYNC_ACK + rank, epoch, rank, peer, heap_bases)

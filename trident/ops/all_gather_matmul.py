@@ -1,0 +1,165 @@
+"""all_gather_matmul: out [M, N_local] = all_gather(a, dim 0) @ w.T + bias (column-parallel).
+
+a: [M/world, K] on each rank, w: [N_local, K] (nn.Linear layout), bias: [N_local].
+
+One launch, two roles. Pusher programs (the low program ids) copy this rank's rows of A
+into the gathered buffer of every rank (itself first, 16-byte vector stores over NVLink),
+one BM-row block at a time, and after each block set that block's ready flag on every
+rank (release, system scope). GEMM programs (the higher ids) each own one output tile;
+they wait (acquire) for the flags of the sources whose rows their tile covers, then run
+the K loop on the gathered buffer. Tiles are taken in the order their rows arrive: this
+rank's first block, then the first block of rank+1, rank+2, ..., then every rank's second
+block, and so on -- the GEMM on local rows hides the first transfer, and the GEMM on each
+block hides the transfer of the next. Pushing (not pulling) means `a` can be any tensor:
+it need not be on the symmetric heap, and nothing is copied before the launch.
+
+When it wins: the communication is M*K*2*(world-1)/world bytes into each GPU against a
+GEMM of 2*M*N_local*K flops, so fusion pays where the all-gather is a sizeable share of
+the plain path (large K, modest N_local). The crossover per shape is measured by
+`trident bench ops` and recorded in trident/ops/crossover.json (see selector.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import language as tdl
+from ..errors import OP_CODES
+from ..trace import device as trd
+from ..trace import kernel_args, tags
+from . import plain, selector
+from ._common import (SYNC_FLAGS, add_bias, check_inputs, check_same_on_all_ranks,
+                      epoch_of_call, finish_program, gemm_config, gemm_tile, store_tile,
+                      wait_peers_done, workspace)
+
+OP = tl.constexpr(OP_CODES["all_gather_matmul"])
+
+
+@triton.jit
+def _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, trace_buf,
+               rank, world_size, m_local, K, num_mb, pid,
+               NUM_PUSHERS: tl.constexpr, BM: tl.constexpr, COPY_M: tl.constexpr,
+               COPY_K: tl.constexpr, TRACE: tl.constexpr):
+    """Copy this rank's rows, block by block, into every rank's gathered buffer and flag
+    each block there once it is complete."""
+    g0 = rank * m_local                       # first global row of this rank
+    first_mb = g0 // BM
+    num_items = (g0 + m_local - 1) // BM - first_mb + 1
+    wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)   # their buffers are free
+    for item in range(pid, num_items, NUM_PUSHERS):
+        t0 = trd.begin(TRACE)
+        mb = first_mb + item
+        r_lo = tl.maximum(mb * BM, g0)
+        r_hi = tl.minimum(mb * BM + BM, g0 + m_local)
+        for r0 in range(r_lo, r_hi, COPY_M):
+            rows = r0 + tl.arange(0, COPY_M)
+            row_ok = rows < r_hi
+            for k0 in range(0, K, COPY_K):
+                cols = k0 + tl.arange(0, COPY_K)
+                mask = row_ok[:, None] & (cols < K)[None, :]
+                x = tl.load(a + (rows - g0)[:, None].to(tl.int64) * stride_am + cols[None, :],
+                            mask=mask)
+                dst = gathered + rows[:, None].to(tl.int64) * K + cols[None, :]
+                for d in range(world_size):
+                    tdl.store(dst, x, rank, (rank + d) % world_size, heap_bases, mask=mask)
+        for d in range(world_size):
+            tdl.signal(flags + rank * num_mb + mb, epoch, rank, (rank + d) % world_size,
+                       heap_bases)
+        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+
+
+@triton.jit
+def _all_gather_matmul_kernel(
+        a, w, bias, out, gathered, sync, ctrl, heap_bases, trace_buf,
+        rank, world_size, m_local, M, N, K, stride_am, stride_wn, stride_om,
+        NUM_PUSHERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+        GROUP_M: tl.constexpr, COPY_M: tl.constexpr, COPY_K: tl.constexpr,
+        EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, HAS_BIAS: tl.constexpr,
+        TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    epoch = epoch_of_call(sync)
+    flags = sync + SYNC_FLAGS
+    num_mb = tl.cdiv(M, BM)
+    if pid < NUM_PUSHERS:
+        _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, trace_buf,
+                   rank, world_size, m_local, K, num_mb, pid,
+                   NUM_PUSHERS, BM, COPY_M, COPY_K, TRACE)
+    else:
+        # Tile t -> (i-th row block in arrival order, column block), grouped GROUP_M row
+        # blocks at a time so that a group's tiles share W in L2.
+        t = pid - NUM_PUSHERS
+        num_nb = tl.cdiv(N, BN)
+        group = t // (GROUP_M * num_nb)
+        first = group * GROUP_M
+        size = tl.minimum(num_mb - first, GROUP_M)
+        i = first + (t % (GROUP_M * num_nb)) % size
+        nb = (t % (GROUP_M * num_nb)) // size
+        if ALIGNED:                           # m_local % BM == 0: blocks never straddle ranks
+            per_rank = m_local // BM
+            mb = ((rank + i % world_size) % world_size) * per_rank + i // world_size
+        else:
+            mb = (i + (rank * m_local) // BM) % num_mb
+        m0 = mb * BM
+        m_end = tl.minimum(m0 + BM, M)
+        t0 = trd.begin(TRACE)
+        for s in range(m0 // m_local, (m_end - 1) // m_local + 1):
+            tdl.wait(flags + s * num_mb + mb, epoch, ctrl, rank, s, OP)
+        trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+        t0 = trd.begin(TRACE)
+        acc = gemm_tile(gathered, K, w, stride_wn, m0, nb * BN, M, N, K, BM, BN, BK, EVEN_K)
+        acc = add_bias(acc, bias, nb * BN, N, BN, HAS_BIAS)
+        store_tile(out, stride_om, acc, m0, nb * BN, m_end, N, BM, BN)
+        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+    finish_program(sync, epoch, rank, world_size, heap_bases)
+
+
+def all_gather_matmul_fused(ctx, a, w, bias=None, out=None, num_pushers: int | None = None,
+                            config: dict | None = None) -> torch.Tensor:
+    """The fused kernel (inputs already checked)."""
+    m_local, K = a.shape
+    N = w.shape[0]
+    M = m_local * ctx.world_size
+    if out is None:
+        out = torch.empty(M, N, dtype=a.dtype, device=a.device)
+    cfg = {**gemm_config(ctx, M, N, K), **(config or {})}
+    bm = cfg["BM"]
+    num_mb = triton.cdiv(M, bm)
+    ws = workspace(ctx, "all_gather_matmul", M * K * a.element_size(), ctx.world_size * num_mb)
+    gathered = ws.view(a.dtype, M, K)
+    per_rank_items = triton.cdiv(m_local, bm) + 1
+    if num_pushers is None:
+        num_pushers = 16 if ctx.backend == "cuda" else 2
+    num_pushers = max(1, min(num_pushers, per_rank_items))
+    copy_m, copy_k = (32, 256) if ctx.backend == "cuda" else (16, 32)
+    grid = (num_pushers + num_mb * triton.cdiv(N, cfg["BN"]),)
+    trace_buf, trace = kernel_args(ctx)
+    _all_gather_matmul_kernel[grid](
+        a, w, bias if bias is not None else a, out, gathered, ws.sync, ctx.ctrl,
+        ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, m_local, M, N, K,
+        a.stride(0), w.stride(0), out.stride(0),
+        NUM_PUSHERS=num_pushers, BM=bm, BN=cfg["BN"], BK=cfg["BK"],
+        GROUP_M=cfg.get("GROUP_M", 8), COPY_M=copy_m, COPY_K=copy_k,
+        EVEN_K=K % cfg["BK"] == 0, ALIGNED=m_local % bm == 0, HAS_BIAS=bias is not None,
+        TRACE=trace, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    ctx.after_op()
+    return out
+
+
+def all_gather_matmul(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
+                      **options) -> torch.Tensor:
+    """all_gather(a, dim 0) @ w.T + bias -> [world * a.shape[0], w.shape[0]].
+
+    algorithm: "auto" (the selector's choice), "fused" (trident's kernel) or "plain"
+    (NCCL all-gather + cuBLAS through torch). options go to the fused kernel
+    (num_pushers, config).
+    """
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        check_inputs(ctx, "all_gather_matmul", a, w, bias, out, ())
+    M = a.shape[0] * ctx.world_size
+    out = check_inputs(ctx, "all_gather_matmul", a, w, bias, out, (M, w.shape[0]))
+    check_same_on_all_ranks(ctx, "all_gather_matmul", (tuple(a.shape), str(a.dtype)))
+    path = selector.resolve(ctx, "all_gather_matmul", algorithm, M, w.shape[0], a.shape[1])
+    if path == "plain":
+        return plain.all_gather_matmul(ctx, a, w, bias, out)
+    return all_gather_matmul_fused(ctx, a, w, bias, out, **options)

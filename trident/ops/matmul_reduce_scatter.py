@@ -1,0 +1,190 @@
+"""matmul_reduce_scatter: out [M/world, N] = reduce_scatter(a @ w.T, dim 0) + bias
+(row-parallel linear). a: [M, K_local], w: [N, K_local], bias: [N] added once.
+
+One launch, two roles (three for matmul_all_reduce, which shares this kernel):
+- GEMM programs (the low ids) compute one [BM, BN] tile of this rank's partial product
+  each and push it, in the input dtype, into the tile's slot for this rank on the tile's
+  owner (the rank whose rows it holds; 16-byte stores over NVLink, tile-shaped slots so
+  each push is one contiguous block), then set the slot's flag there (release). Tiles
+  are taken owner by owner starting at rank+1, so that this rank's own tiles -- which
+  need no transfer -- come last and cover the tail of the transfers.
+- Reducer programs (higher ids: they wait on GEMM programs) own one slot of this rank's
+  rows each: they wait for the flags of all ranks, add the partials in fp32 in rank
+  order, add the bias and store the result.
+- all-reduce only: every rank owns tiles round-robin instead of a row range; a reducer
+  also writes its sum into a heap tile and flags it on every rank, and gather programs
+  (the highest ids) copy the tiles other ranks own from there into `out`.
+
+When it wins: the partials cross NVLink once (M*N*2*(world-1)/world bytes out of each
+GPU, like a ring reduce-scatter), overlapped with the GEMM of later tiles; the plain path
+serialises cuBLAS and NCCL. Crossovers: trident/ops/crossover.json (selector.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import language as tdl
+from ..errors import OP_CODES
+from ..trace import device as trd
+from ..trace import kernel_args, tags
+from . import plain, selector
+from ._common import (SYNC_ACK, SYNC_FLAGS, add_bias, check_inputs, check_same_on_all_ranks,
+                      epoch_of_call, finish_program, gemm_config, gemm_tile, store_tile,
+                      wait_peers_done, workspace)
+
+
+@triton.jit
+def _tile_of(t, rank, world_size, M, N, m_local, BM: tl.constexpr, BN: tl.constexpr,
+             ALL_REDUCE: tl.constexpr):
+    """Tile t -> (first row, end row, first column, owner rank, slot on the owner)."""
+    num_nb = tl.cdiv(N, BN)
+    if ALL_REDUCE:                            # round-robin owners over all tiles
+        owner = t % world_size
+        slot = t // world_size
+        m0 = (t // num_nb) * BM
+        m_end = tl.minimum(m0 + BM, M)
+    else:                                     # owner's rows, tiled from its first row
+        per_owner = tl.cdiv(m_local, BM) * num_nb
+        owner = t // per_owner
+        slot = t % per_owner
+        m0 = owner * m_local + (slot // num_nb) * BM
+        m_end = tl.minimum(m0 + BM, owner * m_local + m_local)
+    n0 = (t % num_nb) * BN
+    return m0, m_end, n0, owner, slot
+
+
+@triton.jit
+def _matmul_reduce_kernel(
+        a, w, bias, out, partials, result, sync, ctrl, heap_bases, trace_buf,
+        rank, world_size, M, N, K, m_local, stride_am, stride_wn, stride_om,
+        num_tiles, slots,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr, OP: tl.constexpr,
+        TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    epoch = epoch_of_call(sync)
+    flags = sync + SYNC_FLAGS                 # [world, slots]: partial of rank s in slot
+    ready = flags + world_size * slots        # [num_tiles]: reduced tile (all-reduce)
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    if pid < num_tiles:
+        # ---- GEMM: this rank's partial of one tile, pushed to the tile's owner
+        if ALL_REDUCE:
+            t = (pid + rank) % num_tiles
+        else:
+            t = (pid + (rank + 1) * (num_tiles // world_size)) % num_tiles
+        m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
+                                              ALL_REDUCE)
+        t0 = trd.begin(TRACE)
+        acc = gemm_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, BM, BN, BK, EVEN_K)
+        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+        t0 = trd.begin(TRACE)
+        # the owner must be done with the previous call's partials in this slot
+        tdl.wait(sync + SYNC_ACK + owner, epoch - 1, ctrl, rank, owner, OP)
+        dst = partials + (rank * slots + slot).to(tl.int64) * (BM * BN) + offs
+        tdl.store(dst, acc.to(partials.dtype.element_ty), rank, owner, heap_bases)
+        tdl.signal(flags + rank * slots + slot, epoch, rank, owner, heap_bases)
+        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    elif pid < num_tiles + slots:
+        # ---- reduce: one slot of this rank's tiles, summed over ranks in rank order
+        slot = pid - num_tiles
+        if ALL_REDUCE:
+            t = slot * world_size + rank
+            wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)  # result tiles free
+        else:
+            t = rank * slots + slot
+        if t < num_tiles:
+            m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
+                                                  ALL_REDUCE)
+            t0 = trd.begin(TRACE)
+            acc = tl.zeros((BM, BN), dtype=tl.float32)
+            for s in range(world_size):
+                tdl.wait(flags + s * slots + slot, epoch, ctrl, rank, s, OP)
+                src = partials + (s * slots + slot).to(tl.int64) * (BM * BN) + offs
+                acc += tl.load(src).to(tl.float32)
+            acc = add_bias(acc, bias, n0, N, BN, HAS_BIAS)
+            if ALL_REDUCE:
+                store_tile(out, stride_om, acc, m0, n0, m_end, N, BM, BN)
+                tl.store(result + slot.to(tl.int64) * (BM * BN) + offs,
+                         acc.to(result.dtype.element_ty))
+                for d in range(1, world_size):
+                    tdl.signal(ready + t, epoch, rank, (rank + d) % world_size, heap_bases)
+            else:
+                store_tile(out, stride_om, acc, m0 - rank * m_local, n0, m_end - rank * m_local,
+                           N, BM, BN)
+            trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+    else:
+        # ---- all-reduce only: copy a tile another rank reduced into `out`
+        t = pid - num_tiles - slots
+        m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
+                                              ALL_REDUCE)
+        if owner != rank:
+            t0 = trd.begin(TRACE)
+            tdl.wait(ready + t, epoch, ctrl, rank, owner, OP)
+            tile = tdl.load(result + slot.to(tl.int64) * (BM * BN) + offs, rank, owner,
+                            heap_bases)
+            store_tile(out, stride_om, tile, m0, n0, m_end, N, BM, BN)
+            trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
+    finish_program(sync, epoch, rank, world_size, heap_bases)
+
+
+def matmul_reduce_fused(ctx, a, w, bias, out, all_reduce: bool,
+                        config: dict | None = None) -> torch.Tensor:
+    """Launch the fused kernel (inputs already checked); `out` must be allocated."""
+    M, K = a.shape
+    N = w.shape[0]
+    world = ctx.world_size
+    cfg = {**gemm_config(ctx, M, N, K), **(config or {})}
+    bm, bn = cfg["BM"], cfg["BN"]
+    num_nb = triton.cdiv(N, bn)
+    if all_reduce:
+        m_local = M
+        num_tiles = triton.cdiv(M, bm) * num_nb
+        slots = triton.cdiv(num_tiles, world)
+    else:
+        m_local = M // world
+        slots = triton.cdiv(m_local, bm) * num_nb
+        num_tiles = slots * world
+    tile_bytes = bm * bn * a.element_size()
+    num_partials = world * slots + (slots if all_reduce else 0)
+    op = "matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"
+    ws = workspace(ctx, op, num_partials * tile_bytes, world * slots + num_tiles)
+    buf = ws.view(a.dtype, num_partials, bm * bn)
+    partials, result = buf[:world * slots], buf[world * slots:] if all_reduce else buf
+    grid = (num_tiles + slots + (num_tiles if all_reduce else 0),)
+    trace_buf, trace = kernel_args(ctx)
+    _matmul_reduce_kernel[grid](
+        a, w, bias if bias is not None else a, out, partials, result, ws.sync, ctx.ctrl,
+        ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
+        a.stride(0), w.stride(0), out.stride(0), num_tiles, slots,
+        BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, HAS_BIAS=bias is not None,
+        ALL_REDUCE=all_reduce, OP=OP_CODES[op], TRACE=trace,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    ctx.after_op()
+    return out
+
+
+def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
+                          **options) -> torch.Tensor:
+    """reduce_scatter(a @ w.T, dim 0) + bias -> [a.shape[0] // world, w.shape[0]].
+
+    a.shape[0] must be divisible by the world size. algorithm: "auto" (the selector),
+    "fused" or "plain" (cuBLAS + NCCL reduce-scatter through torch).
+    """
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, ())
+    M = a.shape[0]
+    if M % ctx.world_size:
+        raise ValueError(f"matmul_reduce_scatter: a has {M} rows, which is not divisible by "
+                         f"the world size {ctx.world_size}")
+    out = check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out,
+                       (M // ctx.world_size, w.shape[0]))
+    check_same_on_all_ranks(ctx, "matmul_reduce_scatter",
+                            (tuple(a.shape), w.shape[0], str(a.dtype)))
+    path = selector.resolve(ctx, "matmul_reduce_scatter", algorithm, M, w.shape[0], a.shape[1])
+    if path == "plain":
+        return plain.matmul_reduce_scatter(ctx, a, w, bias, out)
+    if out is None:
+        out = torch.empty(M // ctx.world_size, w.shape[0], dtype=a.dtype, device=a.device)
+    return matmul_reduce_fused(ctx, a, w, bias, out, all_reduce=False, **options)

@@ -1,0 +1,48 @@
+"""The plain path: torch.distributed (NCCL on GPUs, gloo on the CPU emulation) + torch.matmul
+(cuBLAS). What the selector falls back to where fusion does not pay, and the baseline of
+`trident bench ops`. Inputs are checked by the callers. The bias is added by rank 0's GEMM
+before the reduction, so it is added once and costs no extra pass.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _matmul(a, w, bias, out=None):
+    if bias is not None:
+        return torch.addmm(bias.to(a.dtype), a, w.t(), out=out)
+    return torch.matmul(a, w.t(), out=out)
+
+
+def all_gather_matmul(ctx, a, w, bias=None, out=None) -> torch.Tensor:
+    gathered = torch.empty(a.shape[0] * ctx.world_size, a.shape[1], dtype=a.dtype,
+                           device=a.device)
+    dist.all_gather_into_tensor(gathered, a.contiguous(), group=ctx.group)
+    return _matmul(gathered, w, bias, out)
+
+
+def matmul_reduce_scatter(ctx, a, w, bias=None, out=None) -> torch.Tensor:
+    partial = _matmul(a, w, bias if ctx.rank == 0 else None)
+    if out is None:
+        out = torch.empty(a.shape[0] // ctx.world_size, w.shape[0], dtype=a.dtype,
+                          device=a.device)
+    if ctx.backend == "cuda":
+        target = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+        dist.reduce_scatter_tensor(target, partial, group=ctx.group)
+    else:                                   # gloo has no reduce-scatter
+        dist.all_reduce(partial, group=ctx.group)
+        target = partial.chunk(ctx.world_size)[ctx.rank]
+    if target is not out:
+        out.copy_(target)
+    return out
+
+
+def matmul_all_reduce(ctx, a, w, bias=None, out=None) -> torch.Tensor:
+    if out is not None and out.is_contiguous():
+        _matmul(a, w, bias if ctx.rank == 0 else None, out)
+        dist.all_reduce(out, group=ctx.group)
+        return out
+    partial = _matmul(a, w, bias if ctx.rank == 0 else None)
+    dist.all_reduce(partial, group=ctx.group)
+    return partial if out is None else out.copy_(partial)

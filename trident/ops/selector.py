@@ -1,0 +1,81 @@
+"""Which path an op takes: trident's fused kernel or the plain one (NCCL + cuBLAS).
+
+The choice comes from measurements, kept in crossover.json beside this file: one entry
+per (op, GPU, world size, M, N, K) with the median times of both paths, written by
+`trident bench ops --update-crossover` (edit by hand freely). A call takes the fused path
+only if the nearest measured shape of the same op, GPU model and world size -- nearest in
+log2 of M, N and K, and at most MAX_DISTANCE away -- measured the fused path faster.
+Anything unmeasured takes the plain path, so trident never picks a path measured slower
+than the baseline. On the CPU emulation there is nothing to measure: the fused path is
+the default there, so that the kernels are what the tests exercise.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crossover.json")
+MAX_DISTANCE = 1.0          # in log2 units per dimension (a factor of 2)
+ALGORITHMS = ("auto", "fused", "plain")
+
+_table: list[dict] | None = None
+
+
+def load_table(path: str = TABLE_PATH) -> list[dict]:
+    global _table
+    if _table is None or path != TABLE_PATH:
+        try:
+            with open(path) as f:
+                entries = json.load(f).get("entries", [])
+        except FileNotFoundError:
+            entries = []
+        if path != TABLE_PATH:
+            return entries
+        _table = entries
+    return _table
+
+
+def device_name(ctx) -> str:
+    if ctx.backend != "cuda":
+        return "cpu"
+    import torch
+    return torch.cuda.get_device_name(ctx.device)
+
+
+def choose(ctx, op: str, M: int, N: int, K: int, table: list[dict] | None = None) -> str:
+    """'fused' or 'plain' for this call (see the module docstring)."""
+    if ctx.backend != "cuda":
+        return "fused"
+    name = device_name(ctx)
+    best, best_d = None, math.inf
+    for e in load_table() if table is None else table:
+        if e["op"] != op or e["world_size"] != ctx.world_size or e["device"] not in name:
+            continue
+        d = max(abs(math.log2(M / e["M"])), abs(math.log2(N / e["N"])), abs(math.log2(K / e["K"])))
+        if d < best_d:
+            best, best_d = e, d
+    if best is None or best_d > MAX_DISTANCE:
+        return "plain"
+    return "fused" if best["fused_us"] < best["plain_us"] else "plain"
+
+
+def resolve(ctx, op: str, algorithm: str, M: int, N: int, K: int) -> str:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"{op}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    return choose(ctx, op, M, N, K) if algorithm == "auto" else algorithm
+
+
+def update_table(entries: list[dict], path: str = TABLE_PATH) -> str:
+    """Merge measured entries into the table (same op/device/world/shape is replaced)."""
+    global _table
+    key = lambda e: (e["op"], e["device"], e["world_size"], e["M"], e["N"], e["K"])  # noqa: E731
+    merged = {key(e): e for e in load_table(path)}
+    merged.update({key(e): e for e in entries})
+    rows = sorted(merged.values(), key=key)
+    with open(path, "w") as f:
+        json.dump({"about": "measured by `trident bench ops --update-crossover`; see selector.py",
+                   "entries": rows}, f, indent=1)
+        f.write("\n")
+    _table = None
+    return path
