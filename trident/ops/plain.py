@@ -8,6 +8,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+# torch >= 2.12 renamed all_gather_into_tensor (the old name warns)
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 def _matmul(a, w, bias, out=None):
     if bias is not None:
@@ -18,7 +21,7 @@ def _matmul(a, w, bias, out=None):
 def all_gather_matmul(ctx, a, w, bias=None, out=None) -> torch.Tensor:
     gathered = torch.empty(a.shape[0] * ctx.world_size, a.shape[1], dtype=a.dtype,
                            device=a.device)
-    dist.all_gather_into_tensor(gathered, a.contiguous(), group=ctx.group)
+    _all_gather_single(gathered, a.contiguous(), group=ctx.group)
     return _matmul(gathered, w, bias, out)
 
 

@@ -1,0 +1,249 @@
+"""`trident bench ops`: GEMMs fused with communication against NCCL + cuBLAS, in one run.
+
+For each op and each layer of real models at tensor parallelism = world size (default 4:
+Llama-3 8B and 70B attention and MLP projections, Mixtral 8x22B and Qwen2.5-72B MLPs)
+and each total M (tokens), measures:
+  trident_fused   trident's fused kernel
+  trident_auto    what the selector picks (trident/ops/crossover.json), and its choice
+  plain           NCCL (torch.distributed) + cuBLAS (torch.matmul): the baseline
+  torch_symm_mem  torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
+                  (no all-reduce counterpart; never the multimem variants)
+and beside them the floor = max(GEMM alone (cuBLAS), communication alone (NCCL)), both
+measured in the same run, plus the speed-of-light floor from 750 TFLOP/s and NVLink.
+Median of --iters runs after --warmup, max over ranks; bf16, no bias.
+Prints a table, writes JSON under bench/results/ and a PNG per op (speedup over plain
+against M). --update-crossover merges the measured fused/plain times into the selector's
+table.
+
+    trident bench ops                                   # every GPU, all layers, M 64..16384
+    trident bench ops --ops all_gather_matmul --m 1024,8192 --layers llama70b
+On the CPU emulation (2 ranks, tiny shapes) it only shows that everything runs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+
+from . import common
+
+DTYPE = torch.bfloat16
+OPS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
+DEFAULT_M = (64, 256, 1024, 4096, 16384)
+
+# (model, layer, N_full, K_full) in nn.Linear terms: y = x @ W.T, W [N_full, K_full].
+# Column-parallel layers (all_gather_matmul) shard N; row-parallel ones shard K.
+COLUMN_PARALLEL = [
+    ("llama3-8b", "qkv", 4096 + 2 * 1024, 4096),
+    ("llama3-8b", "mlp_gate_up", 2 * 14336, 4096),
+    ("llama3-70b", "qkv", 8192 + 2 * 1024, 8192),
+    ("llama3-70b", "mlp_gate_up", 2 * 28672, 8192),
+    ("mixtral-8x22b", "mlp_gate_up", 2 * 16384, 6144),
+    ("qwen2.5-72b", "mlp_gate_up", 2 * 29568, 8192),
+]
+ROW_PARALLEL = [
+    ("llama3-8b", "attn_out", 4096, 4096),
+    ("llama3-8b", "mlp_down", 4096, 14336),
+    ("llama3-70b", "attn_out", 8192, 8192),
+    ("llama3-70b", "mlp_down", 8192, 28672),
+    ("mixtral-8x22b", "mlp_down", 6144, 16384),
+    ("qwen2.5-72b", "mlp_down", 8192, 29568),
+]
+TINY = {"column": [("tiny", "up", 96, 48)], "row": [("tiny", "down", 40, 64)]}
+TINY_M = (64, 96)
+
+
+def _layers(ctx, op, names):
+    gpu = ctx.backend == "cuda"
+    table = (COLUMN_PARALLEL if op == "all_gather_matmul" else ROW_PARALLEL) if gpu else \
+        TINY["column" if op == "all_gather_matmul" else "row"]
+    return [l for l in table if not names or any(n in l[0] for n in names)]
+
+
+def _problem(ctx, op, n_full, k_full, m):
+    """Per-rank inputs and (flops of the whole layer, one-way NVLink bytes per GPU)."""
+    w = ctx.world_size
+    gen = torch.Generator(device=ctx.device).manual_seed(1234 + ctx.rank)
+    rnd = lambda *s: torch.randn(*s, generator=gen, device=ctx.device, dtype=DTYPE)  # noqa: E731
+    if op == "all_gather_matmul":
+        n, k = n_full // w, k_full
+        a, wt = rnd(m // w, k), rnd(n, k)
+        link = (w - 1) / w * m * k * DTYPE.itemsize
+    else:
+        n, k = n_full, k_full // w
+        a, wt = rnd(m, k), rnd(n, k)
+        link = (w - 1) / w * m * n * DTYPE.itemsize * (2 if op == "matmul_all_reduce" else 1)
+    return a, wt, n, k, 2.0 * m * n_full * k_full, link
+
+
+def _torch_symm_mem(ctx, op, a, wt):
+    """PyTorch's fused async-TP op for this call, or None where it has none/cannot run."""
+    if ctx.backend != "cuda" or op == "matmul_all_reduce":
+        return None
+    try:
+        from torch.distributed import _symmetric_memory as symm_mem
+        name = ctx.group.group_name
+        try:
+            symm_mem.enable_symm_mem_for_group(name)
+        except Exception:
+            pass
+        if op == "all_gather_matmul":
+            return lambda: torch.ops.symm_mem.fused_all_gather_matmul(
+                a, [wt.t()], 0, name, return_A=True)   # return_A: never the multimem path
+        return lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt.t(), "sum", 0, name)
+    except Exception:
+        return None
+
+
+def _comm_alone(ctx, op, a, n):
+    """NCCL doing only this op's communication, on buffers of the same sizes."""
+    m = a.shape[0]
+    if op == "all_gather_matmul":
+        out = torch.empty(m * ctx.world_size, a.shape[1], dtype=DTYPE, device=ctx.device)
+        from ..ops.plain import _all_gather_single
+        return lambda: _all_gather_single(out, a, group=ctx.group)
+    full = torch.randn(m, n, dtype=DTYPE, device=ctx.device)
+    if op == "matmul_all_reduce":
+        return lambda: dist.all_reduce(full, group=ctx.group)
+    if ctx.backend != "cuda":
+        return lambda: dist.all_reduce(full, group=ctx.group)
+    part = torch.empty(m // ctx.world_size, n, dtype=DTYPE, device=ctx.device)
+    return lambda: dist.reduce_scatter_tensor(part, full, group=ctx.group)
+
+
+def _measure(ctx, fn, warmup, iters):
+    try:
+        return common.time_us(ctx, fn, warmup=warmup, iters=iters)
+    except Exception as exc:          # an implementation that cannot run this shape
+        if ctx.rank == 0:
+            print(f"\n  skipped: {type(exc).__name__}: {str(exc)[:160]}")
+        try:
+            ctx.barrier()
+        except Exception:
+            pass
+        return None
+
+
+def _bench(ctx, ops, ms, layer_names, warmup, iters):
+    from ..ops import selector
+    rows = []
+    cases = [(op, layer, m) for op in ops for layer in _layers(ctx, op, layer_names) for m in ms]
+    progress = common.Progress(len(cases), "ops", enabled=ctx.rank == 0)
+    for op, (model, layer, n_full, k_full), m in cases:
+        progress.step(f"{op} {model} {layer} M={m}")
+        if m % ctx.world_size or n_full % ctx.world_size or k_full % ctx.world_size:
+            continue
+        a, wt, n, k, flops, link = _problem(ctx, op, n_full, k_full, m)
+        fn = getattr(ctx, op)
+        impls = {"trident_fused": lambda: fn(a, wt, algorithm="fused"),
+                 "trident_auto": lambda: fn(a, wt),
+                 "plain": lambda: fn(a, wt, algorithm="plain")}
+        tsm = _torch_symm_mem(ctx, op, a, wt)
+        if tsm is not None:
+            impls["torch_symm_mem"] = tsm
+        gemm_in = torch.empty(m, k, dtype=DTYPE, device=ctx.device).normal_() \
+            if op == "all_gather_matmul" else a
+        gemm_us = _measure(ctx, lambda: torch.matmul(gemm_in, wt.t()), warmup, iters)
+        comm_us = _measure(ctx, _comm_alone(ctx, op, a, n), warmup, iters)
+        floor = max(gemm_us or 0.0, comm_us or 0.0) or None
+        sol = max(flops / ctx.world_size / (common.BF16_TFLOPS * 1e6), common.nvlink_floor_us(link))
+        choice = selector.choose(ctx, op, m, n, k)
+        base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, gemm_us=gemm_us,
+                    comm_us=comm_us, floor_us=floor, sol_us=sol)
+        case_rows = []
+        for name, f in impls.items():
+            us = _measure(ctx, f, warmup, iters)
+            case_rows.append({**base, "impl": name, "choice": choice if name == "trident_auto" else None,
+                              "us": us, "tflops": flops / us / 1e6 if us else None,
+                              "vs_floor": floor / us if us and floor else None})
+        plain_us = next(r["us"] for r in case_rows if r["impl"] == "plain")
+        for r in case_rows:
+            r["vs_plain"] = plain_us / r["us"] if r["us"] and plain_us else None
+        rows += case_rows
+        del a, wt, gemm_in, impls
+        ctx.barrier()
+    return rows
+
+
+def _crossover_entries(ctx, rows):
+    from ..ops import selector
+    out = []
+    for r in rows:
+        if r["impl"] != "trident_fused" or not r["us"]:
+            continue
+        plain = next((p for p in rows if p["impl"] == "plain" and p["op"] == r["op"] and
+                      p["M"] == r["M"] and p["N"] == r["N"] and p["K"] == r["K"]), None)
+        if plain and plain["us"]:
+            out.append({"op": r["op"], "device": selector.device_name(ctx),
+                        "world_size": ctx.world_size, "M": r["M"], "N": r["N"], "K": r["K"],
+                        "fused_us": round(r["us"], 2), "plain_us": round(plain["us"], 2)})
+    return out
+
+
+def _run(ctx, ops, ms, layer_names, warmup, iters, out_dir, update):
+    rows = _bench(ctx, ops, ms, layer_names, warmup, iters)
+    if ctx.rank != 0:
+        return None
+    if ctx.backend != "cuda":
+        print("cpu-emulation: these times say nothing about GPU speed")
+    common.print_table(rows, ["op", "model", "layer", "M", "N", "K", "impl", "choice", "us",
+                              "tflops", "vs_plain", "floor_us", "vs_floor", "sol_us"])
+    extra = {"dtype": str(DTYPE), "marked": "cpu-emulation" if ctx.backend != "cuda" else None,
+             "columns": "us: median time, max over ranks; floor_us = max(gemm_us: cuBLAS alone, "
+                        "comm_us: NCCL alone); sol_us = max(flops/750 TFLOP/s, bytes/NVLink); "
+                        "vs_plain = plain us / us"}
+    path = common.write_results(ctx, "ops", rows, extra, out_dir=out_dir)
+    stem = path[:-len(".json")]
+    for op in ops:
+        series: dict = {}
+        for r in rows:
+            if r["op"] == op and r["vs_plain"] and r["impl"] != "plain":
+                series.setdefault(f"{r['impl']} {r['model']} {r['layer']}", []).append(
+                    (r["M"], r["vs_plain"]))
+        if series:
+            common.plot(f"{stem}-{op}.png", series, "M (tokens, total)", "speedup over NCCL + cuBLAS",
+                        f"{op}, {common.device_kind(ctx)}")
+    if update and ctx.backend == "cuda":
+        from ..ops import selector
+        print(f"crossover table: {selector.update_table(_crossover_entries(ctx, rows))}")
+    print(f"results: {path}")
+    return path
+
+
+def main(argv=None) -> int:
+    from ..launch import default_backend, default_world_size, launch
+    p = argparse.ArgumentParser(prog="trident bench ops", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
+    p.add_argument("--m", default=None, help="comma-separated total M (default "
+                   f"{','.join(map(str, DEFAULT_M))} on GPUs, {','.join(map(str, TINY_M))} on CPU)")
+    p.add_argument("--min-m", type=int, default=0)
+    p.add_argument("--max-m", type=int, default=1 << 30)
+    p.add_argument("--layers", default="", help="comma-separated model names to keep (substring)")
+    p.add_argument("--iters", type=int, default=None, help="timed runs (default 20 GPU, 2 CPU)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--world-size", type=int, default=None)
+    p.add_argument("--backend", choices=("cuda", "cpu"), default=None)
+    p.add_argument("--out-dir", default=None)
+    p.add_argument("--update-crossover", action="store_true",
+                   help="merge fused/plain times into trident/ops/crossover.json")
+    args = p.parse_args(argv)
+    backend = args.backend or default_backend()
+    gpu = backend == "cuda"
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    bad = [o for o in ops if o not in OPS]
+    if bad:
+        p.error(f"unknown op(s) {bad}; choose from {OPS}")
+    ms = [int(x) for x in args.m.split(",")] if args.m else list(DEFAULT_M if gpu else TINY_M)
+    ms = [m for m in ms if args.min_m <= m <= args.max_m]
+    layers = [s.strip() for s in args.layers.split(",") if s.strip()]
+    world = args.world_size or (default_world_size(backend) if gpu else 2)
+    iters = args.iters or (20 if gpu else 2)
+    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    heap = (6 << 30) if gpu else (64 << 20)
+    os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
+    launch(_run, world, ops, ms, layers, warmup, iters, args.out_dir, args.update_crossover,
+           backend=backend, heap_size=heap)
+    return 0
