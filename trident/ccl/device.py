@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
+from trident.trace import device as trd, tags
 
 MAX_PROGRAMS = tl.constexpr(256)      # grid limit of every collective kernel
 MAX_RANKS = tl.constexpr(64)
@@ -112,3 +113,14 @@ def reduce_peers(ptr, offs, mask, rank, world_size, heap_bases, OP: tl.constexpr
     for src in range(1, world_size):
         acc = combine(acc, tdl.load(ptr + offs, rank, src, heap_bases, mask=mask), OP)
     return acc
+
+
+@triton.jit
+def exchange(flags, phase: tl.constexpr, epoch, ctrl, rank, world_size, heap_bases,
+             op: tl.constexpr, trace_buf, TRACE: tl.constexpr):
+    """Tell every peer this program reached `phase`, then wait until all of them did
+    (traced as one WAIT)."""
+    t0 = trd.begin(TRACE)
+    notify_all(flags, phase, epoch, rank, world_size, heap_bases)
+    wait_all(flags, phase, epoch, ctrl, rank, world_size, op)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)

@@ -12,7 +12,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DONE, begin_epoch, notify_all, wait_all
+from ..device import ARRIVE, DONE, begin_epoch, exchange
 
 
 @triton.jit
@@ -21,10 +21,7 @@ def _pull_kernel(out, inp, flags, sync, ctrl, heap_bases, trace_buf, rank, world
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    t0 = trd.begin(TRACE)
-    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
-    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 2)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -33,10 +30,7 @@ def _pull_kernel(out, inp, flags, sync, ctrl, heap_bases, trace_buf, rank, world
             src = (rank + i) % world_size
             tdl.get(out + src * n + offs, inp + offs, rank, src, heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    notify_all(flags, DONE, epoch, rank, world_size, heap_bases)
-    wait_all(flags, DONE, epoch, ctrl, rank, world_size, 2)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
 
 
 def pull(ctx, out, inp, block=None, programs=None):

@@ -12,7 +12,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, begin_epoch, notify_all, wait_all
+from ..device import DATA, begin_epoch, exchange
 
 
 @triton.jit
@@ -31,11 +31,8 @@ def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, ra
             tdl.store(slots + rank * stride + offs, x, rank, (rank + i) % world_size,
                       heap_bases, mask=mask)
         tl.store(out + rank * n + offs, x, mask=mask)
-    notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    wait_all(flags, DATA, epoch, ctrl, rank, world_size, 2)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)

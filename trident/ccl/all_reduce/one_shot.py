@@ -14,7 +14,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, begin_epoch, notify_all, reduce_slots, wait_all
+from ..device import DATA, begin_epoch, exchange, reduce_slots
 
 
 @triton.jit
@@ -32,11 +32,8 @@ def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank,
         for i in range(1, world_size):
             tdl.store(slots + rank * stride + offs, x, rank, (rank + i) % world_size,
                       heap_bases, mask=mask)
-    notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    wait_all(flags, DATA, epoch, ctrl, rank, world_size, 4)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)

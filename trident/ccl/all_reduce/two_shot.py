@@ -15,7 +15,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DONE, begin_epoch, notify_all, reduce_peers, wait_all
+from ..device import ARRIVE, DONE, begin_epoch, exchange, reduce_peers
 
 
 @triton.jit
@@ -24,10 +24,7 @@ def _two_shot_kernel(t, flags, sync, ctrl, heap_bases, trace_buf, rank, world_si
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    t0 = trd.begin(TRACE)
-    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
-    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 4)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     start = rank * seg
     for blk in range(pid, tl.cdiv(seg, BLOCK), nprog):
@@ -38,10 +35,7 @@ def _two_shot_kernel(t, flags, sync, ctrl, heap_bases, trace_buf, rank, world_si
         for i in range(world_size):
             tdl.store(t + offs, y, rank, (rank + i) % world_size, heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    notify_all(flags, DONE, epoch, rank, world_size, heap_bases)
-    wait_all(flags, DONE, epoch, ctrl, rank, world_size, 4)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
 
 
 def two_shot(ctx, t, op_code: int, block=None, programs=None):

@@ -16,7 +16,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DATA, begin_epoch, notify, notify_all, wait_all
+from ..device import ARRIVE, DATA, begin_epoch, exchange, notify, wait_all
 
 
 @triton.jit
@@ -56,11 +56,8 @@ def _push_kernel(out, inp, splits, meta, check, flags, sync, ctrl, heap_bases, t
             mask = offs < count
             x = tl.load(inp + src + offs, mask=mask)
             tdl.store(out + dst + offs, x, rank, peer, heap_bases, mask=mask)
-    notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    wait_all(flags, DATA, epoch, ctrl, rank, world_size, 5)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, 5, trace_buf, TRACE)
 
 
 def _splits_tensor(ctx, in_splits, out_splits, row):

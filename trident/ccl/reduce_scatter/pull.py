@@ -11,7 +11,7 @@ import triton.language as tl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DONE, begin_epoch, notify_all, reduce_peers, wait_all
+from ..device import ARRIVE, DONE, begin_epoch, exchange, reduce_peers
 
 
 @triton.jit
@@ -20,10 +20,7 @@ def _pull_kernel(out, inp, flags, sync, ctrl, heap_bases, trace_buf, rank, world
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    t0 = trd.begin(TRACE)
-    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
-    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 3)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, 3, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -31,10 +28,7 @@ def _pull_kernel(out, inp, flags, sync, ctrl, heap_bases, trace_buf, rank, world
         acc = reduce_peers(inp + rank * n, offs, mask, rank, world_size, heap_bases, OP)
         tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    notify_all(flags, DONE, epoch, rank, world_size, heap_bases)
-    wait_all(flags, DONE, epoch, ctrl, rank, world_size, 3)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 3, trace_buf, TRACE)
 
 
 def pull(ctx, out, inp, op_code: int, block=None, programs=None):
