@@ -82,7 +82,7 @@ def _mismatched_ranks(ctx):
     a = torch.randn(m_local, 16, dtype=torch.bfloat16)
     w = torch.randn(12, 16, dtype=torch.bfloat16)
     with td.init(heap_size=1 << 20, group=ctx.group, debug=True) as dbg:
-        with pytest.raises(ValueError, match="agree on every rank"):
+        with pytest.raises(ValueError, match="every rank must pass the same sizes"):
             dbg.all_gather_matmul(a, w)
 
 

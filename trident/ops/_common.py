@@ -79,18 +79,11 @@ def check_inputs(ctx, op: str, a, w, bias, out, out_shape) -> torch.Tensor | Non
 
 
 def check_same_on_all_ranks(ctx, op: str, signature: tuple) -> None:
-    """In debug mode (ctx.debug), check with one host collective that the sizes which must
-    agree across ranks do. Not done otherwise: it would synchronise the host on every
-    call (a rank-dependent "check only the first time" could itself hang)."""
-    if not ctx.debug:
-        return
-    import torch.distributed as dist
-    everyone = [None] * ctx.world_size
-    dist.all_gather_object(everyone, signature, group=ctx.group)
-    for r, sig in enumerate(everyone):
-        if sig != signature:
-            raise ValueError(f"{op}: sizes must agree on every rank; rank {ctx.rank} has "
-                             f"{signature} but rank {r} has {sig}")
+    """In debug mode (ctx.debug), one host collective checks that the sizes which must
+    agree across ranks do (the collectives' check). Not otherwise: it would synchronise
+    the host on every call."""
+    from ..ccl import _agree
+    _agree(ctx, op, *signature)
 
 
 # ---------------------------------------------------------------------------- tile sizes

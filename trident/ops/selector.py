@@ -20,6 +20,7 @@ MAX_DISTANCE = 1.0          # in log2 units per dimension (a factor of 2)
 ALGORITHMS = ("auto", "fused", "plain")
 
 _table: list[dict] | None = None
+_choices: dict = {}          # (op, device, world, M, N, K) -> choice, for the default table
 
 
 def load_table(path: str = TABLE_PATH) -> list[dict]:
@@ -48,6 +49,9 @@ def choose(ctx, op: str, M: int, N: int, K: int, table: list[dict] | None = None
     if ctx.backend != "cuda":
         return "fused"
     name = device_name(ctx)
+    key = (op, name, ctx.world_size, M, N, K)
+    if table is None and key in _choices:
+        return _choices[key]
     best, best_d = None, math.inf
     for e in load_table() if table is None else table:
         if e["op"] != op or e["world_size"] != ctx.world_size or e["device"] not in name:
@@ -55,9 +59,12 @@ def choose(ctx, op: str, M: int, N: int, K: int, table: list[dict] | None = None
         d = max(abs(math.log2(M / e["M"])), abs(math.log2(N / e["N"])), abs(math.log2(K / e["K"])))
         if d < best_d:
             best, best_d = e, d
-    if best is None or best_d > MAX_DISTANCE:
-        return "plain"
-    return "fused" if best["fused_us"] < best["plain_us"] else "plain"
+    choice = "plain"
+    if best is not None and best_d <= MAX_DISTANCE and best["fused_us"] < best["plain_us"]:
+        choice = "fused"
+    if table is None:
+        _choices[key] = choice
+    return choice
 
 
 def resolve(ctx, op: str, algorithm: str, M: int, N: int, K: int) -> str:
@@ -78,4 +85,5 @@ def update_table(entries: list[dict], path: str = TABLE_PATH) -> str:
                    "entries": rows}, f, indent=1)
         f.write("\n")
     _table = None
+    _choices.clear()
     return path

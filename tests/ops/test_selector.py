@@ -1,0 +1,34 @@
+"""The selector: fused only where the nearest measured shape says fused was faster."""
+from types import SimpleNamespace
+
+from trident.ops import selector
+
+TABLE = [
+    {"op": "all_gather_matmul", "device": "H200", "world_size": 4, "M": 4096, "N": 2048,
+     "K": 8192, "fused_us": 250.0, "plain_us": 300.0},
+    {"op": "all_gather_matmul", "device": "H200", "world_size": 4, "M": 64, "N": 2048,
+     "K": 8192, "fused_us": 40.0, "plain_us": 30.0},
+]
+
+
+def _choose(M, N=2048, K=8192, world=4, op="all_gather_matmul"):
+    ctx = SimpleNamespace(backend="cuda", world_size=world)
+    real = selector.device_name
+    selector.device_name = lambda c: "NVIDIA H200"
+    try:
+        return selector.choose(ctx, op, M, N, K, table=TABLE)
+    finally:
+        selector.device_name = real
+
+
+def test_measured_faster_is_fused_and_slower_is_plain():
+    assert _choose(4096) == "fused"
+    assert _choose(64) == "plain"
+    assert _choose(6000) == "fused"          # within a factor of 2 of a measured shape
+
+
+def test_unmeasured_is_plain():
+    assert _choose(4096, world=2) == "plain"
+    assert _choose(4096, op="matmul_reduce_scatter") == "plain"
+    assert _choose(65536) == "plain"         # too far from anything measured
+    assert _choose(4096, K=1024) == "plain"
