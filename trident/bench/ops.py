@@ -205,9 +205,13 @@ def _run(ctx, ops, ms, layer_names, warmup, iters, out_dir, update):
         if series:
             common.plot(f"{stem}-{op}.png", series, "M (tokens, total)", "speedup over NCCL + cuBLAS",
                         f"{op}, {common.device_kind(ctx)}")
-    if update and ctx.backend == "cuda":
+    if update is not None and ctx.backend == "cuda":
         from ..ops import selector
-        print(f"crossover table: {selector.update_table(_crossover_entries(ctx, rows))}")
+        path_t = update or selector.TABLE_PATH
+        if update and not os.path.exists(update) and os.path.exists(selector.TABLE_PATH):
+            import shutil
+            shutil.copy(selector.TABLE_PATH, update)
+        print(f"crossover table: {selector.update_table(_crossover_entries(ctx, rows), path_t)}")
     print(f"results: {path}")
     return path
 
@@ -227,8 +231,9 @@ def main(argv=None) -> int:
     p.add_argument("--world-size", type=int, default=None)
     p.add_argument("--backend", choices=("cuda", "cpu"), default=None)
     p.add_argument("--out-dir", default=None)
-    p.add_argument("--update-crossover", action="store_true",
-                   help="merge fused/plain times into trident/ops/crossover.json")
+    p.add_argument("--update-crossover", nargs="?", const="", default=None, metavar="PATH",
+                   help="merge fused/plain times into the selector's table (default "
+                        "trident/ops/crossover.json, or PATH: a copy of it to bring back)")
     args = p.parse_args(argv)
     backend = args.backend or default_backend()
     gpu = backend == "cuda"

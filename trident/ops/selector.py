@@ -77,7 +77,7 @@ def update_table(entries: list[dict], path: str = TABLE_PATH) -> str:
     """Merge measured entries into the table (same op/device/world/shape is replaced)."""
     global _table
     key = lambda e: (e["op"], e["device"], e["world_size"], e["M"], e["N"], e["K"])  # noqa: E731
-    merged = {key(e): e for e in load_table(path)}
+    merged = {key(e): e for e in (load_table() if path == TABLE_PATH else load_table(path))}
     merged.update({key(e): e for e in entries})
     rows = sorted(merged.values(), key=key)
     with open(path, "w") as f:
