@@ -83,10 +83,8 @@ def push(ctx, out, inp, out_splits, in_splits, row, block=None, programs=None):
     splits = _splits_tensor(ctx, in_splits, out_splits, row)
     align = min(16, row & -row) if row else 1
     # The grid must be the same on every rank (program p waits for program p of its
-    # peers): with uneven splits only the limit is known everywhere.
-    even = len(set(in_splits) | set(out_splits)) == 1
-    n = in_splits[0] * row if even else 1 << 62
-    block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
+    # peers), and splits are known only locally: always the full grid.
+    block, grid = common.launch_size(ctx, 1 << 62, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     _push_kernel[(grid,)](dst, inp, splits, st.a2a_meta, st.a2a_check, st.flags, st.sync,
                           ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
