@@ -54,6 +54,18 @@ def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str]:
     return blob, f"{type(exc).__name__}: {exc}", tb
 
 
+def _detach(obj):
+    """Copies of the tensors in a result, on the CPU and compact.
+
+    Results travel by plain pickle: multiprocessing's own pickler would move a CPU
+    tensor's storage into a new shared-memory segment -- for a view of the heap, that
+    silently unmaps the heap from this rank's tensors while peers keep writing into it.
+    """
+    import torch
+    from torch.utils._pytree import tree_map
+    return tree_map(lambda x: x.detach().cpu().clone() if isinstance(x, torch.Tensor) else x, obj)
+
+
 def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
     import torch
     import torch.distributed as dist
@@ -89,7 +101,7 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
         finally:
             ctx.free_since(before)
         try:
-            conn.send(reply)
+            conn.send_bytes(pickle.dumps(_detach(reply)))
         except Exception as exc:       # unpicklable result
             conn.send(("err", *_pack_error(exc)))
     ctx.close()

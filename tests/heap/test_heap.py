@@ -118,3 +118,20 @@ def _init_close_many(ctx, rounds):
 
 def test_repeated_init_close_leaks_nothing(pool):
     assert pool.run(_init_close_many, 20) == [20] * pool.world_size
+
+
+def _return_heap_view(ctx):
+    t = ctx.full(8, float(ctx.rank), dtype=torch.float32)
+    ctx.barrier()
+    return t[2:5]          # a view of the heap travels back to the test process
+
+
+def _heap_still_shared(ctx):
+    from tests.language.test_rma import _every_pair
+    _every_pair(ctx, 300, torch.float32)
+
+
+def test_returning_a_heap_view_keeps_the_heap_mapped(pool):
+    results = pool.run(_return_heap_view)
+    assert [r.tolist() for r in results] == [[float(r)] * 3 for r in range(pool.world_size)]
+    pool.run(_heap_still_shared)

@@ -5,6 +5,9 @@ visible to `peer` before the flag changes (program barrier, then an atomic with 
 semantics at system scope). `wait` reads the flag with acquire semantics at system
 scope, so loads after it see the data written before the matching signal.
 
+A program's warps leave `wait` together (a program barrier ends it), so values read
+after a wait agree across warps.
+
 Every wait is bounded: past the context's timeout it records (op, rank, peer) in the
 rank's error word and returns False; the host then raises trident.CommTimeout. Once the
 error word is set, later waits return at once, so a missing peer costs one timeout.
@@ -66,6 +69,10 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
             # cmp spelled as int64: the interpreter sizes the CAS by cmp's type
             tl.atomic_cas(ctrl + CTRL_ERROR, tl.full([], 0, tl.int64), code.to(tl.int64),
                           sem="relaxed", scope="gpu")
+    # The warps of a program poll on their own and may leave the loop at different times
+    # (or one may skip it). Leave together, so that program-wide state read after the
+    # wait (an epoch, a counter) is the same in every warp.
+    tl.debug_barrier()
     return cur >= value
 
 
@@ -74,7 +81,9 @@ def barrier(ctrl, rank, world_size, heap_bases):
     """Cross-rank barrier for one program of a kernel. No flag reset is needed: each call
     raises the rank's epoch, and each peer waits for its slot to reach that epoch, so the
     same kernel can be replayed from a CUDA graph."""
+    tl.debug_barrier()          # every warp reads the epoch the last barrier stored
     epoch = tl.load(ctrl + CTRL_EPOCH) + 1
+    tl.debug_barrier()          # ...before any warp's store of the new one
     tl.store(ctrl + CTRL_EPOCH, epoch)
     for peer in range(world_size):
         signal(ctrl + CTRL_FLAGS + rank, epoch, rank, peer, heap_bases)
