@@ -11,7 +11,10 @@ Flags are per (phase, source rank, program): program p of a launch only waits on
 program p of its peers, which keeps the interpreter's one-program-after-another rule
 and keeps programs independent on the GPU.
 
-Scratch halves. Kernels that push into a peer's scratch buffer use half `epoch % 2`.
+Scratch halves. Kernels that push into a peer's scratch buffer use half `epoch % 2`:
+the first or second half of the whole buffer, a fixed byte range whatever the op and its
+slot stride (ops of different sizes share a buffer; halves derived from a per-op stride
+overlapped, and a rank one launch ahead overwrote slots its peer was still reading).
 Every launch waits for at least one signal that each peer sent in that same launch, so
 a rank can be at most one launch ahead of any peer: half `epoch % 2` is free again when
 launch `epoch + 2` writes it.

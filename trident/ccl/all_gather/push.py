@@ -17,11 +17,11 @@ from ..device import DATA, begin_epoch, exchange
 
 @triton.jit
 def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
-                 n, stride, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                 n, stride, half, BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    slots = scratch + (epoch % 2) * world_size * stride
+    slots = scratch + (epoch % 2) * half
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -53,5 +53,5 @@ def push(ctx, out, inp, block=None, programs=None):
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     _push_kernel[(grid,)](out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
-                          trace_buf, ctx.rank, ctx.world_size, n, stride, BLOCK=block,
+                          trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, BLOCK=block,
                           TRACE=trace, **common.kernel_options(ctx))

@@ -19,11 +19,11 @@ from ..device import DATA, begin_epoch, exchange, reduce_slots
 
 @triton.jit
 def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
-                     n, stride, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                     n, stride, half, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    slots = scratch + (epoch % 2) * world_size * stride     # this launch's half
+    slots = scratch + (epoch % 2) * half     # this launch's half
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -52,6 +52,6 @@ def one_shot(ctx, t, op_code: int, block=None, programs=None):
     block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     _one_shot_kernel[(grid,)](t, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-                              ctx.rank, ctx.world_size, n, stride, OP=op_code, BLOCK=block,
+                              ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, OP=op_code, BLOCK=block,
                               TRACE=trace, **common.kernel_options(ctx))
     return t

@@ -19,11 +19,11 @@ from ..device import ARRIVE, DATA, begin_epoch, notify_all, wait_all, wait_for
 
 @triton.jit
 def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size, src,
-                 n, stride, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                 n, stride, half, BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    slot = scratch + (epoch % 2) * stride
+    slot = scratch + (epoch % 2) * half
     notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
     t0 = trd.begin(TRACE)
     if rank == src:
@@ -56,5 +56,5 @@ def push(ctx, t, src: int, block=None, programs=None):
     block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     _push_kernel[(grid,)](t, slot, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-                          ctx.rank, ctx.world_size, src, n, stride, BLOCK=block, TRACE=trace,
+                          ctx.rank, ctx.world_size, src, n, stride, slot.numel() // 2, BLOCK=block, TRACE=trace,
                           **common.kernel_options(ctx))

@@ -17,11 +17,11 @@ from ..device import DATA, begin_epoch, exchange, reduce_slots
 
 @triton.jit
 def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
-                 n, stride, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                 n, stride, half, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    slots = scratch + (epoch % 2) * world_size * stride
+    slots = scratch + (epoch % 2) * half
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -50,5 +50,5 @@ def push(ctx, out, inp, op_code: int, block=None, programs=None):
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     _push_kernel[(grid,)](out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
-                          trace_buf, ctx.rank, ctx.world_size, n, stride, OP=op_code,
+                          trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, OP=op_code,
                           BLOCK=block, TRACE=trace, **common.kernel_options(ctx))
