@@ -19,7 +19,7 @@ def _all_gather_cases(ctx, cases):
     for i, (alg, dtype, shape, sym, block) in enumerate(cases):
         first = rank_inputs(ctx.world_size, shape, dtype, seed=i)
         second = rank_inputs(ctx.world_size, shape, dtype, seed=50 + i)
-        outs = [torch.empty(ctx.world_size * shape[0], *shape[1:], dtype=dtype) for _ in range(2)]
+        outs = [torch.empty(ctx.world_size * shape[0], *shape[1:], dtype=dtype, device=ctx.device) for _ in range(2)]
         for x, out in zip((first, second), outs):     # back to back, no sync
             ctx.all_gather(out, place(ctx, x[ctx.rank], sym), algorithm=alg, block=block)
         ctx.sync()
@@ -32,16 +32,16 @@ def test_all_gather(pool):
 
 
 def _bad_inputs(ctx):
-    inp = torch.ones(4)
+    inp = torch.ones(4, device=ctx.device)
     with pytest.raises(ValueError, match="out must have shape"):
-        ctx.all_gather(torch.empty(4 * ctx.world_size + 1), inp)
+        ctx.all_gather(torch.empty(4 * ctx.world_size + 1, device=ctx.device), inp)
     with pytest.raises(TypeError, match="same dtype"):
-        ctx.all_gather(torch.empty(4 * ctx.world_size, dtype=torch.float16), inp)
+        ctx.all_gather(torch.empty(4 * ctx.world_size, dtype=torch.float16, device=ctx.device), inp)
     ctx.debug = True
     try:
         with pytest.raises(ValueError, match="same sizes"):
             n = 2 + ctx.rank
-            ctx.all_gather(torch.empty(n * ctx.world_size), torch.ones(n))
+            ctx.all_gather(torch.empty(n * ctx.world_size, device=ctx.device), torch.ones(n, device=ctx.device))
     finally:
         ctx.debug = False
 

@@ -61,22 +61,22 @@ def test_all_reduce_mixed_back_to_back(pool):
 
 def _bad_inputs(ctx):
     with pytest.raises(TypeError, match="bfloat16, float16 and float32"):
-        ctx.all_reduce(torch.ones(4, dtype=torch.int32))
+        ctx.all_reduce(torch.ones(4, dtype=torch.int32, device=ctx.device))
     with pytest.raises(ValueError, match="op must be one of"):
-        ctx.all_reduce(torch.ones(4), op="prod")
+        ctx.all_reduce(torch.ones(4, device=ctx.device), op="prod")
     with pytest.raises(ValueError, match="contiguous"):
-        ctx.all_reduce(torch.ones(4, 4).t())
+        ctx.all_reduce(torch.ones(4, 4, device=ctx.device).t())
     with pytest.raises(ValueError, match="is on meta"):
         ctx.all_reduce(torch.ones(4, device="meta"))
     with pytest.raises(ValueError, match="unknown algorithm 'ring'"):
-        ctx.all_reduce(torch.ones(4), algorithm="ring")
+        ctx.all_reduce(torch.ones(4, device=ctx.device), algorithm="ring")
     with pytest.raises(TypeError, match="must be a torch.Tensor"):
         ctx.all_reduce([1.0, 2.0])
     # sizes that differ across ranks: caught in debug mode, on every rank
     ctx.debug = True
     try:
         with pytest.raises(ValueError, match="every rank must pass the same sizes"):
-            ctx.all_reduce(torch.ones(4 + ctx.rank))
+            ctx.all_reduce(torch.ones(4 + ctx.rank, device=ctx.device))
     finally:
         ctx.debug = False
 

@@ -24,7 +24,7 @@ def _all_to_all_cases(ctx):
         xs = [x for x in rank_inputs(w, (sum(splits[0]) * 0 + 64, *row), dtype, seed=i)]
         xs = [x[:sum(splits[s])] for s, x in enumerate(xs)]
         in_splits, out_splits = splits[r], [splits[s][r] for s in range(w)]
-        out = place(ctx, torch.full((sum(out_splits), *row), 7).to(dtype), sym)
+        out = place(ctx, torch.full((sum(out_splits), *row), 7, device=ctx.device).to(dtype), sym)
         kw = {} if kind == "even" else {"out_splits": out_splits, "in_splits": in_splits}
         ctx.all_to_all(out, xs[r].clone(), block=block, **kw)
         expected = torch.cat([xs[s].split(splits[s])[r] for s in range(w)])
@@ -41,11 +41,11 @@ def test_all_to_all(pool):
 def _bad_inputs(ctx):
     w = ctx.world_size
     with pytest.raises(ValueError, match="not a multiple of world size"):
-        ctx.all_to_all(torch.empty(w + 1), torch.ones(w + 1))
+        ctx.all_to_all(torch.empty(w + 1, device=ctx.device), torch.ones(w + 1, device=ctx.device))
     with pytest.raises(ValueError, match="in_splits must be"):
-        ctx.all_to_all(torch.empty(w), torch.ones(w), out_splits=[1] * w, in_splits=[2] * w)
+        ctx.all_to_all(torch.empty(w, device=ctx.device), torch.ones(w, device=ctx.device), out_splits=[1] * w, in_splits=[2] * w)
     with pytest.raises(ValueError, match="same shape after dim 0"):
-        ctx.all_to_all(torch.empty(w, 2), torch.ones(w, 3))
+        ctx.all_to_all(torch.empty(w, 2, device=ctx.device), torch.ones(w, 3, device=ctx.device))
     # rank 0 sends its peers a row more than they expect: caught in debug mode
     in_splits = [2] * w
     if ctx.rank == 0:
@@ -53,7 +53,7 @@ def _bad_inputs(ctx):
     ctx.debug = True
     try:
         with pytest.raises(ValueError, match="differs from rank p's out_splits"):
-            ctx.all_to_all(torch.empty(2 * w), torch.ones(2 * w), out_splits=[2] * w,
+            ctx.all_to_all(torch.empty(2 * w, device=ctx.device), torch.ones(2 * w, device=ctx.device), out_splits=[2] * w,
                            in_splits=in_splits)
     finally:
         ctx.debug = False

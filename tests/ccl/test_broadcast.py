@@ -19,7 +19,7 @@ def _broadcast_cases(ctx):
     for (t, expected), case in zip(ts, cases):
         assert_equal(t, expected, f"broadcast {case}")
     with pytest.raises(ValueError, match="src must be a rank"):
-        ctx.broadcast(torch.ones(3), src=ctx.world_size)
+        ctx.broadcast(torch.ones(3, device=ctx.device), src=ctx.world_size)
 
 
 def test_broadcast(pool):

@@ -19,7 +19,7 @@ def _reduce_scatter_cases(ctx, cases):
         full = (ctx.world_size * shape[0], *shape[1:])
         first = rank_inputs(ctx.world_size, full, dtype, seed=i)
         second = rank_inputs(ctx.world_size, full, dtype, seed=70 + i)
-        outs = [torch.empty(shape, dtype=dtype) for _ in range(2)]
+        outs = [torch.empty(shape, dtype=dtype, device=ctx.device) for _ in range(2)]
         for x, out in zip((first, second), outs):     # back to back, no sync
             ctx.reduce_scatter(out, place(ctx, x[ctx.rank], sym), op=op, algorithm=alg,
                                block=block)
@@ -35,10 +35,10 @@ def test_reduce_scatter(pool):
 
 def _bad_inputs(ctx):
     with pytest.raises(ValueError, match="inp must have shape"):
-        ctx.reduce_scatter(torch.empty(4), torch.ones(4 * ctx.world_size + 2))
+        ctx.reduce_scatter(torch.empty(4, device=ctx.device), torch.ones(4 * ctx.world_size + 2, device=ctx.device))
     with pytest.raises(TypeError, match="bfloat16, float16 and float32"):
-        ctx.reduce_scatter(torch.empty(4, dtype=torch.int64),
-                           torch.ones(4 * ctx.world_size, dtype=torch.int64))
+        ctx.reduce_scatter(torch.empty(4, dtype=torch.int64, device=ctx.device),
+                           torch.ones(4 * ctx.world_size, dtype=torch.int64, device=ctx.device))
 
 
 def test_reduce_scatter_bad_inputs(pool):

@@ -97,7 +97,7 @@ def _rounds(ctx, E, k, H, M, dtype, seeds, idx_dtype=torch.int64, split=False):
             early = split and i % 2 == 1      # weights sent with the tokens
             if split:
                 h = ep.dispatch(x, idx, wait=False, topk_weights=w if early else None)
-                other = torch.randn(32, 32) @ torch.randn(32, 32)    # work between the halves
+                other = torch.randn(32, 32, device=ctx.device) @ torch.randn(32, 32, device=ctx.device)    # work between the halves
                 d = h.wait()
             else:
                 d = ep.dispatch(x, idx)
@@ -174,21 +174,21 @@ def _bad_inputs(ctx):
         td.ExpertParallel(ctx, E, k, H, M, dtype=torch.int32)
     ep = td.ExpertParallel(ctx, E, k, H, M)
     try:
-        x = torch.randn(3, H).to(torch.bfloat16)
-        idx = torch.tensor([[0, 1], [2, 3], [4, 5]])
-        w = torch.rand(3, k)
+        x = torch.randn(3, H, device=ctx.device).to(torch.bfloat16)
+        idx = torch.tensor([[0, 1], [2, 3], [4, 5]], device=ctx.device)
+        w = torch.rand(3, k, device=ctx.device)
         with pytest.raises(ValueError, match=r"topk_idx\[1, 1\] = .* not an expert id"):
-            ep.dispatch(x, torch.tensor([[0, 1], [2, E], [4, 5]]))
+            ep.dispatch(x, torch.tensor([[0, 1], [2, E], [4, 5]], device=ctx.device))
         with pytest.raises(ValueError, match="not an expert id"):
-            ep.dispatch(x, torch.tensor([[0, 1], [-1, 3], [4, 5]]))
+            ep.dispatch(x, torch.tensor([[0, 1], [-1, 3], [4, 5]], device=ctx.device))
         with pytest.raises(ValueError, match="token 2 lists an expert twice"):
-            ep.dispatch(x, torch.tensor([[0, 1], [2, 3], [5, 5]]))
+            ep.dispatch(x, torch.tensor([[0, 1], [2, 3], [5, 5]], device=ctx.device))
         with pytest.raises(ValueError, match="exceeds max_num_tokens"):
-            ep.dispatch(torch.randn(M + 1, H).to(torch.bfloat16), torch.zeros(M + 1, k, dtype=torch.long))
+            ep.dispatch(torch.randn(M + 1, H, device=ctx.device).to(torch.bfloat16), torch.zeros(M + 1, k, dtype=torch.long, device=ctx.device))
         with pytest.raises(TypeError, match="x must be torch.bfloat16"):
             ep.dispatch(x.half(), idx)
         with pytest.raises(ValueError, match=r"x must be \[T, 64\]"):
-            ep.dispatch(torch.randn(3, H + 1).to(torch.bfloat16), idx)
+            ep.dispatch(torch.randn(3, H + 1, device=ctx.device).to(torch.bfloat16), idx)
         with pytest.raises(TypeError, match="int32 or int64"):
             ep.dispatch(x, idx.float())
         with pytest.raises(ValueError, match="topk_idx must be"):

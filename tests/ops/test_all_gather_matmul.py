@@ -40,7 +40,7 @@ def _out_and_interleaved(ctx):
     for call, (m_local, n, k) in enumerate([(16, 32, 32), (20, 24, 40), (16, 32, 32)]):
         a_full = make((m_local * world, k), 7 + call, torch.bfloat16, ctx.device)
         w = make((n, k), 70 + call + rank, torch.bfloat16, ctx.device)
-        out = torch.full((m_local * world, n), float("nan"), dtype=torch.bfloat16)
+        out = torch.full((m_local * world, n), float("nan"), dtype=torch.bfloat16, device=ctx.device)
         got = ctx.all_gather_matmul(a_full[rank * m_local:(rank + 1) * m_local], w, out=out,
                                     algorithm="fused")
         assert got is out
@@ -52,20 +52,20 @@ def test_out_and_interleaved_shapes(pool):
 
 
 def _bad_inputs(ctx):
-    a = torch.randn(8, 16, dtype=torch.bfloat16)
-    w = torch.randn(12, 16, dtype=torch.bfloat16)
+    a = torch.randn(8, 16, dtype=torch.bfloat16, device=ctx.device)
+    w = torch.randn(12, 16, dtype=torch.bfloat16, device=ctx.device)
     with pytest.raises(TypeError, match="bfloat16 or float16"):
         ctx.all_gather_matmul(a.float(), w.float())
     with pytest.raises(TypeError, match="must match"):
         ctx.all_gather_matmul(a, w.half())
     with pytest.raises(ValueError, match="K differ"):
-        ctx.all_gather_matmul(a, torch.randn(12, 15, dtype=torch.bfloat16))
+        ctx.all_gather_matmul(a, torch.randn(12, 15, dtype=torch.bfloat16, device=ctx.device))
     with pytest.raises(ValueError, match="2-D"):
         ctx.all_gather_matmul(a[0], w)
     with pytest.raises(ValueError, match=r"bias must have shape \[12\]"):
-        ctx.all_gather_matmul(a, w, bias=torch.zeros(5, dtype=torch.bfloat16))
+        ctx.all_gather_matmul(a, w, bias=torch.zeros(5, dtype=torch.bfloat16, device=ctx.device))
     with pytest.raises(ValueError, match="out must be"):
-        ctx.all_gather_matmul(a, w, out=torch.empty(8, 12, dtype=torch.bfloat16))
+        ctx.all_gather_matmul(a, w, out=torch.empty(8, 12, dtype=torch.bfloat16, device=ctx.device))
     with pytest.raises(ValueError, match="algorithm"):
         ctx.all_gather_matmul(a, w, algorithm="fast")
     with pytest.raises(TypeError, match="torch.Tensor"):
@@ -79,8 +79,8 @@ def test_bad_inputs(pool):
 def _mismatched_ranks(ctx):
     """In debug mode the sizes are compared across ranks before anything is launched."""
     m_local = 8 + ctx.rank
-    a = torch.randn(m_local, 16, dtype=torch.bfloat16)
-    w = torch.randn(12, 16, dtype=torch.bfloat16)
+    a = torch.randn(m_local, 16, dtype=torch.bfloat16, device=ctx.device)
+    w = torch.randn(12, 16, dtype=torch.bfloat16, device=ctx.device)
     with td.init(heap_size=1 << 20, group=ctx.group, debug=True) as dbg:
         with pytest.raises(ValueError, match="every rank must pass the same sizes"):
             dbg.all_gather_matmul(a, w)

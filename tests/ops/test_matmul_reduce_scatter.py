@@ -62,10 +62,10 @@ def _out_given(ctx):
     w_full = make((n, k * world), 6, torch.bfloat16, ctx.device)
     a, w = a_full[:, rank * k:(rank + 1) * k], w_full[:, rank * k:(rank + 1) * k]
     ref = a_full.float() @ w_full.float().T
-    out = torch.full((m // world, n), float("nan"), dtype=torch.bfloat16)
+    out = torch.full((m // world, n), float("nan"), dtype=torch.bfloat16, device=ctx.device)
     assert ctx.matmul_reduce_scatter(a, w, out=out, algorithm="fused") is out
     assert_close(out, ref.chunk(world)[rank], "reduce_scatter out=")
-    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=ctx.device)
     assert ctx.matmul_all_reduce(a, w, out=out, algorithm="fused") is out
     assert_close(out, ref, "all_reduce out=")
 
@@ -75,16 +75,16 @@ def test_out_given(pool):
 
 
 def _bad_inputs(ctx):
-    w = torch.randn(12, 16, dtype=torch.bfloat16)
+    w = torch.randn(12, 16, dtype=torch.bfloat16, device=ctx.device)
     with pytest.raises(ValueError, match="not divisible by the world size"):
-        ctx.matmul_reduce_scatter(torch.randn(ctx.world_size * 4 + 1, 16, dtype=torch.bfloat16), w)
-    a = torch.randn(ctx.world_size * 4, 16, dtype=torch.bfloat16)
+        ctx.matmul_reduce_scatter(torch.randn(ctx.world_size * 4 + 1, 16, dtype=torch.bfloat16, device=ctx.device), w)
+    a = torch.randn(ctx.world_size * 4, 16, dtype=torch.bfloat16, device=ctx.device)
     with pytest.raises(ValueError, match="out must be"):
-        ctx.matmul_reduce_scatter(a, w, out=torch.empty(a.shape[0], 12, dtype=torch.bfloat16))
+        ctx.matmul_reduce_scatter(a, w, out=torch.empty(a.shape[0], 12, dtype=torch.bfloat16, device=ctx.device))
     with pytest.raises(TypeError, match="must match"):
         ctx.matmul_all_reduce(a, w.half())
     with pytest.raises(ValueError, match="K differ"):
-        ctx.matmul_all_reduce(a, torch.randn(12, 8, dtype=torch.bfloat16))
+        ctx.matmul_all_reduce(a, torch.randn(12, 8, dtype=torch.bfloat16, device=ctx.device))
     with pytest.raises(ValueError, match="is on"):
         ctx.matmul_all_reduce(a, w, bias=torch.zeros(12, dtype=torch.bfloat16, device="meta"))
 

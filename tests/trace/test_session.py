@@ -141,6 +141,7 @@ def _known_delay(ctx, delay_ns):
     ctx.barrier()
     with ctx.trace(None, print_summary=False) as session:
         trace_buf, enabled = kernel_args(ctx)
+        ctx.device_barrier()      # the ranks' streams start the kernel together
         _spin_kernel[(1,)](trace_buf, ctx.rank, delay_ns, TRACE=enabled)
     return session.events
 
@@ -155,7 +156,7 @@ def test_known_delay_is_plausible(pool):
         dur = int(ev[0, 1] - ev[0, 0])
         # %globaltimer ticks in steps of up to 1 us; the loop exits within a few polls
         assert delay - 1_000 <= dur <= delay + (50_000 if gpu else 2_000_000_000), dur
-    # ranks share one clock: after a host barrier their launches start close together
+    # ranks share one clock: after a device barrier their kernels start close together
     assert max(starts) - min(starts) < (5_000_000 if gpu else 3_000_000_000), starts
 
 
