@@ -26,7 +26,7 @@ def _all_to_all_cases(ctx):
         in_splits, out_splits = splits[r], [splits[s][r] for s in range(w)]
         out = place(ctx, torch.full((sum(out_splits), *row), 7, device=ctx.device).to(dtype), sym)
         kw = {} if kind == "even" else {"out_splits": out_splits, "in_splits": in_splits}
-        ctx.all_to_all(out, xs[r].clone(), block=block, **kw)
+        ctx.all_to_all(out, xs[r].to(ctx.device), block=block, **kw)
         expected = torch.cat([xs[s].split(splits[s])[r] for s in range(w)])
         checks.append((out, expected, f"{kind} {dtype} {row}"))
     ctx.sync()

@@ -125,7 +125,8 @@ def test_misuse_raises_clear_errors(pool):
 
 
 @triton.jit
-def _spin_kernel(trace_buf, rank, delay_ns, TRACE: tl.constexpr):
+def _spin_kernel(trace_buf, ctrl, heap_bases, rank, world_size, delay_ns, TRACE: tl.constexpr):
+    tdl.barrier(ctrl, rank, world_size, heap_bases)   # in-kernel: ranks leave it together
     t = trd.begin(TRACE)
     start = tdl.timestamp()
     now = start
@@ -137,12 +138,13 @@ def _spin_kernel(trace_buf, rank, delay_ns, TRACE: tl.constexpr):
 def _known_delay(ctx, delay_ns):
     scratch = torch.zeros(8 + 4, dtype=torch.int64, device=ctx.device)
     scratch[2] = 1                                    # capacity of one event
-    _spin_kernel[(1,)](scratch, ctx.rank, 1000, TRACE=True)         # compile it first
+    _spin_kernel[(1,)](scratch, ctx.ctrl, ctx.heap_bases, ctx.rank, ctx.world_size, 1000,
+                       TRACE=True)         # compile it first
     ctx.barrier()
     with ctx.trace(None, print_summary=False) as session:
         trace_buf, enabled = kernel_args(ctx)
-        ctx.device_barrier()      # the ranks' streams start the kernel together
-        _spin_kernel[(1,)](trace_buf, ctx.rank, delay_ns, TRACE=enabled)
+        _spin_kernel[(1,)](trace_buf, ctx.ctrl, ctx.heap_bases, ctx.rank, ctx.world_size,
+                           delay_ns, TRACE=enabled)
     return session.events
 
 
@@ -156,7 +158,7 @@ def test_known_delay_is_plausible(pool):
         dur = int(ev[0, 1] - ev[0, 0])
         # %globaltimer ticks in steps of up to 1 us; the loop exits within a few polls
         assert delay - 1_000 <= dur <= delay + (50_000 if gpu else 2_000_000_000), dur
-    # ranks share one clock: after a device barrier their kernels start close together
+    # ranks share one clock: leaving the in-kernel barrier, they start within microseconds
     assert max(starts) - min(starts) < (5_000_000 if gpu else 3_000_000_000), starts
 
 
