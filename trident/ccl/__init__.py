@@ -137,6 +137,8 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | 
     name = _algorithm(ctx, "all_to_all", algorithm, inp.numel() * inp.element_size())
     _agree(ctx, "all_to_all", tuple(inp.shape[1:]), str(inp.dtype), name)
     if name == "nccl":
+        if ctx.debug:
+            _check_splits_agree(ctx, out_splits, in_splits)
         nccl.all_to_all(ctx, out, inp, out_splits, in_splits)
     elif ctx.world_size == 1:
         out.copy_(inp)
@@ -150,6 +152,19 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | 
             _check_splits_matched(ctx)
     _done(ctx)
     return out
+
+
+def _check_splits_agree(ctx, out_splits, in_splits) -> None:
+    """Debug mode, before a torch.distributed all_to_all: every rank checks the whole
+    split matrix, so all raise together instead of some entering the collective."""
+    everyone = [None] * ctx.world_size
+    dist.all_gather_object(everyone, (list(out_splits), list(in_splits)), group=ctx.group)
+    for src, (_, sends) in enumerate(everyone):
+        for dst, (receives, _) in enumerate(everyone):
+            if sends[dst] != receives[src]:
+                raise ValueError(f"all_to_all: a rank's in_splits[p] differs from rank p's "
+                                 f"out_splits for it (rank {src} sends {sends[dst]} rows to "
+                                 f"rank {dst}, which expects {receives[src]})")
 
 
 def _check_splits_matched(ctx) -> None:

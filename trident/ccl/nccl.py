@@ -1,5 +1,6 @@
 """The "nccl" algorithm: hand the collective to torch.distributed on the context's group
 (NCCL on GPUs, gloo on the CPU emulation). The selector picks it where trident loses."""
+import torch
 import torch.distributed as dist
 
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -9,8 +10,15 @@ def all_reduce(ctx, t, op):
     dist.all_reduce(t, op=_REDUCE[op], group=ctx.group)
 
 
+def _bytes(t, rows: bool = False):
+    """Moving ops carry any dtype: hand the backend bytes (gloo has no bool, say).
+    rows=True keeps dim 0, so that all_to_all's row splits still apply."""
+    flat = t.reshape(t.shape[0], -1) if rows else t.reshape(-1)
+    return flat.view(torch.uint8)
+
+
 def all_gather(ctx, out, inp):
-    dist.all_gather_into_tensor(out, inp, group=ctx.group)
+    dist.all_gather_into_tensor(_bytes(out), _bytes(inp), group=ctx.group)
 
 
 def reduce_scatter(ctx, out, inp, op):
@@ -18,8 +26,9 @@ def reduce_scatter(ctx, out, inp, op):
 
 
 def all_to_all(ctx, out, inp, out_splits, in_splits):
-    dist.all_to_all_single(out, inp, out_splits, in_splits, group=ctx.group)
+    dist.all_to_all_single(_bytes(out, rows=True), _bytes(inp, rows=True), out_splits, in_splits,
+                           group=ctx.group)
 
 
 def broadcast(ctx, t, src):
-    dist.broadcast(t, src=dist.get_global_rank(ctx.group, src), group=ctx.group)
+    dist.broadcast(_bytes(t), src=dist.get_global_rank(ctx.group, src), group=ctx.group)
