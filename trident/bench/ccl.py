@@ -15,11 +15,9 @@ reduce_scatter the output block, all_to_all the input. Data is bf16.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
-import torch.distributed as dist
 
 from . import common
 
@@ -176,23 +174,13 @@ def _run(ctx, ops, sizes, warmup, iters, out_dir):
 
 def main(argv=None) -> int:
     from ..launch import default_backend, default_world_size, launch
-    p = argparse.ArgumentParser(prog="trident bench ccl", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
+    p = common.suite_parser("trident bench ccl", __doc__, OPS)
     p.add_argument("--min-size", default="1K")
     p.add_argument("--max-size", default=None, help="default 512M on GPUs, 4K on the CPU emulation")
-    p.add_argument("--iters", type=int, default=None, help="timed runs (default 50 GPU, 3 CPU)")
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--world-size", type=int, default=None)
-    p.add_argument("--backend", choices=("cuda", "cpu"), default=None)
-    p.add_argument("--out-dir", default=None)
     args = p.parse_args(argv)
     backend = args.backend or default_backend()
     gpu = backend == "cuda"
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    bad = [o for o in ops if o not in OPS]
-    if bad:
-        p.error(f"unknown op(s) {bad}; choose from {OPS}")
+    ops = common.parse_ops(p, args.ops, OPS)
     lo, hi = _parse_size(args.min_size), _parse_size(args.max_size or ("512M" if gpu else "4K"))
     sizes = [1 << k for k in range(max(lo, 2).bit_length() - 1, hi.bit_length()) if lo <= 1 << k <= hi]
     world = args.world_size or (default_world_size(backend) if gpu else 2)

@@ -7,6 +7,7 @@ marked as such -- they say nothing about GPU speed.
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -112,6 +113,28 @@ def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
         with open(path, "w") as f:
             json.dump({**meta, **(extra or {}), "rows": rows}, f, indent=1)
     return path
+
+
+def suite_parser(prog: str, doc: str, ops: list[str] | None = None) -> argparse.ArgumentParser:
+    """The options every op-by-op suite shares; the suite adds its own."""
+    p = argparse.ArgumentParser(prog=prog, description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    if ops:
+        p.add_argument("--ops", default=",".join(ops), help="comma-separated subset of " + ",".join(ops))
+    p.add_argument("--iters", type=int, default=None, help="timed runs")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--world-size", type=int, default=None)
+    p.add_argument("--backend", choices=("cuda", "cpu"), default=None)
+    p.add_argument("--out-dir", default=None)
+    return p
+
+
+def parse_ops(parser: argparse.ArgumentParser, text: str, ops: list[str]) -> list[str]:
+    chosen = [o.strip() for o in text.split(",") if o.strip()]
+    bad = [o for o in chosen if o not in ops]
+    if bad:
+        parser.error(f"unknown op(s) {bad}; choose from {ops}")
+    return chosen
 
 
 def print_table(rows: list[dict], columns: list[str], file=sys.stdout) -> None:

@@ -21,7 +21,6 @@ On the CPU emulation (2 ranks, tiny shapes) it only shows that everything runs.
 """
 from __future__ import annotations
 
-import argparse
 import os
 
 import torch
@@ -218,29 +217,19 @@ def _run(ctx, ops, ms, layer_names, warmup, iters, out_dir, update):
 
 def main(argv=None) -> int:
     from ..launch import default_backend, default_world_size, launch
-    p = argparse.ArgumentParser(prog="trident bench ops", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ops", default=",".join(OPS), help="comma-separated subset of " + ",".join(OPS))
+    p = common.suite_parser("trident bench ops", __doc__, OPS)
     p.add_argument("--m", default=None, help="comma-separated total M (default "
                    f"{','.join(map(str, DEFAULT_M))} on GPUs, {','.join(map(str, TINY_M))} on CPU)")
     p.add_argument("--min-m", type=int, default=0)
     p.add_argument("--max-m", type=int, default=1 << 30)
     p.add_argument("--layers", default="", help="comma-separated model names to keep (substring)")
-    p.add_argument("--iters", type=int, default=None, help="timed runs (default 20 GPU, 2 CPU)")
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--world-size", type=int, default=None)
-    p.add_argument("--backend", choices=("cuda", "cpu"), default=None)
-    p.add_argument("--out-dir", default=None)
     p.add_argument("--update-crossover", nargs="?", const="", default=None, metavar="PATH",
                    help="merge fused/plain times into the selector's table (default "
                         "trident/ops/crossover.json, or PATH: a copy of it to bring back)")
     args = p.parse_args(argv)
     backend = args.backend or default_backend()
     gpu = backend == "cuda"
-    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    bad = [o for o in ops if o not in OPS]
-    if bad:
-        p.error(f"unknown op(s) {bad}; choose from {OPS}")
+    ops = common.parse_ops(p, args.ops, OPS)
     ms = [int(x) for x in args.m.split(",")] if args.m else list(DEFAULT_M if gpu else TINY_M)
     ms = [m for m in ms if args.min_m <= m <= args.max_m]
     layers = [s.strip() for s in args.layers.split(",") if s.strip()]

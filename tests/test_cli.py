@@ -1,0 +1,42 @@
+"""The command line on the CPU emulation: info, demo, and a tiny run of two benchmark
+suites, which must write their results with the baseline beside every trident row."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _trident(*args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-m", "trident.cli", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def test_info():
+    assert "trident backend:" in _trident("info")
+
+
+def test_demo_checks_ring_and_counter():
+    out = _trident("demo", "--world-size", "2")
+    assert "ring:" in out and "atomics:" in out and out.count(": ok") == 2, out
+
+
+@pytest.mark.parametrize("suite, args, baseline", [
+    ("ccl", ["--ops", "all_reduce", "--max-size", "1K", "--iters", "1", "--warmup", "0"], "nccl"),
+    ("p2p", ["--iters", "1", "--size", "4096"], None),
+])
+def test_bench_writes_results(tmp_path, suite, args, baseline):
+    _trident("bench", suite, "--world-size", "2", "--out-dir", str(tmp_path), *args)
+    [path] = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
+    result = json.loads(path.read_text())
+    assert result["backend"] == "cpu" and result["world_size"] == 2 and result["date"]
+    impls = {r["impl"] for r in result["rows"]}
+    assert any(i.startswith("trident") for i in impls), impls
+    if baseline:
+        assert baseline in impls, impls
