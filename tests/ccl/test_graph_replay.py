@@ -1,0 +1,58 @@
+"""Every collective captured once in a CUDA graph and replayed many times with new data
+(GPU only: the CPU emulation has no graphs). Epochs live on the device, so a replay must
+see fresh flags without any host work in between."""
+import pytest
+import torch
+
+from .refs import assert_equal, rank_inputs, reduce_ref
+
+
+def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
+    w, n = ctx.world_size, 4096 + 17
+    x = torch.empty(n, dtype=torch.bfloat16, device=ctx.device)
+    ag_out = torch.empty(w * n, dtype=torch.bfloat16, device=ctx.device)
+    rs_in = torch.empty(w * n, dtype=torch.float32, device=ctx.device)
+    rs_out = torch.empty(n, dtype=torch.float32, device=ctx.device)
+    a2a_in = torch.empty(w * 8, 3, dtype=torch.float16, device=ctx.device)
+    a2a_out = torch.empty_like(a2a_in)
+    bc = torch.empty(n, dtype=torch.float32, device=ctx.device)
+    ar = torch.empty(n, dtype=torch.float32, device=ctx.device)
+
+    def ops():
+        ar.copy_(x.float())
+        ctx.all_reduce(ar, algorithm=alg_ar)
+        ctx.all_gather(ag_out, x, algorithm=alg_ag)
+        ctx.reduce_scatter(rs_out, rs_in, algorithm="pull")
+        ctx.all_to_all(a2a_out, a2a_in, algorithm="push")
+        ctx.broadcast(bc, src=w - 1, algorithm="push")
+
+    ops()                                  # warm-up: workspaces are created outside capture
+    ctx.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops()
+    ctx.barrier()
+    for i in range(replays):
+        xs = rank_inputs(w, (n,), torch.bfloat16, seed=1000 + i)
+        rss = rank_inputs(w, (w * n,), torch.float32, seed=2000 + i)
+        a2as = rank_inputs(w, (w * 8, 3), torch.float16, seed=3000 + i)
+        bcs = rank_inputs(w, (n,), torch.float32, seed=4000 + i)
+        x.copy_(xs[ctx.rank])
+        rs_in.copy_(rss[ctx.rank])
+        a2a_in.copy_(a2as[ctx.rank])
+        bc.copy_(bcs[ctx.rank])
+        graph.replay()
+        ctx.sync()
+        assert_equal(ar, reduce_ref([t.float() for t in xs], "sum"), f"all_reduce replay {i}")
+        assert_equal(ag_out, torch.cat(xs), f"all_gather replay {i}")
+        assert_equal(rs_out, reduce_ref(rss, "sum").chunk(w)[ctx.rank], f"reduce_scatter {i}")
+        assert_equal(a2a_out, torch.cat([t.chunk(w)[ctx.rank] for t in a2as]), f"all_to_all {i}")
+        assert_equal(bc, bcs[w - 1], f"broadcast replay {i}")
+        ctx.barrier()     # the next round's inputs are written by the host
+
+
+@pytest.mark.parametrize("alg_ar, alg_ag", [("one_shot", "push"), ("two_shot", "pull")])
+def test_graph_capture_and_replay(pool, alg_ar, alg_ag):
+    if pool.backend != "cuda":
+        pytest.skip("CUDA graphs need GPUs")
+    pool.run(_capture_and_replay, alg_ar, alg_ag, 20)
