@@ -22,9 +22,12 @@ def test_info():
     assert "trident backend:" in _trident("info")
 
 
-def test_demo_checks_ring_and_counter():
+def test_demo_checks_every_part():
     out = _trident("demo", "--world-size", "2")
-    assert "ring:" in out and "atomics:" in out and out.count(": ok") == 2, out
+    for part in ("ring:", "atomics:", "all_reduce:", "all_gather:", "matmul_all_reduce:",
+                 "moe dispatch+combine:"):
+        assert part in out, (part, out)
+    assert out.count(": ok") == 6, out
 
 
 @pytest.mark.parametrize("suite, args, baseline", [

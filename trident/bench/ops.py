@@ -26,6 +26,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from ..ccl.nccl import all_gather_single, reduce_scatter_single
 from . import common
 
 DTYPE = torch.bfloat16
@@ -101,15 +102,14 @@ def _comm_alone(ctx, op, a, n):
     m = a.shape[0]
     if op == "all_gather_matmul":
         out = torch.empty(m * ctx.world_size, a.shape[1], dtype=DTYPE, device=ctx.device)
-        from ..ops.plain import _all_gather_single
-        return lambda: _all_gather_single(out, a, group=ctx.group)
+        return lambda: all_gather_single(out, a, group=ctx.group)
     full = torch.randn(m, n, dtype=DTYPE, device=ctx.device)
     if op == "matmul_all_reduce":
         return lambda: dist.all_reduce(full, group=ctx.group)
     if ctx.backend != "cuda":
         return lambda: dist.all_reduce(full, group=ctx.group)
     part = torch.empty(m // ctx.world_size, n, dtype=DTYPE, device=ctx.device)
-    return lambda: dist.reduce_scatter_tensor(part, full, group=ctx.group)
+    return lambda: reduce_scatter_single(part, full, group=ctx.group)
 
 
 def _measure(ctx, fn, warmup, iters):

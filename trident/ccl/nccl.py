@@ -3,6 +3,11 @@
 import torch
 import torch.distributed as dist
 
+# torch >= 2.13 renamed the *_into_tensor / *_tensor collectives (same signatures); the GPU
+# images have torch 2.11, which only has the old names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -18,11 +23,11 @@ def _bytes(t, rows: bool = False):
 
 
 def all_gather(ctx, out, inp):
-    dist.all_gather_into_tensor(_bytes(out), _bytes(inp), group=ctx.group)
+    all_gather_single(_bytes(out), _bytes(inp), group=ctx.group)
 
 
 def reduce_scatter(ctx, out, inp, op):
-    dist.reduce_scatter_tensor(out, inp, op=_REDUCE[op], group=ctx.group)
+    reduce_scatter_single(out, inp, op=_REDUCE[op], group=ctx.group)
 
 
 def all_to_all(ctx, out, inp, out_splits, in_splits):

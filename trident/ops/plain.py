@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-# torch >= 2.12 renamed all_gather_into_tensor (the old name warns)
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+from ..ccl.nccl import all_gather_single, reduce_scatter_single
 
 
 def _matmul(a, w, bias, out=None):
@@ -21,7 +20,7 @@ def _matmul(a, w, bias, out=None):
 def all_gather_matmul(ctx, a, w, bias=None, out=None) -> torch.Tensor:
     gathered = torch.empty(a.shape[0] * ctx.world_size, a.shape[1], dtype=a.dtype,
                            device=a.device)
-    _all_gather_single(gathered, a.contiguous(), group=ctx.group)
+    all_gather_single(gathered, a.contiguous(), group=ctx.group)
     return _matmul(gathered, w, bias, out)
 
 
@@ -32,7 +31,7 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None) -> torch.Tensor:
                           device=a.device)
     if ctx.backend == "cuda":
         target = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-        dist.reduce_scatter_tensor(target, partial, group=ctx.group)
+        reduce_scatter_single(target, partial, group=ctx.group)
     else:                                   # gloo has no reduce-scatter
         dist.all_reduce(partial, group=ctx.group)
         target = partial.chunk(ctx.world_size)[ctx.rank]
