@@ -43,3 +43,11 @@ def test_bench_writes_results(tmp_path, suite, args, baseline):
     assert any(i.startswith("trident") for i in impls), impls
     if baseline:
         assert baseline in impls, impls
+
+
+def test_quickstart_example_runs():
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "examples/quickstart.py"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "[((32, 48), (10, 64)), ((32, 48), (10, 64))]" in proc.stdout, proc.stdout
