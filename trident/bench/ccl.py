@@ -93,16 +93,6 @@ def _torch_symm_mem(ctx, numel):
     return impls, buf
 
 
-def _measure(ctx, fn, warmup, iters):
-    try:
-        return common.time_us(ctx, fn, warmup=warmup, iters=iters)
-    except Exception as exc:          # an implementation that cannot run this size
-        if ctx.rank == 0:
-            print(f"\n  skipped: {type(exc).__name__}: {str(exc)[:120]}")
-        ctx.barrier()
-        return None
-
-
 def _bench(ctx, ops, sizes, warmup, iters):
     from ..ccl import ALGORITHMS, select
     w = ctx.world_size
@@ -124,7 +114,7 @@ def _bench(ctx, ops, sizes, warmup, iters):
             floor = common.nvlink_floor_us(link * scale * size)
             choice = select(op, size, w)
             for name, fn in impls.items():
-                us = _measure(ctx, fn, warmup, iters)
+                us = common.time_us_or_skip(ctx, fn, warmup, iters)
                 rows.append({"op": op, "bytes": size, "size": common.fmt_bytes(size), "impl": name,
                              "choice": choice if name == "trident_auto" else None,
                              "us": us, "floor_us": floor,

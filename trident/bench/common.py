@@ -53,6 +53,21 @@ def time_us(ctx, fn, warmup: int = 5, iters: int = 20) -> float:
     return max_over_ranks(ctx, statistics.median(times))
 
 
+def time_us_or_skip(ctx, fn, warmup: int = 5, iters: int = 20) -> float | None:
+    """time_us, or None (with a line on rank 0) for an implementation that cannot run this
+    size or shape, e.g. out of memory or an op torch lacks here."""
+    try:
+        return time_us(ctx, fn, warmup=warmup, iters=iters)
+    except Exception as exc:
+        if ctx.rank == 0:
+            print(f"\n  skipped: {type(exc).__name__}: {str(exc)[:160]}")
+        try:
+            ctx.barrier()
+        except Exception:
+            pass
+        return None
+
+
 def max_over_ranks(ctx, value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)

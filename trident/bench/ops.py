@@ -112,19 +112,6 @@ def _comm_alone(ctx, op, a, n):
     return lambda: reduce_scatter_single(part, full, group=ctx.group)
 
 
-def _measure(ctx, fn, warmup, iters):
-    try:
-        return common.time_us(ctx, fn, warmup=warmup, iters=iters)
-    except Exception as exc:          # an implementation that cannot run this shape
-        if ctx.rank == 0:
-            print(f"\n  skipped: {type(exc).__name__}: {str(exc)[:160]}")
-        try:
-            ctx.barrier()
-        except Exception:
-            pass
-        return None
-
-
 def _bench(ctx, ops, ms, layer_names, warmup, iters):
     from ..ops import selector
     rows = []
@@ -144,8 +131,8 @@ def _bench(ctx, ops, ms, layer_names, warmup, iters):
             impls["torch_symm_mem"] = tsm
         gemm_in = torch.empty(m, k, dtype=DTYPE, device=ctx.device).normal_() \
             if op == "all_gather_matmul" else a
-        gemm_us = _measure(ctx, lambda: torch.matmul(gemm_in, wt.t()), warmup, iters)
-        comm_us = _measure(ctx, _comm_alone(ctx, op, a, n), warmup, iters)
+        gemm_us = common.time_us_or_skip(ctx, lambda: torch.matmul(gemm_in, wt.t()), warmup, iters)
+        comm_us = common.time_us_or_skip(ctx, _comm_alone(ctx, op, a, n), warmup, iters)
         floor = max(gemm_us or 0.0, comm_us or 0.0) or None
         sol = max(flops / ctx.world_size / (common.BF16_TFLOPS * 1e6), common.nvlink_floor_us(link))
         choice = selector.choose(ctx, op, m, n, k)
@@ -153,7 +140,7 @@ def _bench(ctx, ops, ms, layer_names, warmup, iters):
                     comm_us=comm_us, floor_us=floor, sol_us=sol)
         case_rows = []
         for name, f in impls.items():
-            us = _measure(ctx, f, warmup, iters)
+            us = common.time_us_or_skip(ctx, f, warmup, iters)
             case_rows.append({**base, "impl": name, "choice": choice if name == "trident_auto" else None,
                               "us": us, "tflops": flops / us / 1e6 if us else None,
                               "vs_floor": floor / us if us and floor else None})
