@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 import os
 import uuid
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -64,6 +65,7 @@ class Context:
                                  self._job_id())
         self._closed = False
         self._workspaces: dict = {}
+        self._resettable: list = []
         self._persistent: set[int] = set()
         self._heap_ptr = self._heap.local.data_ptr()
         self.allocator = Allocator(self.heap_size)
@@ -238,6 +240,11 @@ class Context:
             self.barrier()
         return obj
 
+    def register_reset(self, obj) -> None:
+        """Have ctx.reset() also call obj.reset() (kept as a weak reference): for objects
+        with device epochs and flags that are not workspaces, e.g. ExpertParallel."""
+        self._resettable.append(weakref.ref(obj))
+
     def reset(self) -> None:
         """Collective: after a failure, bring error words, epochs and flags back to zero on
         every rank so the context can be used again."""
@@ -246,8 +253,8 @@ class Context:
         dist.barrier(self.group)
         self.ctrl.zero_()
         self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
-        for ws in self._workspaces.values():
-            if hasattr(ws, "reset"):
+        for ws in list(self._workspaces.values()) + [r() for r in self._resettable]:
+            if ws is not None and hasattr(ws, "reset"):
                 ws.reset()
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)

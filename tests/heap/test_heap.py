@@ -87,7 +87,9 @@ def _fds():
 
 
 def _shm_files():
-    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("trident-"))
+    """This job's heap files (other jobs on the machine may come and go meanwhile)."""
+    job = os.environ.get("TRIDENT_JOB_ID", "")
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"trident-{job}"))
 
 
 def _gpu_free_bytes(ctx):

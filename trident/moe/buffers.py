@@ -113,6 +113,15 @@ class Buffers:
         rows = 2 * world * max_num_tokens
         return rows * hidden * esize * 2 + rows * kp * 12 + 3 * 2 * world * 8
 
+    def reset(self) -> None:
+        """Back to the state of a fresh object (epochs, flags, counters): used by
+        ctx.reset() after a failure, on every rank at once."""
+        for t in (self.flags, self.state, self.slot_counter, self.expert_counter,
+                  self.recv_count, self.expert_num_tokens):
+            t.zero_()
+        self.send_slot.fill_(-1)
+        self.token_rows.fill_(-1)
+
     def free(self, ctx) -> None:
         for t in reversed(self._heap):
             ctx.free(t)

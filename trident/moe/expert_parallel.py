@@ -99,6 +99,7 @@ class ExpertParallel:
         self.buf = B.Buffers(ctx, self.num_local_experts, experts_per_token, hidden_dim,
                              max_num_tokens, dtype)
         self.capacity = self.buf.cap
+        ctx.register_reset(self)
         self.block_h = B.block_h(hidden_dim)
         if ctx.backend == "cuda":
             sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -176,6 +177,12 @@ class ExpertParallel:
         return max(1, min(work, self.max_programs))
 
     # ------------------------------------------------------------------ dispatch
+    def reset(self) -> None:
+        """Epochs, flags and counters back to zero (ctx.reset() calls this on every rank
+        after a failure); a Dispatched from before the reset can no longer be combined."""
+        self.buf.reset()
+        self._seq += 1
+
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, wait: bool = True,
                  validate: bool | None = None, topk_weights: torch.Tensor | None = None):
         """Send every token to the ranks owning its experts; returns a Dispatched (or, with
