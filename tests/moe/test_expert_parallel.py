@@ -84,6 +84,9 @@ def _check_combine(y, T, x, idx, w, a, b, dtype):
 
 
 def _rounds(ctx, E, k, H, M, dtype, seeds, idx_dtype=torch.int64, split=False, reset=False):
+    # E must be a multiple of the world size: keep the case's E where it is, else the
+    # nearest lower multiple (e.g. 12 experts become 8 at 8 ranks)
+    E = max(E // ctx.world_size, 1) * ctx.world_size
     ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype)
     L = E // ctx.world_size
     try:
