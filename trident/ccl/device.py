@@ -48,6 +48,13 @@ def begin_epoch(sync):
 
 
 @triton.jit
+def scratch_half(scratch, epoch, half):
+    """This launch's half of a push scratch buffer of 2 * `half` elements (see "Scratch
+    halves" above): a fixed range of the buffer, whatever the op."""
+    return scratch + (epoch % 2) * half
+
+
+@triton.jit
 def _flag(flags, phase, src):
     return flags + (phase * MAX_RANKS + src) * MAX_PROGRAMS + tl.program_id(0)
 

@@ -14,7 +14,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, begin_epoch, exchange, reduce_slots
+from ..device import DATA, begin_epoch, exchange, reduce_slots, scratch_half
 
 
 @triton.jit
@@ -23,7 +23,7 @@ def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank,
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    slots = scratch + (epoch % 2) * half     # this launch's half
+    slots = scratch_half(scratch, epoch, half)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)

@@ -14,7 +14,8 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DATA, begin_epoch, notify_all, wait_all, wait_for
+from ..device import (ARRIVE, DATA, begin_epoch, notify_all, scratch_half, wait_all,
+                      wait_for)
 
 
 @triton.jit
@@ -23,7 +24,7 @@ def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, wor
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    slot = scratch + (epoch % 2) * half
+    slot = scratch_half(scratch, epoch, half)
     notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
     t0 = trd.begin(TRACE)
     if rank == src:
