@@ -13,6 +13,7 @@ from . import _env
 from .errors import CommTimeout, HeapMismatchError, decode_timeout
 from .heap.allocator import Allocator
 from .language import sync as _sync
+from .plans import PlanCache
 
 # Host-side copies of the control-block layout (the device side uses tl.constexpr).
 CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS = (
@@ -21,6 +22,10 @@ CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS = (
 
 DEFAULT_HEAP_SIZE = 1 << 30
 DEFAULT_TIMEOUT_S = 30.0
+
+
+def _not_capturing() -> bool:
+    return False
 
 
 def _env_int(name: str, default: int) -> int:
@@ -64,6 +69,11 @@ class Context:
             self._heap = CpuHeap(self.heap_size, self.rank, self.world_size, self.group,
                                  self._job_id())
         self._closed = False
+        # launch plans of this context's calls (trident/plans.py), and whether the current
+        # stream is being captured into a CUDA graph (selection differs there)
+        self.plans = PlanCache()
+        self.capturing = (torch.cuda.is_current_stream_capturing if self.backend == "cuda"
+                          else _not_capturing)
         self._workspaces: dict = {}
         self._resettable: list = []
         self._persistent: set[int] = set()
@@ -137,6 +147,7 @@ class Context:
         if not self.allocator.owns(offset):
             raise ValueError(f"ctx.free: tensor at heap offset {offset} is a view inside an "
                              f"allocation, not the tensor the factory returned")
+        self.plans.clear()           # plans may point into the block
         self.allocator.free(offset)
 
     def check_symmetric(self, t: torch.Tensor, name: str) -> None:
@@ -251,6 +262,7 @@ class Context:
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
         dist.barrier(self.group)
+        self.plans.clear()
         self.ctrl.zero_()
         self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
         for ws in list(self._workspaces.values()) + [r() for r in self._resettable]:
@@ -321,6 +333,7 @@ class Context:
             self.barrier()
         finally:
             self._closed = True
+            self.plans.clear()
             self.ctrl = self.heap_bases = None
             self._heap.close()
 

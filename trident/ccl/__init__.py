@@ -1,9 +1,11 @@
 """Collectives over the symmetric heap: all_gather, reduce_scatter, all_reduce,
 all_to_all, broadcast (called as ctx.all_gather(...) etc.).
 
-Every function checks its inputs, picks an algorithm (`algorithm=` by name, else
-selector.TABLE by size and world size; "nccl" = torch.distributed) and launches one
-kernel, stream-ordered and CUDA-graph capturable. `block` and `programs` override the
+Every function runs a launch plan (trident/plans.py): built on the first call of a
+signature, it checks the inputs, picks an algorithm (`algorithm=` by name, else the
+selector by size, world size and whether a CUDA graph is being captured; "nccl" =
+torch.distributed) and packs one kernel launch, stream-ordered and CUDA-graph
+capturable. Later calls of that signature only launch. `block` and `programs` override the
 launch size (tests use them). In debug mode (ctx.debug) the ranks also check that they
 called with the same sizes, and every op is synchronised and checked for timeouts.
 """
@@ -20,6 +22,7 @@ from .all_reduce import ALGORITHMS as ALL_REDUCE
 from .all_to_all import ALGORITHMS as ALL_TO_ALL
 from .broadcast import ALGORITHMS as BROADCAST
 from .reduce_scatter import ALGORITHMS as REDUCE_SCATTER
+from ..plans import Plan
 from .selector import select
 
 ALGORITHMS = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
@@ -27,7 +30,7 @@ ALGORITHMS = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
 
 
 def _algorithm(ctx, op: str, algorithm, nbytes: int) -> str:
-    name = algorithm or select(op, nbytes, ctx.world_size)
+    name = algorithm or select(op, nbytes, ctx.world_size, graph=ctx.capturing())
     if name != "nccl" and name not in ALGORITHMS[op]:
         raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of "
                          f"{sorted(ALGORITHMS[op]) + ['nccl']}")
@@ -36,8 +39,6 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int) -> str:
 
 def _agree(ctx, op: str, *signature) -> None:
     """Debug mode: raise ValueError if the ranks called `op` with different sizes."""
-    if not ctx.debug:
-        return
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, signature, group=ctx.group)
     for rank, theirs in enumerate(everyone):
@@ -46,26 +47,55 @@ def _agree(ctx, op: str, *signature) -> None:
                              f"with {theirs}; every rank must pass the same sizes")
 
 
-def _done(ctx):
-    ctx.after_op()
+def _run(ctx, key, build, tensors, *options):
+    """Run the plan of `key` on `tensors` (building it first if this signature is new)."""
+    plan = ctx.plans.get(key)
+    if plan is None:
+        plan = ctx.plans.put(key, build(ctx, *tensors, *options))
+    if ctx.debug:
+        _agree(ctx, key[0], *plan.agree)
+        if plan.debug_before is not None:
+            plan.debug_before(ctx, tensors)
+    plan(tensors)
+    if ctx.debug:
+        ctx.sync()
+        if plan.debug_after is not None:
+            plan.debug_after(ctx, tensors)
+
+
+def _key(t) -> tuple:
+    """What a plan depends on of a tensor: address, shape, strides, dtype, device."""
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) \
+        if isinstance(t, torch.Tensor) else (id(t), type(t))
 
 
 def all_reduce(ctx, t, op: str = "sum", algorithm: str | None = None, block=None, programs=None):
     """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
+    key = ("all_reduce", _key(t), op, algorithm, block, programs, ctx.capturing())
+    _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs)
+    return t
+
+
+def _plan_all_reduce(ctx, t, op, algorithm, block, programs) -> Plan:
     common.check_tensor(ctx, t, "all_reduce: t")
     code = common.check_reduce(t, "all_reduce: t", op)
     name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size())
-    _agree(ctx, "all_reduce", tuple(t.shape), str(t.dtype), op, name)
+    plan = Plan((t,), name, (tuple(t.shape), str(t.dtype), op, name))
     if name == "nccl":
-        nccl.all_reduce(ctx, t, op)
+        plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op))
     elif ctx.world_size > 1 and t.numel():
-        ALL_REDUCE[name](ctx, t, code, block=block, programs=programs)
-    _done(ctx)
-    return t
+        ALL_REDUCE[name](ctx, plan, t.view(-1), code, block=block, programs=programs)
+    return plan
 
 
 def all_gather(ctx, out, inp, algorithm: str | None = None, block=None, programs=None):
     """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
+    key = ("all_gather", _key(out), _key(inp), algorithm, block, programs, ctx.capturing())
+    _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs)
+    return out
+
+
+def _plan_all_gather(ctx, out, inp, algorithm, block, programs) -> Plan:
     common.check_tensor(ctx, out, "all_gather: out")
     common.check_tensor(ctx, inp, "all_gather: inp")
     common.check_same_dtype(out, inp, "all_gather: out and inp")
@@ -74,21 +104,27 @@ def all_gather(ctx, out, inp, algorithm: str | None = None, block=None, programs
                          f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
                          f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
     name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size())
-    _agree(ctx, "all_gather", tuple(inp.shape), str(inp.dtype), name)
+    plan = Plan((out, inp), name, (tuple(inp.shape), str(inp.dtype), name))
     if name == "nccl":
-        nccl.all_gather(ctx, out, inp)
+        plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]))
     elif ctx.world_size == 1:
-        out.copy_(inp)
-    else:
+        plan.add(lambda ts: ts[0].copy_(ts[1]))
+    elif inp.numel():
         words_out, words_in = common.as_words(out, inp)
-        ALL_GATHER[name](ctx, words_out, words_in, block=block, programs=programs)
-    _done(ctx)
-    return out
+        ALL_GATHER[name](ctx, plan, words_out, words_in, block=block, programs=programs)
+    return plan
 
 
 def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str | None = None, block=None,
                    programs=None):
     """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
+    key = ("reduce_scatter", _key(out), _key(inp), op, algorithm, block, programs,
+           ctx.capturing())
+    _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs)
+    return out
+
+
+def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs) -> Plan:
     common.check_tensor(ctx, out, "reduce_scatter: out")
     common.check_tensor(ctx, inp, "reduce_scatter: inp")
     common.check_same_dtype(out, inp, "reduce_scatter: out and inp")
@@ -97,15 +133,15 @@ def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str | None = None,
         raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
                          f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
     name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size())
-    _agree(ctx, "reduce_scatter", tuple(out.shape), str(out.dtype), op, name)
+    plan = Plan((out, inp), name, (tuple(out.shape), str(out.dtype), op, name))
     if name == "nccl":
-        nccl.reduce_scatter(ctx, out, inp, op)
+        plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op))
     elif ctx.world_size == 1:
-        out.copy_(inp)
+        plan.add(lambda ts: ts[0].copy_(ts[1]))
     elif out.numel():
-        REDUCE_SCATTER[name](ctx, out, inp, code, block=block, programs=programs)
-    _done(ctx)
-    return out
+        REDUCE_SCATTER[name](ctx, plan, out.view(-1), inp.view(-1), code, block=block,
+                             programs=programs)
+    return plan
 
 
 def _splits(ctx, t, splits, name: str) -> list[int]:
@@ -126,6 +162,16 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | 
                block=None, programs=None):
     """Rank r sends rows in_splits[p] of inp (in order) to rank p, and receives
     out_splits[p] rows from rank p into out (in rank order). None = even splits."""
+    key = ("all_to_all", _key(out), _key(inp),
+           None if out_splits is None else tuple(out_splits),
+           None if in_splits is None else tuple(in_splits), algorithm, block, programs,
+           ctx.capturing())
+    _run(ctx, key, _plan_all_to_all, (out, inp), out_splits, in_splits, algorithm, block,
+         programs)
+    return out
+
+
+def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, programs) -> Plan:
     common.check_tensor(ctx, out, "all_to_all: out")
     common.check_tensor(ctx, inp, "all_to_all: inp")
     common.check_same_dtype(out, inp, "all_to_all: out and inp")
@@ -135,23 +181,20 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | 
     out_splits = _splits(ctx, out, out_splits, "out")
     in_splits = _splits(ctx, inp, in_splits, "in")
     name = _algorithm(ctx, "all_to_all", algorithm, inp.numel() * inp.element_size())
-    _agree(ctx, "all_to_all", tuple(inp.shape[1:]), str(inp.dtype), name)
+    plan = Plan((out, inp), name, (tuple(inp.shape[1:]), str(inp.dtype), name))
     if name == "nccl":
-        if ctx.debug:
-            _check_splits_agree(ctx, out_splits, in_splits)
-        nccl.all_to_all(ctx, out, inp, out_splits, in_splits)
+        plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits))
+        plan.debug_before = lambda c, ts: _check_splits_agree(c, out_splits, in_splits)
     elif ctx.world_size == 1:
-        out.copy_(inp)
+        plan.add(lambda ts: ts[0].copy_(ts[1]))
     else:
         row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
         words_out, words_in = common.as_words(out, inp, unit=row_bytes)
         row = row_bytes // words_out.element_size()
-        ALL_TO_ALL[name](ctx, words_out, words_in, out_splits, in_splits, row, block=block,
-                         programs=programs)
-        if ctx.debug:
-            _check_splits_matched(ctx)
-    _done(ctx)
-    return out
+        ALL_TO_ALL[name](ctx, plan, words_out, words_in, out_splits, in_splits, row,
+                         block=block, programs=programs)
+        plan.debug_after = lambda c, ts: _check_splits_matched(c)
+    return plan
 
 
 def _check_splits_agree(ctx, out_splits, in_splits) -> None:
@@ -180,18 +223,23 @@ def _check_splits_matched(ctx) -> None:
 
 def broadcast(ctx, t, src: int = 0, algorithm: str | None = None, block=None, programs=None):
     """t on every rank = t of rank `src`. Returns t."""
+    key = ("broadcast", _key(t), src, algorithm, block, programs, ctx.capturing())
+    _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs)
+    return t
+
+
+def _plan_broadcast(ctx, t, src, algorithm, block, programs) -> Plan:
     common.check_tensor(ctx, t, "broadcast: t")
-    if not isinstance(src, int) or not 0 <= src < ctx.world_size:
+    if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < ctx.world_size:
         raise ValueError(f"broadcast: src must be a rank in 0..{ctx.world_size - 1}, got {src!r}")
     name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size())
-    _agree(ctx, "broadcast", tuple(t.shape), str(t.dtype), src, name)
+    plan = Plan((t,), name, (tuple(t.shape), str(t.dtype), src, name))
     if name == "nccl":
-        nccl.broadcast(ctx, t, src)
+        plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src))
     elif ctx.world_size > 1 and t.numel():
         (words,) = common.as_words(t)
-        BROADCAST[name](ctx, words, src, block=block, programs=programs)
-    _done(ctx)
-    return t
+        BROADCAST[name](ctx, plan, words, src, block=block, programs=programs)
+    return plan
 
 
 __all__ = ["all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast",

@@ -49,20 +49,31 @@ def scratch(ctx, nbytes: int, dtype: torch.dtype, key: str = "scratch") -> torch
     return buf.view(dtype)
 
 
-def stage(ctx, t: torch.Tensor, key: str, copy_in: bool = True) -> torch.Tensor:
-    """`t` itself when it lies on the heap, else a heap buffer of its size (holding a copy
-    of `t` when copy_in). Copy results back with `unstage`."""
+def _mirror(plan, index: int, buf: torch.Tensor) -> torch.Tensor:
+    """`buf` viewed as the call's tensor `index` (same dtype and shape)."""
+    user = plan.tensors[index]
+    return buf.view(torch.uint8).view(user.dtype).view(user.shape)
+
+
+def stage(ctx, plan, t: torch.Tensor, index: int, key: str, copy_in: bool = True) -> torch.Tensor:
+    """`t` itself when it lies on the heap, else a heap buffer of its size for the kernel
+    that needs it there (`t` is a flat view of the call's tensor `index`). With copy_in,
+    the plan copies the call's tensor into the buffer first. See `unstage`."""
     if ctx.is_symmetric(t):
         return t
-    buf = scratch(ctx, t.numel() * t.element_size(), t.dtype, key)[:t.numel()].view(t.shape)
+    nbytes = t.numel() * t.element_size()
+    buf = scratch(ctx, nbytes, torch.uint8, key)[:nbytes].view(t.dtype)
     if copy_in:
-        buf.copy_(t)
+        mirror = _mirror(plan, index, buf)
+        plan.add(lambda ts: mirror.copy_(ts[index]))
     return buf
 
 
-def unstage(t: torch.Tensor, staged: torch.Tensor) -> None:
+def unstage(plan, index: int, t: torch.Tensor, staged: torch.Tensor) -> None:
+    """After the kernel's step: copy a staged buffer back into the call's tensor `index`."""
     if staged is not t:
-        t.copy_(staged)
+        mirror = _mirror(plan, index, staged)
+        plan.add(lambda ts: ts[index].copy_(mirror))
 
 
 def check_tensor(ctx, t, name: str) -> None:

@@ -31,8 +31,10 @@ TABLE = {
 }
 
 
-def select(op: str, nbytes: int, world_size: int, table: dict | None = None) -> str:
-    """The algorithm for `op` at `nbytes` per rank on `world_size` ranks."""
+def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
+           graph: bool = False) -> str:
+    """The algorithm for `op` at `nbytes` per rank on `world_size` ranks (`graph`: the call
+    is being captured into a CUDA graph)."""
     rows = (table or TABLE)[op]
     for limit, name in rows.get(world_size, rows["default"]):
         if limit is None or nbytes <= limit:

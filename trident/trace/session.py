@@ -61,11 +61,13 @@ class TraceSession:
         self.buffer[2] = self.capacity
         ctx.barrier()                # every rank's buffer is ready before any traced op
         ctx._trace_buffer = self.buffer
+        ctx.plans.clear()            # plans launch with the trace switch they were built with
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         ctx = self.ctx
         ctx._trace_buffer = None
+        ctx.plans.clear()
         if exc_type is not None:
             # Another rank may not fail here: do nothing collective, just let go of the
             # buffer once no kernel can still write into it.

@@ -33,13 +33,13 @@ def _pull_kernel(out, inp, flags, sync, ctrl, heap_bases, trace_buf, rank, world
     exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
 
 
-def pull(ctx, out, inp, block=None, programs=None):
+def pull(ctx, plan, out, inp, block=None, programs=None):
     """out, inp: flat word views (checked by the caller); out has world * inp.numel()."""
     n = inp.numel()
-    src = common.stage(ctx, inp, "stage.in")
+    src = common.stage(ctx, plan, inp, 1, "stage.in")
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    _pull_kernel[(grid,)](out, src, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+    plan.launch(_pull_kernel, (grid,), out, src, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
                           ctx.rank, ctx.world_size, n, BLOCK=block, TRACE=trace,
                           **common.kernel_options(ctx))

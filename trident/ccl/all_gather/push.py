@@ -44,7 +44,7 @@ def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, ra
     trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
 
 
-def push(ctx, out, inp, block=None, programs=None):
+def push(ctx, plan, out, inp, block=None, programs=None):
     """out, inp: flat word views (checked by the caller); out has world * inp.numel()."""
     n = inp.numel()
     stride = common.round_up(n)
@@ -52,6 +52,6 @@ def push(ctx, out, inp, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    _push_kernel[(grid,)](out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
+    plan.launch(_push_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
                           trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, BLOCK=block,
                           TRACE=trace, **common.kernel_options(ctx))

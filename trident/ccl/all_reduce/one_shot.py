@@ -43,7 +43,7 @@ def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank,
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
-def one_shot(ctx, t, op_code: int, block=None, programs=None):
+def one_shot(ctx, plan, t, op_code: int, block=None, programs=None):
     """In place on `t` (contiguous, checked by the caller)."""
     n = t.numel()
     stride = common.round_up(n)
@@ -51,7 +51,6 @@ def one_shot(ctx, t, op_code: int, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    _one_shot_kernel[(grid,)](t, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+    plan.launch(_one_shot_kernel, (grid,), t, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
                               ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, OP=op_code, BLOCK=block,
                               TRACE=trace, **common.kernel_options(ctx))
-    return t

@@ -38,16 +38,15 @@ def _two_shot_kernel(t, flags, sync, ctrl, heap_bases, trace_buf, rank, world_si
     exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
 
 
-def two_shot(ctx, t, op_code: int, block=None, programs=None):
+def two_shot(ctx, plan, t, op_code: int, block=None, programs=None):
     """In place on `t` (contiguous, checked by the caller)."""
     n = t.numel()
     seg = common.round_up(triton.cdiv(n, ctx.world_size))
-    buf = common.stage(ctx, t, "stage.inout")
+    buf = common.stage(ctx, plan, t, 0, "stage.inout")
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, seg, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    _two_shot_kernel[(grid,)](buf, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+    plan.launch(_two_shot_kernel, (grid,), buf, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
                               ctx.rank, ctx.world_size, n, seg, OP=op_code, BLOCK=block,
                               TRACE=trace, **common.kernel_options(ctx))
-    common.unstage(t, buf)
-    return t
+    common.unstage(plan, 0, t, buf)

@@ -76,9 +76,9 @@ def _splits_tensor(ctx, in_splits, out_splits, row):
     return cache[key]
 
 
-def push(ctx, out, inp, out_splits, in_splits, row, block=None, programs=None):
+def push(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=None):
     """out, inp: flat word views; splits in rows of `row` words (checked by the caller)."""
-    dst = common.stage(ctx, out, "stage.out", copy_in=False)
+    dst = common.stage(ctx, plan, out, 0, "stage.out", copy_in=False)
     st = common.state(ctx)
     splits = _splits_tensor(ctx, in_splits, out_splits, row)
     align = min(16, row & -row) if row else 1
@@ -86,7 +86,7 @@ def push(ctx, out, inp, out_splits, in_splits, row, block=None, programs=None):
     # peers), and splits are known only locally: always the full grid.
     block, grid = common.launch_size(ctx, 1 << 62, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    _push_kernel[(grid,)](dst, inp, splits, st.a2a_meta, st.a2a_check, st.flags, st.sync,
+    plan.launch(_push_kernel, (grid,), dst, inp, splits, st.a2a_meta, st.a2a_check, st.flags, st.sync,
                           ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
                           BLOCK=block, ALIGN=align, TRACE=trace, **common.kernel_options(ctx))
-    common.unstage(out, dst)
+    common.unstage(plan, 0, out, dst)

@@ -48,7 +48,7 @@ def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, wor
     wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 6)
 
 
-def push(ctx, t, src: int, block=None, programs=None):
+def push(ctx, plan, t, src: int, block=None, programs=None):
     """t: a flat word view (checked by the caller)."""
     n = t.numel()
     stride = common.round_up(n)
@@ -56,6 +56,6 @@ def push(ctx, t, src: int, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    _push_kernel[(grid,)](t, slot, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+    plan.launch(_push_kernel, (grid,), t, slot, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
                           ctx.rank, ctx.world_size, src, n, stride, slot.numel() // 2, BLOCK=block, TRACE=trace,
                           **common.kernel_options(ctx))

@@ -41,7 +41,7 @@ def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, ra
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
-def push(ctx, out, inp, op_code: int, block=None, programs=None):
+def push(ctx, plan, out, inp, op_code: int, block=None, programs=None):
     """out [n], inp [world * n] (checked by the caller)."""
     n = out.numel()
     stride = common.round_up(n)
@@ -49,6 +49,6 @@ def push(ctx, out, inp, op_code: int, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    _push_kernel[(grid,)](out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
+    plan.launch(_push_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
                           trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, OP=op_code,
                           BLOCK=block, TRACE=trace, **common.kernel_options(ctx))

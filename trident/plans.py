@@ -1,0 +1,96 @@
+"""Launch plans: the host work of a call, done once per signature.
+
+An eager call must not spend longer on the host than its kernel spends on the GPU (a
+small collective runs in 5-10 us). So the first call of an op with a given signature --
+the op, its options, the algorithm mode (eager or CUDA-graph capture), and each tensor's
+address, shape, strides and dtype -- checks the inputs, picks the algorithm, finds the
+workspaces, makes the views and packs every kernel's arguments into a `Plan`. Later
+calls with that signature look the plan up and run its steps: kernel launches through
+the compiled kernel's own launcher (trident/triton_launch.py), and the copies that
+stage a tensor that is not on the heap. Nothing that depends only on the signature is
+checked twice; checks of values run on the device and report through the error word.
+
+The cache (`ctx.plans`) is a bounded LRU. `ctx.reset()`, `ctx.close()`, `ctx.free()`
+and the start and end of a trace session empty it, so a plan never points at memory
+that was handed back or at a trace buffer that is gone.
+
+A plan reads its tensors' contents at every call, so it stays right when they change.
+It keeps the addresses of the call's tensors, not the tensors (on GPUs); a tensor that
+is freed and replaced by another of the same shape at the same address is the same
+signature, and the plan is right for it too.
+"""
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+from .triton_launch import Launch, Live
+
+__all__ = ["Plan", "PlanCache", "Live"]
+
+DEFAULT_CAPACITY = 512
+
+
+class Plan:
+    """The steps of one call: each step is `step(tensors)`, where `tensors` are the call's
+    own tensors in the op's order (for Live kernel arguments and staging copies).
+
+    While it is built, `tensors` holds the build call's tensors; `finish()` drops them.
+    `name` is the chosen algorithm; `agree` is what every rank must have passed the same
+    (compared across ranks in debug mode); `debug_before` / `debug_after` are extra
+    checks that run in debug mode only.
+    """
+    __slots__ = ("steps", "name", "agree", "tensors", "debug_before", "debug_after")
+
+    def __init__(self, tensors: tuple = (), name: str = "", agree: tuple = ()):
+        self.steps: list = []
+        self.tensors, self.name, self.agree = tensors, name, agree
+        self.debug_before = self.debug_after = None
+
+    def launch(self, kernel, grid, *args, **kwargs) -> None:
+        """Add a launch of `kernel[grid](*args, **kwargs)`."""
+        self.steps.append(Launch(kernel, grid, args, kwargs, self.tensors))
+
+    def add(self, step) -> None:
+        """Add a host step: `step(tensors)` (a copy, or a call into torch.distributed)."""
+        self.steps.append(step)
+
+    def finish(self) -> "Plan":
+        self.tensors = ()
+        self.steps = tuple(self.steps)
+        return self
+
+    def __call__(self, tensors: tuple = ()) -> None:
+        for step in self.steps:
+            step(tensors)
+
+
+class PlanCache:
+    """Plans of one context, least recently used first out beyond `capacity`
+    (default $TRIDENT_PLAN_CACHE or 512). `builds` and `hits` count what happened."""
+
+    def __init__(self, capacity: int | None = None):
+        self.capacity = capacity or int(os.environ.get("TRIDENT_PLAN_CACHE", DEFAULT_CAPACITY))
+        self._plans: OrderedDict = OrderedDict()
+        self.builds = self.hits = 0
+
+    def get(self, key):
+        plan = self._plans.get(key)
+        if plan is not None:
+            self.hits += 1
+            self._plans.move_to_end(key)
+        return plan
+
+    def put(self, key, plan: Plan) -> Plan:
+        plan.finish()
+        self.builds += 1
+        self._plans[key] = plan
+        if len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
+        return plan
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)

@@ -1,0 +1,157 @@
+"""Queue a Triton kernel whose arguments are all known in advance, at the cost of one C call.
+
+`kernel[grid](*args)` runs Triton's JIT front door on every call: it binds and
+specialises the arguments, hashes them to find the compiled kernel, builds launch
+metadata, and only then calls the launcher (about 19 us with 15 arguments on an H200
+host). A launch plan (trident/plans.py) knows all of that after its first call, so a
+`Launch` compiles once and from then on calls the compiled kernel's C launcher with
+arguments packed when the plan was built; only the current stream is read per call.
+Launch hooks (`triton.knobs.runtime.launch_enter_hook`, e.g. the proton profiler) still
+see every launch: with a hook set, a Launch goes through CompiledKernel's runner.
+
+This is the one module of trident that depends on Triton's internals (triton 3.6):
+  - JITFunction.warmup(*args, grid=..., **kwargs) returns the CompiledKernel;
+  - CompiledKernel.run (a CudaLauncher), .function and .packed_metadata;
+  - CudaLauncher.launch, the C entry point, takes (gridX, gridY, gridZ, stream, function,
+    launch_cooperative_grid, launch_pdl, global_scratch, profile_scratch,
+    packed_metadata, launch_metadata, enter_hook, exit_hook, *kernel_args), pointers as
+    plain ints, every parameter in order (constexpr ones too; the launcher skips them).
+`internals_problem()` checks these against the installed Triton; tests/test_triton_launch.py
+runs it in CI. If they changed, or a launch hook (a profiler such as proton) is set, or
+on the CPU emulation, a Launch takes the ordinary `kernel[grid](...)` path instead:
+slower, never wrong.
+"""
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+
+import torch
+
+from ._env import INTERPRET
+
+
+class Live:
+    """A kernel argument that is one of the call's own tensors, read at every launch.
+
+    For tensors a plan must not keep (a fresh output allocated per call); everything else
+    is fixed when the plan is built.
+    """
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _squash(src: str) -> str:
+    return re.sub(r"\s+", "", src)
+
+
+_problem: str | None | bool = False          # False: not checked yet
+
+
+def internals_problem() -> str | None:
+    """None if the Triton internals this module relies on are as expected, else why not."""
+    global _problem
+    if _problem is not False:
+        return _problem
+    try:
+        from triton import knobs
+        from triton.backends.nvidia.driver import CudaLauncher
+        from triton.runtime.jit import JITFunction
+        params = list(inspect.signature(CudaLauncher.__call__).parameters)
+        if params != ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]:
+            _problem = f"CudaLauncher.__call__ takes {params}"
+        elif "self.launch(gridX,gridY,gridZ,stream,function,self.launch_cooperative_grid," \
+             "self.launch_pdl,global_scratch,profile_scratch,*args)" not in \
+                _squash(inspect.getsource(CudaLauncher.__call__)):
+            _problem = "CudaLauncher.__call__ no longer calls self.launch the way it did"
+        elif "kernel.run(grid_0,grid_1,grid_2,stream,kernel.function,kernel.packed_metadata," \
+             "launch_metadata," not in _squash(inspect.getsource(JITFunction.run)):
+            _problem = "JITFunction.run no longer calls kernel.run the way it did"
+        elif not hasattr(JITFunction, "warmup"):
+            _problem = "JITFunction.warmup is gone"
+        elif not isinstance(getattr(knobs.runtime.launch_enter_hook, "calls", None), list):
+            _problem = "knobs.runtime.launch_enter_hook is no longer a HookChain"
+        else:
+            _problem = None
+    except Exception as e:                    # noqa: BLE001 -- any change means "fall back"
+        _problem = f"{type(e).__name__}: {e}"
+    if _problem:
+        warnings.warn(f"trident: Triton's launch internals changed ({_problem}); launch plans "
+                      f"use the ordinary (slower) kernel launch", RuntimeWarning, stacklevel=3)
+    return _problem
+
+
+def _bind(kernel, args, kwargs) -> tuple[list, dict]:
+    """Every parameter of `kernel` in order (defaults applied), and the launch options."""
+    names = kernel.arg_names
+    params = {k: v for k, v in kwargs.items() if k in names}
+    options = {k: v for k, v in kwargs.items() if k not in names}
+    bound = inspect.signature(kernel.fn).bind(*args, **params)
+    bound.apply_defaults()
+    return list(bound.arguments.values()), options
+
+
+class Launch:
+    """One kernel launch with fixed grid and arguments; `launch(tensors)` queues it on the
+    current stream. Arguments given as `Live(i)` (positional only) are taken from
+    `tensors[i]` at each call.
+
+    On GPUs the launch keeps only addresses, never the tensors: the plan's key holds the
+    addresses of the call's tensors, so a plan cannot outlive what it points to unnoticed.
+    On the ordinary path (CPU emulation, changed Triton internals) it keeps the arguments.
+    """
+    __slots__ = ("kernel", "grid", "args", "kwargs", "live", "fast", "compiled", "prefix",
+                 "packed", "stream", "device", "hooks")
+
+    def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, tensors: tuple = ()):
+        self.kernel, self.grid = kernel, tuple(grid) + (1,) * (3 - len(grid))
+        self.args, self.kwargs = tuple(args), kwargs
+        self.live = [(i, a.index) for i, a in enumerate(args) if isinstance(a, Live)]
+        self.fast = None
+        if not INTERPRET and internals_problem() is None:
+            self._build_fast(tensors)
+
+    def _resolve(self, tensors) -> list:
+        args = list(self.args)
+        for pos, index in self.live:
+            args[pos] = tensors[index]
+        return args
+
+    def _build_fast(self, tensors) -> None:
+        import triton.knobs
+        from triton.runtime import driver
+        values, options = _bind(self.kernel, self._resolve(tensors), self.kwargs)
+        compiled = self.kernel.warmup(*values, grid=self.grid, **options)
+        launcher = compiled.run                       # loads the module on first use
+        if launcher.global_scratch_size or launcher.profile_scratch_size:
+            # scratch is allocated per launch: go through CudaLauncher.__call__
+            self.fast = launcher
+            self.prefix = (compiled.function, compiled.packed_metadata, None, None, None)
+        else:
+            self.fast = launcher.launch
+            self.prefix = (compiled.function, launcher.launch_cooperative_grid,
+                           launcher.launch_pdl, None, None, compiled.packed_metadata, None,
+                           None, None)
+        self.packed = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
+        self.compiled, self.args = compiled, None     # addresses only from here on
+        self.device = driver.active.get_current_device()
+        self.stream = driver.active.get_current_stream
+        self.hooks = triton.knobs.runtime
+
+    def __call__(self, tensors: tuple = ()) -> None:
+        if self.fast is None:
+            self.kernel[self.grid](*self._resolve(tensors), **self.kwargs)
+            return
+        args = self.packed
+        if self.live:
+            args = list(args)
+            for pos, index in self.live:
+                args[pos] = tensors[index].data_ptr()
+        g = self.grid
+        if self.hooks.launch_enter_hook.calls:       # a profiler (proton) watches launches
+            self.compiled[g](*args)
+            return
+        self.fast(g[0], g[1], g[2], self.stream(self.device), *self.prefix, *args)
