@@ -24,9 +24,11 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 
+import torch
+
 from .triton_launch import Launch, Live
 
-__all__ = ["Plan", "PlanCache", "Live"]
+__all__ = ["Plan", "PlanCache", "Live", "tensor_key"]
 
 DEFAULT_CAPACITY = 512
 
@@ -36,16 +38,16 @@ class Plan:
     own tensors in the op's order (for Live kernel arguments and staging copies).
 
     While it is built, `tensors` holds the build call's tensors; `finish()` drops them.
-    `name` is the chosen algorithm; `agree` is what every rank must have passed the same
-    (compared across ranks in debug mode); `debug_before` / `debug_after` are extra
-    checks that run in debug mode only.
+    `name` is the chosen algorithm; `debug_before` / `debug_after` are extra checks that
+    run in debug mode only.
     """
-    __slots__ = ("steps", "name", "agree", "tensors", "debug_before", "debug_after")
+    __slots__ = ("steps", "name", "tensors", "debug_before", "debug_after", "out_shape")
 
-    def __init__(self, tensors: tuple = (), name: str = "", agree: tuple = ()):
+    def __init__(self, tensors: tuple = (), name: str = ""):
         self.steps: list = []
-        self.tensors, self.name, self.agree = tensors, name, agree
+        self.tensors, self.name = tensors, name
         self.debug_before = self.debug_after = None
+        self.out_shape = None        # for ops that allocate their output per call
 
     def launch(self, kernel, grid, *args, **kwargs) -> None:
         """Add a launch of `kernel[grid](*args, **kwargs)`."""
@@ -63,6 +65,13 @@ class Plan:
     def __call__(self, tensors: tuple = ()) -> None:
         for step in self.steps:
             step(tensors)
+
+
+def tensor_key(t) -> tuple:
+    """What a plan depends on of a tensor argument: address, shape, strides, dtype, device."""
+    if isinstance(t, torch.Tensor):
+        return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    return (type(t), id(t))      # not a tensor: the plan's build raises the clear error
 
 
 class PlanCache:

@@ -22,7 +22,7 @@ from .all_reduce import ALGORITHMS as ALL_REDUCE
 from .all_to_all import ALGORITHMS as ALL_TO_ALL
 from .broadcast import ALGORITHMS as BROADCAST
 from .reduce_scatter import ALGORITHMS as REDUCE_SCATTER
-from ..plans import Plan
+from ..plans import Plan, tensor_key
 from .selector import select
 
 ALGORITHMS = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
@@ -47,15 +47,25 @@ def _agree(ctx, op: str, *signature) -> None:
                              f"with {theirs}; every rank must pass the same sizes")
 
 
+def signature(tensors, options, rows: bool = True) -> tuple:
+    """What must agree across ranks in a call: each tensor's shape (without dim 0 when
+    `rows` is False) and dtype, and the scalar options (lists such as splits may differ)."""
+    sig = [(tuple(t.shape) if rows else tuple(t.shape[1:]), str(t.dtype))
+           if isinstance(t, torch.Tensor) else type(t).__name__ for t in tensors]
+    return tuple(sig) + tuple(o for o in options if not isinstance(o, (list, tuple)))
+
+
 def _run(ctx, key, build, tensors, *options):
-    """Run the plan of `key` on `tensors` (building it first if this signature is new)."""
+    """Run the plan of `key` on `tensors`, building it first if this signature is new.
+    Debug mode first checks, with one host collective, that every rank called with the
+    same sizes (before anything is allocated or launched)."""
+    if ctx.debug:
+        _agree(ctx, key[0], *signature(tensors, options, rows=key[0] != "all_to_all"))
     plan = ctx.plans.get(key)
     if plan is None:
         plan = ctx.plans.put(key, build(ctx, *tensors, *options))
-    if ctx.debug:
-        _agree(ctx, key[0], *plan.agree)
-        if plan.debug_before is not None:
-            plan.debug_before(ctx, tensors)
+    if ctx.debug and plan.debug_before is not None:
+        plan.debug_before(ctx, tensors)
     plan(tensors)
     if ctx.debug:
         ctx.sync()
@@ -63,15 +73,9 @@ def _run(ctx, key, build, tensors, *options):
             plan.debug_after(ctx, tensors)
 
 
-def _key(t) -> tuple:
-    """What a plan depends on of a tensor: address, shape, strides, dtype, device."""
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) \
-        if isinstance(t, torch.Tensor) else (id(t), type(t))
-
-
 def all_reduce(ctx, t, op: str = "sum", algorithm: str | None = None, block=None, programs=None):
     """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
-    key = ("all_reduce", _key(t), op, algorithm, block, programs, ctx.capturing())
+    key = ("all_reduce", tensor_key(t), op, algorithm, block, programs, ctx.capturing())
     _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs)
     return t
 
@@ -80,7 +84,7 @@ def _plan_all_reduce(ctx, t, op, algorithm, block, programs) -> Plan:
     common.check_tensor(ctx, t, "all_reduce: t")
     code = common.check_reduce(t, "all_reduce: t", op)
     name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size())
-    plan = Plan((t,), name, (tuple(t.shape), str(t.dtype), op, name))
+    plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op))
     elif ctx.world_size > 1 and t.numel():
@@ -90,7 +94,7 @@ def _plan_all_reduce(ctx, t, op, algorithm, block, programs) -> Plan:
 
 def all_gather(ctx, out, inp, algorithm: str | None = None, block=None, programs=None):
     """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
-    key = ("all_gather", _key(out), _key(inp), algorithm, block, programs, ctx.capturing())
+    key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs, ctx.capturing())
     _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs)
     return out
 
@@ -104,7 +108,7 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs) -> Plan:
                          f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
                          f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
     name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size())
-    plan = Plan((out, inp), name, (tuple(inp.shape), str(inp.dtype), name))
+    plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]))
     elif ctx.world_size == 1:
@@ -118,7 +122,7 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs) -> Plan:
 def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str | None = None, block=None,
                    programs=None):
     """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
-    key = ("reduce_scatter", _key(out), _key(inp), op, algorithm, block, programs,
+    key = ("reduce_scatter", tensor_key(out), tensor_key(inp), op, algorithm, block, programs,
            ctx.capturing())
     _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs)
     return out
@@ -133,7 +137,7 @@ def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs) -> Plan:
         raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
                          f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
     name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size())
-    plan = Plan((out, inp), name, (tuple(out.shape), str(out.dtype), op, name))
+    plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op))
     elif ctx.world_size == 1:
@@ -162,7 +166,7 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | 
                block=None, programs=None):
     """Rank r sends rows in_splits[p] of inp (in order) to rank p, and receives
     out_splits[p] rows from rank p into out (in rank order). None = even splits."""
-    key = ("all_to_all", _key(out), _key(inp),
+    key = ("all_to_all", tensor_key(out), tensor_key(inp),
            None if out_splits is None else tuple(out_splits),
            None if in_splits is None else tuple(in_splits), algorithm, block, programs,
            ctx.capturing())
@@ -181,7 +185,7 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
     out_splits = _splits(ctx, out, out_splits, "out")
     in_splits = _splits(ctx, inp, in_splits, "in")
     name = _algorithm(ctx, "all_to_all", algorithm, inp.numel() * inp.element_size())
-    plan = Plan((out, inp), name, (tuple(inp.shape[1:]), str(inp.dtype), name))
+    plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits))
         plan.debug_before = lambda c, ts: _check_splits_agree(c, out_splits, in_splits)
@@ -223,7 +227,7 @@ def _check_splits_matched(ctx) -> None:
 
 def broadcast(ctx, t, src: int = 0, algorithm: str | None = None, block=None, programs=None):
     """t on every rank = t of rank `src`. Returns t."""
-    key = ("broadcast", _key(t), src, algorithm, block, programs, ctx.capturing())
+    key = ("broadcast", tensor_key(t), src, algorithm, block, programs, ctx.capturing())
     _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs)
     return t
 
@@ -233,7 +237,7 @@ def _plan_broadcast(ctx, t, src, algorithm, block, programs) -> Plan:
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < ctx.world_size:
         raise ValueError(f"broadcast: src must be a rank in 0..{ctx.world_size - 1}, got {src!r}")
     name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size())
-    plan = Plan((t,), name, (tuple(t.shape), str(t.dtype), src, name))
+    plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src))
     elif ctx.world_size > 1 and t.numel():

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from .. import language as tdl
 from .._env import INTERPRET
+from ..plans import Plan, tensor_key
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -78,12 +79,36 @@ def check_inputs(ctx, op: str, a, w, bias, out, out_shape) -> torch.Tensor | Non
     return out
 
 
-def check_same_on_all_ranks(ctx, op: str, signature: tuple) -> None:
-    """In debug mode (ctx.debug), one host collective checks that the sizes which must
-    agree across ranks do (the collectives' check). Not otherwise: it would synchronise
-    the host on every call."""
-    from ..ccl import _agree
-    _agree(ctx, op, *signature)
+def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> torch.Tensor:
+    """Run the launch plan of this call's signature (trident/plans.py), building it first
+    if the signature is new; allocate `out` (shape from the plan) when not given."""
+    key = (op, tensor_key(a), tensor_key(w), tensor_key(bias),
+           None if out is None else tensor_key(out), algorithm,
+           tuple(sorted((k, repr(v)) for k, v in options.items())) if options else None,
+           ctx.capturing())
+    if ctx.debug:         # one host collective per call, before anything is allocated
+        from ..ccl import _agree, signature
+        _agree(ctx, op, *signature((a, w, bias), (algorithm,)))
+    plan = ctx.plans.get(key)
+    if plan is None:
+        plan = ctx.plans.put(key, build(ctx, a, w, bias, out, algorithm, options))
+    if out is None:
+        out = torch.empty(plan.out_shape, dtype=a.dtype, device=ctx.device)
+    plan((a, w, bias, out))
+    if ctx.debug:
+        ctx.sync()
+    return out
+
+
+def new_plan(ctx, a, w, bias, out, out_shape, path: str) -> Plan:
+    """The plan of a checked call. The output is the call's tensor 3, passed to kernels as
+    Live(3) (a fresh tensor per call when the caller gives none); the build uses a
+    stand-in of the same shape."""
+    if out is None:
+        out = torch.empty(out_shape, dtype=a.dtype, device=ctx.device)
+    plan = Plan((a, w, bias, out), path)
+    plan.out_shape = tuple(out_shape)
+    return plan
 
 
 # ---------------------------------------------------------------------------- tile sizes

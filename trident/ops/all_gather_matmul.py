@@ -29,9 +29,10 @@ from ..errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import plain, selector
-from ._common import (SYNC_FLAGS, add_bias, check_inputs, check_same_on_all_ranks,
-                      epoch_of_call, finish_program, gemm_config, gemm_tile, store_tile,
-                      wait_peers_done, workspace)
+from ..plans import Live, Plan
+from ._common import (SYNC_FLAGS, add_bias, check_inputs, epoch_of_call, finish_program,
+                      gemm_config, gemm_tile, new_plan, run, store_tile, wait_peers_done,
+                      workspace)
 
 OP = tl.constexpr(OP_CODES["all_gather_matmul"])
 
@@ -114,14 +115,13 @@ def _all_gather_matmul_kernel(
     finish_program(sync, epoch, rank, world_size, heap_bases)
 
 
-def all_gather_matmul_fused(ctx, a, w, bias=None, out=None, num_pushers: int | None = None,
-                            config: dict | None = None) -> torch.Tensor:
-    """The fused kernel (inputs already checked)."""
+def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None = None,
+                            config: dict | None = None) -> None:
+    """Add the fused kernel's launch to `plan` (inputs already checked; `out` is the
+    call's tensor 3, launched as Live(3))."""
     m_local, K = a.shape
     N = w.shape[0]
     M = m_local * ctx.world_size
-    if out is None:
-        out = torch.empty(M, N, dtype=a.dtype, device=a.device)
     cfg = {**gemm_config(ctx, M, N, K), **(config or {})}
     bm = cfg["BM"]
     num_mb = triton.cdiv(M, bm)
@@ -134,16 +134,15 @@ def all_gather_matmul_fused(ctx, a, w, bias=None, out=None, num_pushers: int | N
     copy_m, copy_k = (32, 256) if ctx.backend == "cuda" else (16, 32)
     grid = (num_pushers + num_mb * triton.cdiv(N, cfg["BN"]),)
     trace_buf, trace = kernel_args(ctx)
-    _all_gather_matmul_kernel[grid](
-        a, w, bias if bias is not None else a, out, gathered, ws.sync, ctx.ctrl,
+    plan.launch(
+        _all_gather_matmul_kernel, grid,
+        a, w, bias if bias is not None else a, Live(3), gathered, ws.sync, ctx.ctrl,
         ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, m_local, M, N, K,
         a.stride(0), w.stride(0), out.stride(0),
         NUM_PUSHERS=num_pushers, BM=bm, BN=cfg["BN"], BK=cfg["BK"],
         GROUP_M=cfg.get("GROUP_M", 8), COPY_M=copy_m, COPY_K=copy_k,
         EVEN_K=K % cfg["BK"] == 0, ALIGNED=m_local % bm == 0, HAS_BIAS=bias is not None,
         TRACE=trace, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    ctx.after_op()
-    return out
 
 
 def all_gather_matmul(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
@@ -154,12 +153,18 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
     (NCCL all-gather + cuBLAS through torch). options go to the fused kernel
     (num_pushers, config).
     """
+    return run(ctx, "all_gather_matmul", _plan, a, w, bias, out, algorithm, options)
+
+
+def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         check_inputs(ctx, "all_gather_matmul", a, w, bias, out, ())
     M = a.shape[0] * ctx.world_size
-    out = check_inputs(ctx, "all_gather_matmul", a, w, bias, out, (M, w.shape[0]))
-    check_same_on_all_ranks(ctx, "all_gather_matmul", (tuple(a.shape), str(a.dtype)))
+    check_inputs(ctx, "all_gather_matmul", a, w, bias, out, (M, w.shape[0]))
     path = selector.resolve(ctx, "all_gather_matmul", algorithm, M, w.shape[0], a.shape[1])
+    plan = new_plan(ctx, a, w, bias, out, (M, w.shape[0]), path)
     if path == "plain":
-        return plain.all_gather_matmul(ctx, a, w, bias, out)
-    return all_gather_matmul_fused(ctx, a, w, bias, out, **options)
+        plan.add(lambda ts: plain.all_gather_matmul(ctx, *ts))
+    else:
+        all_gather_matmul_fused(ctx, plan, a, w, bias, plan.tensors[3], **options)
+    return plan

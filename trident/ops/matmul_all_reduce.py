@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from . import plain, selector
-from ._common import check_inputs, check_same_on_all_ranks
+from ..plans import Plan
+from ._common import check_inputs, new_plan, run
 from .matmul_reduce_scatter import matmul_reduce_fused
 
 
@@ -26,14 +27,19 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
 
     algorithm: "auto" (the selector), "fused" or "plain" (cuBLAS + NCCL all-reduce).
     """
+    return run(ctx, "matmul_all_reduce", _plan, a, w, bias, out, algorithm, options)
+
+
+def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, ())
-    out = check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, (a.shape[0], w.shape[0]))
-    check_same_on_all_ranks(ctx, "matmul_all_reduce", (tuple(a.shape), w.shape[0], str(a.dtype)))
+    shape = (a.shape[0], w.shape[0])
+    check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, shape)
     path = selector.resolve(ctx, "matmul_all_reduce", algorithm, a.shape[0], w.shape[0],
                             a.shape[1])
+    plan = new_plan(ctx, a, w, bias, out, shape, path)
     if path == "plain":
-        return plain.matmul_all_reduce(ctx, a, w, bias, out)
-    if out is None:
-        out = torch.empty(a.shape[0], w.shape[0], dtype=a.dtype, device=a.device)
-    return matmul_reduce_fused(ctx, a, w, bias, out, all_reduce=True, **options)
+        plan.add(lambda ts: plain.matmul_all_reduce(ctx, *ts))
+    else:
+        matmul_reduce_fused(ctx, plan, a, w, bias, plan.tensors[3], all_reduce=True, **options)
+    return plan

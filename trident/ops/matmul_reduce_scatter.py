@@ -30,8 +30,9 @@ from ..errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import plain, selector
-from ._common import (SYNC_ACK, SYNC_FLAGS, add_bias, check_inputs, check_same_on_all_ranks,
-                      epoch_of_call, finish_program, gemm_config, gemm_tile, store_tile,
+from ..plans import Live, Plan
+from ._common import (SYNC_ACK, SYNC_FLAGS, add_bias, check_inputs, epoch_of_call,
+                      finish_program, gemm_config, gemm_tile, new_plan, run, store_tile,
                       wait_peers_done, workspace)
 
 
@@ -129,9 +130,10 @@ def _matmul_reduce_kernel(
     finish_program(sync, epoch, rank, world_size, heap_bases)
 
 
-def matmul_reduce_fused(ctx, a, w, bias, out, all_reduce: bool,
-                        config: dict | None = None) -> torch.Tensor:
-    """Launch the fused kernel (inputs already checked); `out` must be allocated."""
+def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
+                        config: dict | None = None) -> None:
+    """Add the fused kernel's launch to `plan` (inputs already checked; `out` is the
+    call's tensor 3, launched as Live(3))."""
     M, K = a.shape
     N = w.shape[0]
     world = ctx.world_size
@@ -154,15 +156,14 @@ def matmul_reduce_fused(ctx, a, w, bias, out, all_reduce: bool,
     partials, result = buf[:world * slots], buf[world * slots:] if all_reduce else buf
     grid = (num_tiles + slots + (num_tiles if all_reduce else 0),)
     trace_buf, trace = kernel_args(ctx)
-    _matmul_reduce_kernel[grid](
-        a, w, bias if bias is not None else a, out, partials, result, ws.sync, ctx.ctrl,
+    plan.launch(
+        _matmul_reduce_kernel, grid,
+        a, w, bias if bias is not None else a, Live(3), partials, result, ws.sync, ctx.ctrl,
         ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
         a.stride(0), w.stride(0), out.stride(0), num_tiles, slots,
         BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, HAS_BIAS=bias is not None,
         ALL_REDUCE=all_reduce, OP=OP_CODES[op], TRACE=trace,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    ctx.after_op()
-    return out
 
 
 def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
@@ -172,19 +173,22 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, algorithm: str = "auto
     a.shape[0] must be divisible by the world size. algorithm: "auto" (the selector),
     "fused" or "plain" (cuBLAS + NCCL reduce-scatter through torch).
     """
+    return run(ctx, "matmul_reduce_scatter", _plan, a, w, bias, out, algorithm, options)
+
+
+def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, ())
     M = a.shape[0]
     if M % ctx.world_size:
         raise ValueError(f"matmul_reduce_scatter: a has {M} rows, which is not divisible by "
                          f"the world size {ctx.world_size}")
-    out = check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out,
-                       (M // ctx.world_size, w.shape[0]))
-    check_same_on_all_ranks(ctx, "matmul_reduce_scatter",
-                            (tuple(a.shape), w.shape[0], str(a.dtype)))
+    shape = (M // ctx.world_size, w.shape[0])
+    check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, shape)
     path = selector.resolve(ctx, "matmul_reduce_scatter", algorithm, M, w.shape[0], a.shape[1])
+    plan = new_plan(ctx, a, w, bias, out, shape, path)
     if path == "plain":
-        return plain.matmul_reduce_scatter(ctx, a, w, bias, out)
-    if out is None:
-        out = torch.empty(M // ctx.world_size, w.shape[0], dtype=a.dtype, device=a.device)
-    return matmul_reduce_fused(ctx, a, w, bias, out, all_reduce=False, **options)
+        plan.add(lambda ts: plain.matmul_reduce_scatter(ctx, *ts))
+    else:
+        matmul_reduce_fused(ctx, plan, a, w, bias, plan.tensors[3], all_reduce=False, **options)
+    return plan

@@ -1,0 +1,113 @@
+"""Launch plans (trident/plans.py): reused for the same signature, rebuilt for a new one,
+dropped on reset, free and close; right when a tensor's contents change in place."""
+import pytest
+import torch
+
+from trident.plans import Plan, PlanCache
+
+from ..ccl.refs import assert_equal, place, rank_inputs, reduce_ref
+
+
+def _reuse_and_rebuild(ctx):
+    plans = ctx.plans
+    n = 300
+    xs = rank_inputs(ctx.world_size, (n,), torch.float32, seed=1)
+    for alg, sym in (("one_shot", False), ("two_shot", False), ("two_shot", True)):
+        t = place(ctx, xs[ctx.rank], sym)
+        builds = plans.builds
+        for i in range(3):
+            # new contents at the same address, every call: the plan reads them afresh
+            t.copy_(xs[ctx.rank] * (i + 1))
+            ctx.all_reduce(t, algorithm=alg)
+            ctx.sync()
+            assert_equal(t, reduce_ref(xs, "sum") * (i + 1), f"{alg} sym={sym} call {i}")
+        assert plans.builds == builds + 1, "one build per signature"
+        hits = plans.hits
+        ctx.all_reduce(t[: n // 2], algorithm=alg)       # new shape: a new plan
+        assert plans.builds == builds + 2 and plans.hits == hits
+        ctx.all_reduce(t.to(torch.float16), algorithm=alg)   # new dtype and address
+        assert plans.builds == builds + 3
+    ctx.sync()
+
+    # all_gather through pull (input staged when not on the heap) and push
+    blocks = rank_inputs(ctx.world_size, (5, 3), torch.bfloat16, seed=2)
+    out = torch.empty(5 * ctx.world_size, 3, dtype=torch.bfloat16, device=ctx.device)
+    inp = blocks[ctx.rank].clone().to(ctx.device)
+    for alg in ("pull", "push"):
+        for i in range(2):
+            inp.copy_(blocks[ctx.rank] + i)
+            ctx.all_gather(out, inp, algorithm=alg)
+            ctx.sync()
+            assert_equal(out, torch.cat([b + i for b in blocks]), f"all_gather {alg} call {i}")
+
+
+def test_reuse_and_rebuild(pool):
+    pool.run(_reuse_and_rebuild)
+
+
+def _dropped(ctx):
+    t = ctx.zeros(64)
+    ctx.all_reduce(t)
+    assert len(ctx.plans) >= 1
+    ctx.reset()
+    assert len(ctx.plans) == 0, "reset drops every plan"
+    ctx.all_reduce(t)
+    assert len(ctx.plans) >= 1
+    ctx.free(t)
+    assert len(ctx.plans) == 0, "free drops plans (they may point into the block)"
+    u = ctx.ones(64)                  # same offset as t: the new plan must be built afresh
+    builds = ctx.plans.builds
+    ctx.all_reduce(u)
+    ctx.sync()
+    assert ctx.plans.builds == builds + 1
+    assert_equal(u, torch.full((64,), float(ctx.world_size)), "after free")
+    with ctx.trace(None, capacity=64):
+        assert len(ctx.plans) == 0, "a trace session starts with no plans"
+        ctx.all_reduce(u)
+    assert len(ctx.plans) == 0, "and ends with none"
+    ctx.free(u)
+
+
+def test_dropped_on_reset_free_trace(pool):
+    pool.run(_dropped)
+
+
+def _fused_fresh_outputs(ctx):
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(4, 32, generator=g).to(torch.bfloat16).to(ctx.device)
+    w = torch.randn(24, 32, generator=g).to(torch.bfloat16).to(ctx.device)
+    first = ctx.matmul_all_reduce(a, w, algorithm="fused")
+    second = ctx.matmul_all_reduce(a, w, algorithm="fused")
+    ctx.sync()
+    assert first.data_ptr() != second.data_ptr(), "a fresh output per call"
+    assert torch.equal(first, second)
+    # the same a on every rank: the sum is world * a @ w.T
+    ref = (a.float() @ w.float().T) * ctx.world_size
+    torch.testing.assert_close(first.float().cpu(), ref.cpu(), rtol=2e-2, atol=2e-1)
+
+
+def test_fused_op_fresh_outputs(pool):
+    pool.run(_fused_fresh_outputs)
+
+
+def test_cache_is_bounded_lru():
+    cache = PlanCache(capacity=2)
+    for key in "abc":
+        cache.put(key, Plan())
+    assert len(cache) == 2 and cache.get("a") is None
+    cache.get("b")
+    cache.put("d", Plan())
+    assert cache.get("b") is not None and cache.get("c") is None, "least recently used goes"
+
+
+def _bad_input_after_a_plan(ctx):
+    t = torch.zeros(8, device=ctx.device)
+    ctx.all_reduce(t)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        ctx.all_reduce([1.0, 2.0])
+    with pytest.raises(ValueError, match="contiguous"):
+        ctx.all_reduce(torch.zeros(8, 2, device=ctx.device).t())
+
+
+def test_bad_input_still_raises_after_a_plan(pool):
+    pool.run(_bad_input_after_a_plan)
