@@ -17,7 +17,9 @@ that was handed back or at a trace buffer that is gone.
 A plan reads its tensors' contents at every call, so it stays right when they change.
 It keeps the addresses of the call's tensors, not the tensors (on GPUs); a tensor that
 is freed and replaced by another of the same shape at the same address is the same
-signature, and the plan is right for it too.
+signature, and the plan is right for it too. For the same reason a plan of several
+steps (a kernel and the copies that stage a tensor) can be one CUDA graph, replayed at
+the cost of one launch (see PlanCache).
 """
 from __future__ import annotations
 
@@ -41,30 +43,57 @@ class Plan:
     `name` is the chosen algorithm; `debug_before` / `debug_after` are extra checks that
     run in debug mode only.
     """
-    __slots__ = ("steps", "name", "tensors", "debug_before", "debug_after", "out_shape")
+    __slots__ = ("steps", "name", "tensors", "debug_before", "debug_after", "out_shape",
+                 "graphable", "graph")
 
     def __init__(self, tensors: tuple = (), name: str = ""):
         self.steps: list = []
         self.tensors, self.name = tensors, name
         self.debug_before = self.debug_after = None
         self.out_shape = None        # for ops that allocate their output per call
+        self.graphable = True        # every step may be captured into a CUDA graph
+        self.graph = None
 
     def launch(self, kernel, grid, *args, **kwargs) -> None:
         """Add a launch of `kernel[grid](*args, **kwargs)`."""
-        self.steps.append(Launch(kernel, grid, args, kwargs, self.tensors))
-
-    def add(self, step) -> None:
-        """Add a host step: `step(tensors)` (a copy, or a call into torch.distributed)."""
+        step = Launch(kernel, grid, args, kwargs, self.tensors)
+        self.graphable &= not step.live        # a graph would freeze a Live tensor's address
         self.steps.append(step)
 
-    def finish(self) -> "Plan":
+    def add(self, step, graphable: bool = True) -> None:
+        """Add a host step: `step(tensors)` (a copy, or a call into torch.distributed,
+        which is not graphable)."""
+        self.graphable &= graphable
+        self.steps.append(step)
+
+    def finish(self, graphs: str = "off") -> "Plan":
+        """Freeze the steps. graphs="multi" (or "all"): capture a plan of several steps (or
+        any plan) into one CUDA graph, whose replay costs one launch on the host."""
+        if graphs != "off" and self.graphable and len(self.steps) >= (1 if graphs == "all" else 2):
+            self.graph = _capture(self.steps, self.tensors)
         self.tensors = ()
         self.steps = tuple(self.steps)
         return self
 
     def __call__(self, tensors: tuple = ()) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+            return
         for step in self.steps:
             step(tensors)
+
+
+def _capture(steps, tensors):
+    """The steps as one CUDA graph. The call's tensors are at the addresses the plan's key
+    holds, so a replay reads and writes them exactly as running the steps would."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        for step in steps:
+            step(tensors)
+    torch.cuda.current_stream().wait_stream(side)
+    return graph
 
 
 def tensor_key(t) -> tuple:
@@ -76,10 +105,19 @@ def tensor_key(t) -> tuple:
 
 class PlanCache:
     """Plans of one context, least recently used first out beyond `capacity`
-    (default $TRIDENT_PLAN_CACHE or 512). `builds` and `hits` count what happened."""
+    (default $TRIDENT_PLAN_CACHE or 512). `builds` and `hits` count what happened.
 
-    def __init__(self, capacity: int | None = None):
+    graphs (GPUs; $TRIDENT_PLAN_GRAPHS): "multi" (default) captures plans of several steps
+    -- a kernel with staging copies -- into one CUDA graph each, "all" every graphable
+    plan, "off" none. Never while the stream is being captured (`capturing()`): a plan
+    built then runs its steps into the user's graph.
+    """
+
+    def __init__(self, capacity: int | None = None, graphs: str = "off", capturing=None):
         self.capacity = capacity or int(os.environ.get("TRIDENT_PLAN_CACHE", DEFAULT_CAPACITY))
+        if graphs not in ("off", "multi", "all"):
+            raise ValueError(f"plan graphs must be 'off', 'multi' or 'all', got {graphs!r}")
+        self.graphs, self.capturing = graphs, capturing
         self._plans: OrderedDict = OrderedDict()
         self.builds = self.hits = 0
 
@@ -91,7 +129,8 @@ class PlanCache:
         return plan
 
     def put(self, key, plan: Plan) -> Plan:
-        plan.finish()
+        capturing = self.capturing is not None and self.capturing()
+        plan.finish("off" if capturing else self.graphs)
         self.builds += 1
         self._plans[key] = plan
         if len(self._plans) > self.capacity:

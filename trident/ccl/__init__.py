@@ -86,7 +86,7 @@ def _plan_all_reduce(ctx, t, op, algorithm, block, programs) -> Plan:
     name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size())
     plan = Plan((t,), name)
     if name == "nccl":
-        plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op))
+        plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op), graphable=False)
     elif ctx.world_size > 1 and t.numel():
         ALL_REDUCE[name](ctx, plan, t.view(-1), code, block=block, programs=programs)
     return plan
@@ -94,7 +94,8 @@ def _plan_all_reduce(ctx, t, op, algorithm, block, programs) -> Plan:
 
 def all_gather(ctx, out, inp, algorithm: str | None = None, block=None, programs=None):
     """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
-    key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs, ctx.capturing())
+    key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs,
+           ctx.capturing())
     _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs)
     return out
 
@@ -110,7 +111,7 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs) -> Plan:
     name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size())
     plan = Plan((out, inp), name)
     if name == "nccl":
-        plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]))
+        plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]), graphable=False)
     elif ctx.world_size == 1:
         plan.add(lambda ts: ts[0].copy_(ts[1]))
     elif inp.numel():
@@ -139,7 +140,7 @@ def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs) -> Plan:
     name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size())
     plan = Plan((out, inp), name)
     if name == "nccl":
-        plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op))
+        plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op), graphable=False)
     elif ctx.world_size == 1:
         plan.add(lambda ts: ts[0].copy_(ts[1]))
     elif out.numel():
@@ -187,7 +188,8 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
     name = _algorithm(ctx, "all_to_all", algorithm, inp.numel() * inp.element_size())
     plan = Plan((out, inp), name)
     if name == "nccl":
-        plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits))
+        plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits),
+                 graphable=False)
         plan.debug_before = lambda c, ts: _check_splits_agree(c, out_splits, in_splits)
     elif ctx.world_size == 1:
         plan.add(lambda ts: ts[0].copy_(ts[1]))
@@ -239,7 +241,7 @@ def _plan_broadcast(ctx, t, src, algorithm, block, programs) -> Plan:
     name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size())
     plan = Plan((t,), name)
     if name == "nccl":
-        plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src))
+        plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src), graphable=False)
     elif ctx.world_size > 1 and t.numel():
         (words,) = common.as_words(t)
         BROADCAST[name](ctx, plan, words, src, block=block, programs=programs)

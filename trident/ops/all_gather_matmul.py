@@ -164,7 +164,7 @@ def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
     path = selector.resolve(ctx, "all_gather_matmul", algorithm, M, w.shape[0], a.shape[1])
     plan = new_plan(ctx, a, w, bias, out, (M, w.shape[0]), path)
     if path == "plain":
-        plan.add(lambda ts: plain.all_gather_matmul(ctx, *ts))
+        plan.add(lambda ts: plain.all_gather_matmul(ctx, *ts), graphable=False)
     else:
         all_gather_matmul_fused(ctx, plan, a, w, bias, plan.tensors[3], **options)
     return plan

@@ -39,7 +39,7 @@ def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
                             a.shape[1])
     plan = new_plan(ctx, a, w, bias, out, shape, path)
     if path == "plain":
-        plan.add(lambda ts: plain.matmul_all_reduce(ctx, *ts))
+        plan.add(lambda ts: plain.matmul_all_reduce(ctx, *ts), graphable=False)
     else:
         matmul_reduce_fused(ctx, plan, a, w, bias, plan.tensors[3], all_reduce=True, **options)
     return plan

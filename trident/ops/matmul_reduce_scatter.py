@@ -188,7 +188,7 @@ def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
     path = selector.resolve(ctx, "matmul_reduce_scatter", algorithm, M, w.shape[0], a.shape[1])
     plan = new_plan(ctx, a, w, bias, out, shape, path)
     if path == "plain":
-        plan.add(lambda ts: plain.matmul_reduce_scatter(ctx, *ts))
+        plan.add(lambda ts: plain.matmul_reduce_scatter(ctx, *ts), graphable=False)
     else:
         matmul_reduce_fused(ctx, plan, a, w, bias, plan.tensors[3], all_reduce=False, **options)
     return plan

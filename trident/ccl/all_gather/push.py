@@ -52,6 +52,7 @@ def push(ctx, plan, out, inp, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    plan.launch(_push_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
-                          trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, BLOCK=block,
-                          TRACE=trace, **common.kernel_options(ctx))
+    plan.launch(
+        _push_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
+        trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, BLOCK=block,
+        TRACE=trace, **common.kernel_options(ctx))

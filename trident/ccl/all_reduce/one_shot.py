@@ -51,6 +51,7 @@ def one_shot(ctx, plan, t, op_code: int, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    plan.launch(_one_shot_kernel, (grid,), t, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-                              ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, OP=op_code, BLOCK=block,
-                              TRACE=trace, **common.kernel_options(ctx))
+    plan.launch(
+        _one_shot_kernel, (grid,), t, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+        ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, OP=op_code, BLOCK=block,
+        TRACE=trace, **common.kernel_options(ctx))

@@ -46,7 +46,8 @@ def two_shot(ctx, plan, t, op_code: int, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, seg, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    plan.launch(_two_shot_kernel, (grid,), buf, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-                              ctx.rank, ctx.world_size, n, seg, OP=op_code, BLOCK=block,
-                              TRACE=trace, **common.kernel_options(ctx))
+    plan.launch(
+        _two_shot_kernel, (grid,), buf, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+        ctx.rank, ctx.world_size, n, seg, OP=op_code, BLOCK=block, TRACE=trace,
+        **common.kernel_options(ctx))
     common.unstage(plan, 0, t, buf)

@@ -56,6 +56,7 @@ def push(ctx, plan, t, src: int, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    plan.launch(_push_kernel, (grid,), t, slot, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-                          ctx.rank, ctx.world_size, src, n, stride, slot.numel() // 2, BLOCK=block, TRACE=trace,
-                          **common.kernel_options(ctx))
+    plan.launch(
+        _push_kernel, (grid,), t, slot, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+        ctx.rank, ctx.world_size, src, n, stride, slot.numel() // 2, BLOCK=block, TRACE=trace,
+        **common.kernel_options(ctx))

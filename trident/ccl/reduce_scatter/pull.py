@@ -38,6 +38,7 @@ def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None):
     st = common.state(ctx)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    plan.launch(_pull_kernel, (grid,), out, src, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-                          ctx.rank, ctx.world_size, n, OP=op_code, BLOCK=block, TRACE=trace,
-                          **common.kernel_options(ctx))
+    plan.launch(
+        _pull_kernel, (grid,), out, src, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+        ctx.rank, ctx.world_size, n, OP=op_code, BLOCK=block, TRACE=trace,
+        **common.kernel_options(ctx))
