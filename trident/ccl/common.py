@@ -27,9 +27,10 @@ class State:
                                * device.MAX_PROGRAMS, dtype=torch.int64)
         self.a2a_meta = ctx.zeros(2 * device.MAX_RANKS, dtype=torch.int64)
         self.a2a_check = ctx.zeros(1, dtype=torch.int64)
+        self.offsets = ctx.zeros(device.MAX_RANKS, dtype=torch.int64)   # see device.py
 
     def reset(self):
-        for t in (self.sync, self.flags, self.a2a_meta, self.a2a_check):
+        for t in (self.sync, self.flags, self.a2a_meta, self.a2a_check, self.offsets):
             t.zero_()
 
 
@@ -74,6 +75,11 @@ def unstage(plan, index: int, t: torch.Tensor, staged: torch.Tensor) -> None:
     if staged is not t:
         mirror = _mirror(plan, index, staged)
         plan.add(lambda ts: ts[index].copy_(mirror))
+
+
+def heap_offset(ctx, t: torch.Tensor) -> int:
+    """Byte offset of heap tensor `t` from this rank's heap base."""
+    return t.data_ptr() - ctx._heap_ptr
 
 
 def check_tensor(ctx, t, name: str) -> None:

@@ -11,6 +11,12 @@ Flags are per (phase, source rank, program): program p of a launch only waits on
 program p of its peers, which keeps the interpreter's one-program-after-another rule
 and keeps programs independent on the GPU.
 
+Heap offsets. A tensor the user made on the heap can lie at different offsets on
+different ranks (e.g. `out[r*n:(r+1)*n]` as an in-place all_gather input). Kernels that
+read or write a peer's copy of such a tensor (pull, two-shot) first publish its byte
+offset on every peer (`publish_offset`, released by the ARRIVE notify that follows) and,
+after the ARRIVE wait, shift their pointers by the difference (`peer_shift`).
+
 Scratch halves. Kernels that push into a peer's scratch buffer use half `epoch % 2`:
 the first or second half of the whole buffer, a fixed byte range whatever the op and its
 slot stride (ops of different sizes share a buffer; halves derived from a per-op stride
@@ -52,6 +58,30 @@ def scratch_half(scratch, epoch, half):
     """This launch's half of a push scratch buffer of 2 * `half` elements (see "Scratch
     halves" above): a fixed range of the buffer, whatever the op."""
     return scratch + (epoch % 2) * half
+
+
+@triton.jit
+def publish_offset(offsets, my_offset, rank, world_size, heap_bases):
+    """Store this launch's tensor offset (bytes from my heap base) into slot `rank` of
+    every peer's `offsets`; the ARRIVE notify after it makes it visible."""
+    for i in range(1, world_size):
+        tdl.store(offsets + rank, my_offset, rank, (rank + i) % world_size, heap_bases)
+
+
+@triton.jit
+def peer_shift(offsets, src, rank, my_offset, WORD: tl.constexpr):
+    """Elements (of WORD bytes) between where my tensor lies in my heap and where `src`'s
+    lies in its heap (after the ARRIVE wait for `src`). -1 << 40 if the gap is not whole
+    elements: then no access lands on the peer's tensor (callers mask with `shift_ok`)."""
+    delta = tl.load(offsets + src, volatile=True) - my_offset
+    if src == rank:
+        delta = delta * 0
+    return tl.where(delta % WORD == 0, delta // WORD, -(1 << 40))
+
+
+@triton.jit
+def shift_ok(shift):
+    return shift != -(1 << 40)
 
 
 @triton.jit
@@ -116,12 +146,17 @@ def reduce_slots(local, slots, stride, offs, mask, rank, world_size, OP: tl.cons
 
 
 @triton.jit
-def reduce_peers(ptr, offs, mask, rank, world_size, heap_bases, OP: tl.constexpr):
-    """Reduce one block of `ptr` over every rank's copy of it (read over NVLink), in rank
-    order 0..world-1."""
-    acc = tdl.load(ptr + offs, rank, 0, heap_bases, mask=mask).to(tl.float32)
+def reduce_peers(ptr, offs, mask, offsets, my_offset, rank, world_size, heap_bases,
+                 OP: tl.constexpr, WORD: tl.constexpr):
+    """Reduce one block of `ptr` over every rank's copy of it (read over NVLink, each at
+    its own heap offset: see peer_shift), in rank order 0..world-1."""
+    shift = peer_shift(offsets, 0, rank, my_offset, WORD)
+    acc = tdl.load(ptr + shift + offs, rank, 0, heap_bases,
+                   mask=mask & shift_ok(shift)).to(tl.float32)
     for src in range(1, world_size):
-        acc = combine(acc, tdl.load(ptr + offs, rank, src, heap_bases, mask=mask), OP)
+        shift = peer_shift(offsets, src, rank, my_offset, WORD)
+        acc = combine(acc, tdl.load(ptr + shift + offs, rank, src, heap_bases,
+                                    mask=mask & shift_ok(shift)), OP)
     return acc
 
 

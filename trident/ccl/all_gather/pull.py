@@ -12,23 +12,26 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DONE, begin_epoch, exchange
+from ..device import (ARRIVE, DONE, begin_epoch, exchange, peer_shift, publish_offset,
+                      shift_ok)
 
 
 @triton.jit
-def _pull_kernel(out, inp, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size, n,
-                 BLOCK: tl.constexpr, TRACE: tl.constexpr):
+def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
+                 world_size, n, WORD: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
+    publish_offset(offsets, my_offset, rank, world_size, heap_bases)
     exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
-    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        for i in range(world_size):
-            src = (rank + i) % world_size
-            tdl.get(out + src * n + offs, inp + offs, rank, src, heap_bases, mask=mask)
+    for i in range(world_size):
+        src = (rank + i) % world_size
+        shift = peer_shift(offsets, src, rank, my_offset, WORD)
+        for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
+            offs = blk * BLOCK + tl.arange(0, BLOCK)
+            mask = (offs < n) & shift_ok(shift)
+            tdl.get(out + src * n + offs, inp + shift + offs, rank, src, heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
 
@@ -41,5 +44,6 @@ def pull(ctx, plan, out, inp, block=None, programs=None):
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
-        _pull_kernel, (grid,), out, src, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-        ctx.rank, ctx.world_size, n, BLOCK=block, TRACE=trace, **common.kernel_options(ctx))
+        _pull_kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
+        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, n,
+        WORD=src.element_size(), BLOCK=block, TRACE=trace, **common.kernel_options(ctx))

@@ -15,15 +15,18 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DONE, begin_epoch, exchange, reduce_peers
+from ..device import (ARRIVE, DONE, begin_epoch, exchange, peer_shift, publish_offset,
+                      reduce_peers, shift_ok)
 
 
 @triton.jit
-def _two_shot_kernel(t, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size, n, seg,
-                     OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+def _two_shot_kernel(t, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
+                     world_size, n, seg, OP: tl.constexpr, WORD: tl.constexpr,
+                     BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
+    publish_offset(offsets, my_offset, rank, world_size, heap_bases)
     exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     start = rank * seg
@@ -31,9 +34,12 @@ def _two_shot_kernel(t, flags, sync, ctrl, heap_bases, trace_buf, rank, world_si
         local = blk * BLOCK + tl.arange(0, BLOCK)
         offs = start + local
         mask = (local < seg) & (offs < n)
-        y = reduce_peers(t, offs, mask, rank, world_size, heap_bases, OP).to(t.dtype.element_ty)
+        y = reduce_peers(t, offs, mask, offsets, my_offset, rank, world_size, heap_bases, OP,
+                         WORD).to(t.dtype.element_ty)
         for i in range(world_size):
-            tdl.store(t + offs, y, rank, (rank + i) % world_size, heap_bases, mask=mask)
+            dst = (rank + i) % world_size
+            shift = peer_shift(offsets, dst, rank, my_offset, WORD)
+            tdl.store(t + shift + offs, y, rank, dst, heap_bases, mask=mask & shift_ok(shift))
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
 
@@ -47,7 +53,8 @@ def two_shot(ctx, plan, t, op_code: int, block=None, programs=None):
     block, grid = common.launch_size(ctx, seg, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
-        _two_shot_kernel, (grid,), buf, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-        ctx.rank, ctx.world_size, n, seg, OP=op_code, BLOCK=block, TRACE=trace,
+        _two_shot_kernel, (grid,), buf, st.offsets, common.heap_offset(ctx, buf), st.flags,
+        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, n, seg,
+        OP=op_code, WORD=buf.element_size(), BLOCK=block, TRACE=trace,
         **common.kernel_options(ctx))
     common.unstage(plan, 0, t, buf)
