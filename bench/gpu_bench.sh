@@ -1,14 +1,36 @@
 #!/usr/bin/env bash
-# One device call: benchmark suites with their baselines; everything lands in
-# $OUT/results.tar.gz (JSON + PNG) and $OUT/bench.log.
+# One device call (about 6 minutes on 2x H200, at most 9.5): the ccl, ops and moe suites,
+# every implementation timed eagerly, from a CUDA graph and on the host, with their
+# baselines; then a short `trident tune` and `trident info` to check that the tuned table
+# is found and used. Back in $OUT: results.tar.gz (JSON, PNG, one log per step; rewritten
+# after each step, so a step that runs out of time loses only itself), ccl-tables.json
+# (the collective selector's eager and graph tables from this run: copy it over
+# trident/ccl/tables.json) and crossover.json (the same for trident/ops/crossover.json).
+# Usage there: OUT=... bash bench/gpu_bench.sh   (SUITES="ccl" or ARGS_ccl=... to narrow)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; R=/tmp/results; mkdir -p $OUT $R
-for suite in ${SUITES:-p2p ccl ops moe}; do
+: "${ARGS_ccl=--max-size 64M --factor 4 --update-selector $OUT/ccl-tables.json}"
+: "${ARGS_ops=--layers llama3-70b --m 256,4096 --update-crossover $OUT/crossover.json}"
+: "${ARGS_moe=--models deepseek-v3,qwen3-30b-a3b --tokens 1,128,4096}"
+: "${ARGS_p2p=}"
+declare -A LIMIT=([ccl]=200 [ops]=150 [moe]=120 [p2p]=60)
+
+step() {   # step NAME LIMIT_S COMMAND...: run, log to $R/NAME.log, print its tail, archive
+  local name=$1 limit=$2 start=$SECONDS; shift 2
+  timeout $limit "$@" > $R/$name.log 2>&1
+  echo "== $name rc=$? $((SECONDS - start))s"
+  grep -v '^\s*$' $R/$name.log | tr '\r' '\n' | grep -v '\[#' | tail -${TAIL:-30}
+  tar czf $OUT/results.tar.gz -C $R .
+}
+
+for suite in ${SUITES:-ccl ops moe}; do
   args_var="ARGS_$suite"
-  timeout ${BENCH_TIMEOUT:-200} python3 -m trident.cli bench $suite --out-dir $R ${!args_var:-} \
-    > $R/bench-$suite.log 2>&1
-  echo "== $suite rc=$?"; grep -v '^\s*$' $R/bench-$suite.log | tr '\r' '\n' | grep -v '\[#' | tail -${TAIL:-40}
+  step bench-$suite ${LIMIT[$suite]:-200} python3 -m trident.cli bench $suite --out-dir $R ${!args_var}
 done
-tar czf $OUT/results.tar.gz -C $R .
+if [ -z "${NO_TUNE:-}" ]; then
+  export TRIDENT_CACHE_DIR=$R/cache
+  step tune 90 python3 -m trident.cli tune --quick --max-size 1M
+  step info 30 python3 -m trident.cli info
+fi

@@ -1,4 +1,4 @@
-"""`trident info | demo | bench SUITE | trace OP`."""
+"""`trident info | demo | bench SUITE | tune | trace OP`."""
 from __future__ import annotations
 
 import argparse
@@ -17,21 +17,38 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--world-size", type=int, default=None)
     bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCH_SUITES))
     bench.add_argument("suite", choices=BENCH_SUITES)
+    sub.add_parser("tune", help="measure the collectives' algorithm tables (eager and CUDA "
+                   "graph) on this machine and keep them for trident to use")
     trace = sub.add_parser("trace", help="run one op with tracing on, write a Perfetto trace")
     args, rest = parser.parse_known_args(argv)
     if args.command in ("info", "demo") and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     if args.command == "info":
         from .demo import info
-        return info()
+        status = info()
+        _selector_info()
+        return status
     if args.command == "demo":
         from .demo import demo
         return demo(args.world_size)
     if args.command == "bench":
         return importlib.import_module(f"trident.bench.{args.suite}").main(rest) or 0
+    if args.command == "tune":
+        return importlib.import_module("trident.tune").main(rest) or 0
     if args.command == "trace":
         return importlib.import_module("trident.trace.cli").main(rest) or 0
     return 2
+
+
+def _selector_info() -> None:
+    """Which algorithm tables the collectives use at the default world size."""
+    from . import _env
+    from .ccl import selector
+    world = 4
+    if not _env.INTERPRET:
+        import torch
+        world = max(torch.cuda.device_count(), 1)
+    print(f"collective selection at {world} ranks: {selector.describe(world)}")
 
 
 if __name__ == "__main__":

@@ -167,11 +167,14 @@ class Context:
         self.ctrl[CTRL_TIMEOUT] = int(seconds * 1e9)
 
     def sync(self) -> None:
-        """Wait for this rank's queued device work; raise CommTimeout if a wait timed out."""
+        """Wait for this rank's queued device work; raise CommTimeout if a wait timed out,
+        else ValueError if a kernel recorded a bad input value (e.g. an MoE expert id)."""
         self._check_open()
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
-        self._raise_if_timed_out(int(self.ctrl[CTRL_ERROR].item()))
+        timeout, value = self._error_words()
+        self._raise_if_timed_out(timeout)
+        self._raise_value_error(value)
 
     def _raise_if_timed_out(self, word: int) -> None:
         if word:
@@ -179,23 +182,45 @@ class Context:
             op, rank, peer = decode_timeout(word)
             raise CommTimeout(op, rank, peer, self.timeout_s)
 
+    def _error_words(self) -> tuple[int, list[int]]:
+        """This rank's timeout word and bad-value record (kind, 4 words; see
+        language/sync.py), read in one device->host copy after the device work is done."""
+        first = int(_sync.CTRL_VALUE_ERROR)
+        words = self.ctrl[:first + 5].tolist()
+        return words[CTRL_ERROR], words[first:]
+
+    def _raise_value_error(self, record: list[int], rank: int | None = None) -> None:
+        """Raise a bad value that a kernel recorded (and dropped) as ValueError: this rank's
+        own record (cleared first), or rank `rank`'s as the barrier saw it."""
+        if record[0]:
+            from .errors import value_error_message
+            if rank is None:
+                first = int(_sync.CTRL_VALUE_ERROR)
+                self.ctrl[first:first + 5] = 0
+            raise ValueError(value_error_message(record[0], record[1:],
+                                                 self.rank if rank is None else rank))
+
     def after_op(self) -> None:
         """Called by every op after its launch: in debug mode, synchronise and check errors."""
         if self.debug:
             self.sync()
 
     def barrier(self) -> None:
-        """Host barrier: finishes device work, checks every rank's error word and that all
-        ranks made the same heap allocations, then synchronises the ranks."""
+        """Host barrier: finishes device work, checks every rank's error words (timeouts
+        raise CommTimeout, bad input values that kernels recorded raise ValueError, on every
+        rank) and that all ranks made the same heap allocations, then synchronises the ranks."""
         self._check_open()
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
-        mine = torch.tensor([self.allocator.digest(), int(self.ctrl[CTRL_ERROR].item())],
-                            dtype=torch.int64, device=self.device)
+        timeout, value = self._error_words()
+        mine = torch.tensor([self.allocator.digest(), timeout, *value], dtype=torch.int64,
+                            device=self.device)
         everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(everyone, mine, group=self.group)
-        digests = [int(t[0]) for t in everyone]
-        errors = [int(t[1]) for t in everyone]
+        table = torch.stack(everyone).tolist()       # one device->host copy
+        digests = [row[0] for row in table]
+        errors = [row[1] for row in table]
+        values = [row[2:] for row in table]
         if len(set(digests)) > 1:
             self._raise_heap_mismatch(digests)
         self.allocator.log.clear()
@@ -205,6 +230,11 @@ class Context:
             if word:
                 op, rank, peer = decode_timeout(word)
                 raise CommTimeout(op, rank, peer, self.timeout_s)
+        # a bad input value on any rank: every rank raises (its own record first), so
+        # that callers that go on to collective work (frees) stay in step
+        self._raise_value_error(value)
+        for rank, record in enumerate(values):
+            self._raise_value_error(record, rank)
 
     def _raise_heap_mismatch(self, digests: list[int]) -> None:
         logs = [None] * self.world_size

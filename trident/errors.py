@@ -33,6 +33,23 @@ def decode_timeout(word: int) -> tuple[str, int, int]:
     return OP_NAMES.get(op, f"op#{op}"), (word >> 16) & 0xFFFF, word & 0xFFFF
 
 
+# Kinds of bad input values a kernel can record in the control block (language/sync.py:
+# CTRL_VALUE_ERROR, then four argument words). Kernels drop such values; the host turns the
+# record into a ValueError at the next ctx.sync() / ctx.barrier(). Append only.
+VALUE_ERRORS = {
+    1: "dispatch: topk_idx[{0}, {1}] = {2} is not an expert id in [0, {3})",
+    2: "dispatch: token {0} lists expert {2} twice (topk_idx[{0}, {3}] and topk_idx[{0}, {1}])",
+}
+VALUE_ERROR_CODES = {"expert_id_out_of_range": 1, "expert_id_repeated": 2}
+
+
+def value_error_message(kind: int, args: list[int], rank: int) -> str:
+    """The message of a recorded bad value: the op's own words, then what was done with it."""
+    text = VALUE_ERRORS.get(kind, "bad input value of kind #{} ({{}}, {{}}, {{}}, {{}})"
+                            .format(kind)).format(*args)
+    return f"{text} (on rank {rank}; the kernel dropped it and went on)"
+
+
 class CommTimeout(RuntimeError):
     """A device-side wait ran past its limit: a peer never signalled.
 

@@ -188,12 +188,6 @@ def _bad_inputs(ctx):
         x = torch.randn(3, H, device=ctx.device).to(torch.bfloat16)
         idx = torch.tensor([[0, 1], [2, 3], [4, 5]], device=ctx.device)
         w = torch.rand(3, k, device=ctx.device)
-        with pytest.raises(ValueError, match=r"topk_idx\[1, 1\] = .* not an expert id"):
-            ep.dispatch(x, torch.tensor([[0, 1], [2, E], [4, 5]], device=ctx.device))
-        with pytest.raises(ValueError, match="not an expert id"):
-            ep.dispatch(x, torch.tensor([[0, 1], [-1, 3], [4, 5]], device=ctx.device))
-        with pytest.raises(ValueError, match="token 2 lists an expert twice"):
-            ep.dispatch(x, torch.tensor([[0, 1], [2, 3], [5, 5]], device=ctx.device))
         with pytest.raises(ValueError, match="exceeds max_num_tokens"):
             ep.dispatch(torch.randn(M + 1, H, device=ctx.device).to(torch.bfloat16), torch.zeros(M + 1, k, dtype=torch.long, device=ctx.device))
         with pytest.raises(TypeError, match="x must be torch.bfloat16"):
@@ -204,6 +198,8 @@ def _bad_inputs(ctx):
             ep.dispatch(x, idx.float())
         with pytest.raises(ValueError, match="topk_idx must be"):
             ep.dispatch(x, idx[:, :1])
+        with pytest.raises(ValueError, match="x must have contiguous rows"):
+            ep.dispatch(torch.randn(H, 3, device=ctx.device).to(torch.bfloat16).t(), idx)
         # nothing above reached a kernel: a correct round still works on every rank
         d = ep.dispatch(x, idx)
         ey = torch.zeros_like(d.expert_x)
@@ -215,6 +211,8 @@ def _bad_inputs(ctx):
             ep.combine(ey[:, :1], d, w)
         with pytest.raises(TypeError, match="expert_y must be"):
             ep.combine(ey.half(), d, w)
+        with pytest.raises(ValueError, match="expert_y must have contiguous rows"):
+            ep.combine(ey.transpose(1, 2).contiguous().transpose(1, 2), d, w)
         with pytest.raises(ValueError, match="topk_weights is needed"):
             ep.combine(ey, d)
         with pytest.raises(TypeError, match="Dispatched"):
@@ -276,3 +274,149 @@ def _graph_replay(ctx, replays):
 @pytest.mark.skipif(default_backend() != "cuda", reason="CUDA graphs need GPUs")
 def test_graph_replay(pool):
     pool.run(_graph_replay, 20)
+
+
+def _kept(idx, w, E):
+    """What the kernels make of routing with bad ids: ids out of [0, E) and repeats of an
+    earlier id of the same token are dropped. Returns ids (dropped -> 0) and weights
+    (dropped -> 0), so the plain reference sums over the kept experts only."""
+    idx, w = idx.clone(), w.clone()
+    for t in range(idx.shape[0]):
+        seen = set()
+        for j in range(idx.shape[1]):
+            e = int(idx[t, j])
+            if not 0 <= e < E or e in seen:
+                idx[t, j], w[t, j] = 0, 0.0
+            seen.add(e)
+    return idx, w
+
+
+def _round(ctx, ep, seed, L, edit=None, **dispatch_options):
+    """One dispatch + experts + combine round on random inputs, checked against torch.
+    `edit(rank, idx)` may plant bad ids in a rank's routing (int64, on the host)."""
+    E, k, H, M, dtype = (ep.num_experts, ep.experts_per_token, ep.hidden_dim,
+                         ep.max_num_tokens, ep.dtype)
+    ranks, a, b = _round_inputs(seed, ctx.world_size, E, k, H, M, dtype, [M] * ctx.world_size)
+    if edit is not None:
+        ranks = [(T, x, edit(r, idx.clone()), w) for r, (T, x, idx, w) in enumerate(ranks)]
+    T, x, idx, w = ranks[ctx.rank]
+    d = ep.dispatch(x.to(ctx.device), idx.to(ctx.device), **dispatch_options)
+    _check_dispatch(ctx, d, ranks, L)
+    y = ep.combine(_run_experts(ctx, d, L, a, b, dtype), d, w.to(ctx.device))
+    _check_combine(y, T, x, *_kept(idx, w, E), a, b, dtype)
+
+
+def _plant(kind, rows):
+    """An edit for _round: a bad id of `kind` in token 1 of the ranks in `rows`."""
+    def edit(rank, idx):
+        if rank in rows:
+            if kind == "range":
+                idx[1, 1] = -1 if rank % 2 else 10 ** 6
+            elif kind == "int64":    # cut to 32 bits, it would be a valid new expert
+                idx[1, 1] = (1 << 32) + min(set(range(idx.shape[1] + 1)) - set(idx[1].tolist()))
+            else:
+                idx[1, 1] = idx[1, 0]
+        return idx
+    return edit
+
+
+MESSAGES = {
+    "range": r"dispatch: topk_idx\[1, 1\] = (-1|1000000) is not an expert id in \[0, \d+\)",
+    "int64": r"dispatch: topk_idx\[1, 1\] = 4294967\d{3} is not an expert id in \[0, \d+\)",
+    "repeat": r"dispatch: token 1 lists expert \d+ twice \(topk_idx\[1, 0\] and topk_idx\[1, 1\]\)",
+}
+
+
+def _bad_ids(ctx):
+    """Bad expert ids are dropped on the device and raised at the next sync (on the rank
+    that passed them) or barrier (on every rank), at once in debug mode; the other tokens'
+    results are right."""
+    E, k, H, M = 3 * ctx.world_size, 3, 48, 4
+    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=torch.bfloat16)
+    L, everyone, debug = E // ctx.world_size, set(range(ctx.world_size)), ctx.debug
+    try:
+        ctx.debug = False
+        for i, kind in enumerate(MESSAGES):
+            _round(ctx, ep, 500 + i, L, _plant(kind, everyone))
+            with pytest.raises(ValueError, match=MESSAGES[kind]):
+                ctx.sync()
+            ctx.sync()                           # raised once: the record is cleared
+        # at a barrier: every rank raises rank 0's error (so all stay in step)
+        _round(ctx, ep, 510, L, _plant("repeat", {0}))
+        with pytest.raises(ValueError, match=MESSAGES["repeat"] + r" \(on rank 0;"):
+            ctx.barrier()
+        ctx.barrier()
+        # validate=False: still dropped, not recorded
+        _round(ctx, ep, 511, L, _plant("range", everyone), validate=False)
+        ctx.sync()
+        # debug mode: raised by dispatch itself; the ranks stay in step
+        ctx.debug = True
+        ranks, _, _ = _round_inputs(512, ctx.world_size, E, k, H, M, torch.bfloat16,
+                                    [M] * ctx.world_size)
+        T, x, idx, w = ranks[ctx.rank]
+        with pytest.raises(ValueError, match=MESSAGES["int64"]):
+            ep.dispatch(x, _plant("int64", everyone)(ctx.rank, idx.clone()))
+        pending = ep.dispatch(x, _plant("repeat", everyone)(ctx.rank, idx.clone()), wait=False)
+        with pytest.raises(ValueError, match=MESSAGES["repeat"]):
+            pending.wait()                       # split: raised after the receive half
+        _round(ctx, ep, 513, L)
+        ctx.barrier()
+    finally:
+        ctx.debug = debug
+        ep.close()
+
+
+def test_bad_expert_ids_raise_at_sync(pool):
+    pool.run(_bad_ids)
+
+
+def _plans(ctx):
+    """A call's host work is done once per signature: the second identical call only
+    launches (and sees the tensors' new contents), a new signature builds a new plan."""
+    E, k, H, M, dtype = 2 * ctx.world_size, 2, 40, 4, torch.bfloat16
+    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype)
+    L = E // ctx.world_size
+    x = torch.empty(M, H, dtype=dtype, device=ctx.device)
+    idx = torch.empty(k, M, dtype=torch.int64, device=ctx.device).t()    # strided ids
+    w = torch.empty(M, k, device=ctx.device)
+    ey = torch.empty(L, ep.capacity + 1, H, dtype=dtype, device=ctx.device)[:, 1:]
+    out = torch.empty(M, H, dtype=dtype, device=ctx.device)
+    plans = ctx.plans
+
+    def round_(seed, wait=True, early=False, into=None):
+        ranks, a, b = _round_inputs(seed, ctx.world_size, E, k, H, M, dtype,
+                                    [M] * ctx.world_size)
+        T, xi, ii, wi = ranks[ctx.rank]
+        x.copy_(xi), idx.copy_(ii), w.copy_(wi)
+        d = ep.dispatch(x, idx, wait=wait, topk_weights=w if early else None)
+        d = d if wait else d.wait()
+        _check_dispatch(ctx, d, ranks, L)
+        ey.copy_(_run_experts(ctx, d, L, a, b, dtype))
+        y = ep.combine(ey, d, None if early else w, wait=wait, out=into)
+        y = y if wait else y.wait()
+        _check_combine(y, T, xi, ii, wi, a, b, dtype)
+        return y
+
+    try:
+        builds, hits = plans.builds, plans.hits
+        round_(600)
+        assert (plans.builds - builds, plans.hits - hits) == (2, 0)
+        round_(601)                            # same tensors, new contents: no new plan
+        assert (plans.builds - builds, plans.hits - hits) == (2, 2)
+        round_(602, wait=False)                # split: send halves, receive halves
+        round_(603, wait=False)
+        assert (plans.builds - builds, plans.hits - hits) == (6, 6)
+        round_(604, early=True)                # weights with the tokens: new signatures
+        assert plans.builds - builds == 8
+        assert round_(605, into=out) is out    # an out of the caller's: its own plan...
+        other = torch.empty_like(out)
+        assert round_(606, into=other) is other   # ...kept for an out at another address
+        assert (plans.builds - builds, plans.hits - hits) == (9, 9)
+        ctx.barrier()
+    finally:
+        ep.close()
+    assert len(plans) == 0                     # freeing the buffers dropped the plans
+
+
+def test_plans_are_reused_and_rebuilt(pool):
+    pool.run(_plans)

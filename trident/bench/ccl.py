@@ -1,17 +1,22 @@
 """`trident bench ccl`: every collective, every size, every implementation, in one run.
 
 For each op and each size per rank (1 KiB .. 512 MiB on GPUs), measures trident's
-algorithms one by one, trident's selector ("auto", with the algorithm it chose), NCCL
-through torch.distributed and PyTorch's symmetric-memory all-reduce ops where they
-exist. Median of --iters runs after --warmup, max over ranks; latency and bus bandwidth
-with nccl-tests' formulas, the NVLink floor beside each row. Prints a table, writes
-JSON under bench/results/ and a PNG per op (bandwidth and latency against size).
+algorithms one by one, trident's selector ("auto"; `choice` = its eager / graph pick),
+NCCL through torch.distributed and PyTorch's symmetric-memory all-reduce ops where they
+exist, each three ways (common.time_modes): eager_us (calls queued back to back from
+Python), graph_us (the same calls replayed from one CUDA graph), host_us (Python time
+per call), plus synced_us (one call after a device barrier). Max over ranks; bus
+bandwidth with nccl-tests' formulas from the graph time, the NVLink floor and the ratio
+to NCCL in each mode beside each row. Prints a table, writes JSON under bench/results/
+and a PNG per op. --update-selector writes the selector's eager and graph tables for
+this world size from the measured columns (bench/selection.py).
 
 Size per rank: all_reduce/broadcast the tensor, all_gather the input block,
 reduce_scatter the output block, all_to_all the input. Data is bf16.
 
     trident bench ccl                                   # every GPU, every op and size
-    trident bench ccl --ops all_reduce --max-size 1M --iters 50
+    trident bench ccl --ops all_reduce --max-size 1M --calls 50
+    trident bench ccl --max-size 64M --factor 4 --update-selector /tmp/tables.json
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ SCRATCH_LIMIT = 64 << 20     # push/one-shot algorithms keep 2*world*size of scr
 DTYPE = torch.bfloat16
 
 
-def _parse_size(text: str) -> int:
+def parse_size(text: str) -> int:
     text = text.strip().upper().removesuffix("B").removesuffix("I")
     for suffix, mult in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
         if text.endswith(suffix):
@@ -93,8 +98,21 @@ def _torch_symm_mem(ctx, numel):
     return impls, buf
 
 
-def _bench(ctx, ops, sizes, warmup, iters):
-    from ..ccl import ALGORITHMS, select
+def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
+    """name -> one call: trident's algorithms, NCCL, and with `full` the selector's choice
+    and torch's symmetric-memory ops."""
+    from ..ccl import ALGORITHMS
+    impls = {f"trident_{name}": _call(ctx, op, sym, algorithm=name) for name in ALGORITHMS[op]
+             if size <= SCRATCH_LIMIT or name in ("two_shot", "pull") or op == "all_to_all"}
+    if full:
+        impls["trident_auto"] = _call(ctx, op, sym)
+    impls["nccl"] = _nccl(ctx, op, plain)
+    return impls
+
+
+def measure(ctx, ops, sizes, timing: dict, full: bool = True):
+    """Rows of every implementation at every op and size (see the module docstring)."""
+    from ..ccl import select
     w = ctx.world_size
     rows = []
     progress = common.Progress(len(ops) * len(sizes), "ccl", enabled=ctx.rank == 0)
@@ -103,27 +121,24 @@ def _bench(ctx, ops, sizes, warmup, iters):
         for size in sizes:
             numel = max(1, size // DTYPE.itemsize)
             sym, plain = _buffers(ctx, op, numel)
-            impls = {}
-            for name in ALGORITHMS[op]:
-                if size <= SCRATCH_LIMIT or name in ("two_shot", "pull") or op in ("all_to_all",):
-                    impls[f"trident_{name}"] = _call(ctx, op, sym, algorithm=name)
-            impls["trident_auto"] = _call(ctx, op, sym)
-            impls["nccl"] = _nccl(ctx, op, plain)
-            extra, tbuf = _torch_symm_mem(ctx, numel) if op == "all_reduce" else ({}, None)
+            impls = _impls(ctx, op, size, sym, plain, full)
+            extra, tbuf = _torch_symm_mem(ctx, numel) if full and op == "all_reduce" else ({}, None)
             impls.update(extra)
             floor = common.nvlink_floor_us(link * scale * size)
-            choice = select(op, size, w)
+            choice = f"{select(op, size, w)} / {select(op, size, w, graph=True)}"
+            case = []
             for name, fn in impls.items():
-                us = common.time_us_or_skip(ctx, fn, warmup, iters)
-                rows.append({"op": op, "bytes": size, "size": common.fmt_bytes(size), "impl": name,
-                             "choice": choice if name == "trident_auto" else None,
-                             "us": us, "floor_us": floor,
-                             "busbw_GBps": None if not us else scale * size / us / 1e3 * bus})
-            nccl_us = next(r["us"] for r in rows if r["op"] == op and r["bytes"] == size
-                           and r["impl"] == "nccl")
-            for r in rows:
-                if r["op"] == op and r["bytes"] == size:
-                    r["vs_nccl"] = None if not (r["us"] and nccl_us) else nccl_us / r["us"]
+                t = common.time_modes_or_skip(ctx, fn, **timing)
+                device_us = common.device_us(t)
+                case.append({"op": op, "bytes": size, "size": common.fmt_bytes(size), "impl": name,
+                             "choice": choice if name == "trident_auto" else None, **t,
+                             "floor_us": floor, "busbw_GBps": None if not device_us else
+                             scale * size / device_us / 1e3 * bus})
+            nccl = next(r for r in case if r["impl"] == "nccl")
+            for r in case:
+                r["eager_vs_nccl"] = common.ratio(nccl["eager_us"], r["eager_us"])
+                r["graph_vs_nccl"] = common.ratio(nccl["graph_us"], r["graph_us"])
+            rows += case
             for t in sym:
                 ctx.free(t)
             del plain, tbuf, impls
@@ -132,34 +147,68 @@ def _bench(ctx, ops, sizes, warmup, iters):
     return rows
 
 
-def _run(ctx, ops, sizes, warmup, iters, out_dir):
-    rows = _bench(ctx, ops, sizes, warmup, iters)
+COLUMNS = ["op", "size", "impl", "choice", "eager_us", "graph_us", "host_us", "synced_us",
+           "floor_us", "eager_vs_nccl", "graph_vs_nccl", "busbw_GBps"]
+ABOUT = {"columns": "eager_us: calls queued back to back after a device barrier, device time "
+                    "per call; graph_us: the same calls replayed from one CUDA graph; host_us: "
+                    "Python time per call while queueing; synced_us: one call right after a "
+                    "device barrier (median); all max over ranks. choice: the selector's eager "
+                    "/ graph pick. *_vs_nccl = NCCL time / time in that mode",
+         "formulas": "nccl-tests: algbw = S/t (t = graph_us, else eager_us); busbw = algbw * "
+                     "(2(w-1)/w all_reduce, (w-1)/w all_gather/reduce_scatter/all_to_all, 1 "
+                     "broadcast); floor_us = one-way NVLink bytes per GPU / usable NVLink rate"}
+
+
+def _plots(ctx, rows, ops, stem) -> None:
+    """Per op: bus bandwidth (device time) and latency eagerly and in a graph, by size."""
+    for op in ops:
+        mine = [r for r in rows if r["op"] == op]
+        for key, label, logy in (("busbw_GBps", "bus bandwidth (GB/s), graph time", False),
+                                 ("eager_us", "eager latency (us)", True),
+                                 ("graph_us", "graph latency (us)", True)):
+            series: dict = {}
+            for r in mine:
+                if r[key]:
+                    series.setdefault(r["impl"], []).append((r["bytes"], r[key]))
+            series["nvlink floor"] = sorted({(r["bytes"], common.NVLINK_GBPS if key == "busbw_GBps"
+                                              else r["floor_us"]) for r in mine})
+            common.plot(f"{stem}-{op}-{key.split('_')[0]}.png", series, "bytes per rank", label,
+                        f"{op}, {common.device_kind(ctx)}", logy=logy)
+
+
+def _run(ctx, ops, sizes, timing, out_dir, update):
+    rows = measure(ctx, ops, sizes, timing)
     if ctx.rank != 0:
         return None
     if ctx.backend != "cuda":
-        print("cpu-emulation: these times say nothing about GPU speed")
-    common.print_table(rows, ["op", "size", "impl", "choice", "us", "busbw_GBps", "floor_us",
-                              "vs_nccl"])
-    from ..ccl.selector import TABLE
+        print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
+    common.print_table(rows, COLUMNS)
+    from ..ccl import selector
+    in_use = selector.tables_for(ctx.world_size)
     extra = {"dtype": str(DTYPE), "marked": "cpu-emulation" if ctx.backend != "cuda" else None,
-             "selector_table": {op: {str(k): v for k, v in t.items()} for op, t in TABLE.items()},
-             "formulas": "nccl-tests: algbw = S/t; busbw = algbw * (2(w-1)/w all_reduce, "
-                         "(w-1)/w all_gather/reduce_scatter/all_to_all, 1 broadcast)"}
+             **ABOUT, "selector": {"in_use": in_use.source, **in_use.rows}}
     path = common.write_results(ctx, "ccl", rows, extra, out_dir=out_dir)
-    stem = path[:-len(".json")]
-    for op in ops:
-        mine = [r for r in rows if r["op"] == op and r["us"]]
-        for key, label, logy in (("busbw_GBps", "bus bandwidth (GB/s)", False),
-                                 ("us", "latency (us)", True)):
-            series: dict = {}
-            for r in mine:
-                series.setdefault(r["impl"], []).append((r["bytes"], r[key]))
-            series["nvlink floor"] = sorted({(r["bytes"], r["floor_us"] if key == "us" else
-                                              common.NVLINK_GBPS) for r in mine})
-            common.plot(f"{stem}-{op}-{key.split('_')[0]}.png", series, "bytes per rank", label,
-                        f"{op}, {common.device_kind(ctx)}", logy=logy)
+    _plots(ctx, rows, ops, path[:-len(".json")])
     print(f"results: {path}")
+    if update is not None:
+        from . import selection
+        new = selection.entry(rows, ops, common.metadata(ctx, "ccl"), timing["calls"])
+        print(f"selector tables (world size {ctx.world_size}): "
+              f"{selection.merge(update or selector.TABLES_PATH, ctx.world_size, new)}")
     return path
+
+
+def sizes_between(lo: int, hi: int, factor: int) -> list[int]:
+    """Powers of two from lo to hi, every `factor` (a power of two) apart."""
+    if factor < 2 or factor & (factor - 1):
+        raise ValueError(f"--factor must be a power of two >= 2, got {factor}")
+    first = max(lo, 1).bit_length() - 1 + (lo & (lo - 1) > 0)
+    return [1 << k for k in range(first, hi.bit_length(), factor.bit_length() - 1) if 1 << k <= hi]
+
+
+def heap_bytes(gpu: bool, world: int, hi: int) -> int:
+    """Heap per rank for sizes up to `hi`: inputs, outputs and the scratch of every algorithm."""
+    return max(1 << 30, (3 * world + 4) * hi + (256 << 20)) if gpu else max(64 << 20, 16 * world * hi)
 
 
 def main(argv=None) -> int:
@@ -167,16 +216,23 @@ def main(argv=None) -> int:
     p = common.suite_parser("trident bench ccl", __doc__, OPS)
     p.add_argument("--min-size", default="1K")
     p.add_argument("--max-size", default=None, help="default 512M on GPUs, 4K on the CPU emulation")
+    p.add_argument("--factor", type=int, default=2, help="size step (a power of two)")
+    p.add_argument("--update-selector", nargs="?", const="", default=None, metavar="PATH",
+                   help="write the selector's eager and graph tables for this world size from "
+                        "this run: into trident/ccl/tables.json, or PATH (a copy of it to bring "
+                        "back)")
     args = p.parse_args(argv)
     backend = args.backend or default_backend()
     gpu = backend == "cuda"
     ops = common.parse_ops(p, args.ops, OPS)
-    lo, hi = _parse_size(args.min_size), _parse_size(args.max_size or ("512M" if gpu else "4K"))
-    sizes = [1 << k for k in range(max(lo, 2).bit_length() - 1, hi.bit_length()) if lo <= 1 << k <= hi]
+    lo, hi = parse_size(args.min_size), parse_size(args.max_size or ("512M" if gpu else "4K"))
+    try:
+        sizes = sizes_between(lo, hi, args.factor)
+    except ValueError as exc:
+        p.error(str(exc))
     world = args.world_size or (default_world_size(backend) if gpu else 2)
-    iters = args.iters or (50 if gpu else 3)
-    warmup = args.warmup if args.warmup is not None else (10 if gpu else 1)
-    heap = max(1 << 30, (3 * world + 4) * hi + (256 << 20)) if gpu else max(64 << 20, 16 * world * hi)
+    heap = heap_bytes(gpu, world, hi)
     os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
-    launch(_run, world, ops, sizes, warmup, iters, args.out_dir, backend=backend, heap_size=heap)
+    launch(_run, world, ops, sizes, common.timing_options(args, gpu, iters=20), args.out_dir,
+           args.update_selector, backend=backend, heap_size=heap)
     return 0

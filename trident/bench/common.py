@@ -1,13 +1,22 @@
 """What every `trident bench` suite shares: timing, floors, tables, JSON results, plots.
 
-Timing follows METHOD.md: warm up, then time each repetition with device events after a
-stream-ordered device barrier (so ranks start together), take the median per rank and
-the maximum over ranks. On the CPU emulation the host clock is used and results are
-marked as such -- they say nothing about GPU speed.
+Timing (`time_modes`) measures a call the two ways it is used, on this rank, then takes
+the maximum over ranks (METHOD.md: events around the region, warm-up first, median of
+repetitions):
+  eager_us   `calls` calls queued back to back from Python after a device barrier, device
+             time / calls: what ordinary PyTorch code sees, host launch cost included
+  graph_us   the same calls captured in one CUDA graph and replayed, time / calls: the
+             device time alone
+  host_us    Python wall time per call while the eager batch is queued
+  synced_us  (optional) one call launched right after a device barrier, median: the old
+             single-call figure, kept because it is cheap; it is neither of the above
+On the CPU emulation the host clock is used, graph_us is None and rows are marked
+cpu-emulation: they show that the paths run and say nothing about GPU speed.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -53,11 +62,144 @@ def time_us(ctx, fn, warmup: int = 5, iters: int = 20) -> float:
     return max_over_ranks(ctx, statistics.median(times))
 
 
-def time_us_or_skip(ctx, fn, warmup: int = 5, iters: int = 20) -> float | None:
-    """time_us, or None (with a line on rank 0) for an implementation that cannot run this
-    size or shape, e.g. out of memory or an op torch lacks here."""
+CALLS = 50             # calls per eager batch and per captured graph
+MIN_CALLS = 5          # ... fewer for a long call, so that a batch stays near MAX_BATCH_MS
+MAX_BATCH_MS = 25.0
+MODE_COLUMNS = ("eager_us", "graph_us", "host_us", "synced_us")
+
+
+def time_modes(ctx, fn, calls: int = CALLS, reps: int = 5, warmup: int = 3, graph: bool = True,
+               synced_iters: int = 0) -> dict:
+    """One call of fn timed eagerly and from a CUDA graph (see the module docstring).
+
+    Returns {eager_us, graph_us, host_us, synced_us, calls, graph_note}, each time the max
+    over ranks of this rank's median over `reps` batches. graph=False for a call that cannot
+    be captured (one that reads device values on the host); graph_note then says why
+    graph_us is None. synced_iters > 0 adds synced_us. Every rank must call it alike.
+    """
+    for _ in range(warmup):
+        fn()
+    gpu = ctx.backend == "cuda"
+    if gpu:
+        calls = _calls_for(ctx, fn, calls)
+    batches = [_eager_batch(ctx, fn, calls) for _ in range(max(reps, 1))]
+    graph_us, note = None, ("not capturable (reads device values on the host)" if gpu
+                            else "cpu-emulation: no CUDA graphs")
+    if gpu and graph:
+        graph_us, note = _graph_time(ctx, fn, calls, max(reps, 1))
+    eager_us, host_us = _max_over_ranks(ctx, [statistics.median(b[0] for b in batches),
+                                              statistics.median(b[1] for b in batches)])
+    synced_us = time_us(ctx, fn, warmup=0, iters=synced_iters) if synced_iters else None
+    return {"eager_us": eager_us, "graph_us": graph_us, "host_us": host_us,
+            "synced_us": synced_us, "calls": calls, "graph_note": note}
+
+
+def _events():
+    return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+
+def _calls_for(ctx, fn, calls: int) -> int:
+    """`calls`, or fewer (at least MIN_CALLS) where a batch would take longer than
+    MAX_BATCH_MS; the same number on every rank, since they must make the same calls."""
+    start, end = _events()
+    ctx.barrier()
+    ctx.device_barrier()
+    start.record()
+    fn()
+    fn()
+    end.record()
+    end.synchronize()
+    per_call_ms = max_over_ranks(ctx, start.elapsed_time(end) / 2)
+    fit = int(MAX_BATCH_MS / max(per_call_ms, 1e-6))
+    return min(calls, max(MIN_CALLS, fit))
+
+
+def _eager_batch(ctx, fn, calls: int) -> tuple[float, float]:
+    """(device time per call, host time per call) of `calls` calls queued back to back,
+    starting when every rank's device is idle and past a device barrier. On the CPU
+    emulation both come from the host clock, the first up to the end of the work."""
+    ctx.barrier()
+    if ctx.backend != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        ctx.sync()
+        return (time.perf_counter() - t0) * 1e6 / calls, (t1 - t0) * 1e6 / calls
+    start, end = _events()
+    ctx.device_barrier()
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t1 = time.perf_counter()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls, (t1 - t0) * 1e6 / calls
+
+
+@contextlib.contextmanager
+def _graph_plans(ctx):
+    """Calls inside build the plans that a CUDA-graph capture will use (trident selects
+    by device time there, and a plan built during capture is not itself made a graph), so
+    that the capture finds their kernels compiled and their workspaces made: making a
+    workspace synchronises, which a capture forbids. Eager warm-up does not do this when
+    the graph table picks another algorithm than the eager one."""
+    holders = [h for h in (ctx, getattr(ctx, "plans", None))
+               if callable(getattr(h, "capturing", None))]
+    real = [h.capturing for h in holders]
+    for h in holders:
+        h.capturing = lambda: True
     try:
-        return time_us(ctx, fn, warmup=warmup, iters=iters)
+        yield
+    finally:
+        for h, fn in zip(holders, real):
+            h.capturing = fn
+
+
+def _graph_time(ctx, fn, calls: int, reps: int) -> tuple[float | None, str | None]:
+    """(time per call replayed from one CUDA graph of `calls` calls, max over ranks; why
+    None). The warm-up runs on a side stream, as torch's capture rules ask; the capture is
+    thread-local, so that NCCL's watchdog thread may query its events meanwhile."""
+    graph, note = None, None
+    try:
+        side = torch.cuda.Stream(device=ctx.device)
+        side.wait_stream(torch.cuda.current_stream(ctx.device))
+        with torch.cuda.stream(side), _graph_plans(ctx):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream(ctx.device).wait_stream(side)
+        ctx.barrier()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(calls):
+                fn()
+        torch.cuda.synchronize(ctx.device)
+    except Exception as exc:
+        graph, note = None, f"capture failed: {type(exc).__name__}: {str(exc)[:160]}"
+    if max_over_ranks(ctx, float(graph is None)):        # every rank replays, or none
+        return None, note or "capture failed on another rank"
+    graph.replay()                                       # the first replay uploads it
+    times = []
+    for _ in range(reps):
+        start, end = _events()
+        ctx.barrier()
+        ctx.device_barrier()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    ctx.barrier()
+    del graph
+    return max_over_ranks(ctx, statistics.median(times)), None
+
+
+def time_modes_or_skip(ctx, fn, **options) -> dict:
+    """time_modes, or every time None (with a line on rank 0) for an implementation that
+    cannot run this size or shape, e.g. out of memory or an op torch lacks here."""
+    try:
+        return time_modes(ctx, fn, **options)
     except Exception as exc:
         if ctx.rank == 0:
             print(f"\n  skipped: {type(exc).__name__}: {str(exc)[:160]}")
@@ -65,13 +207,29 @@ def time_us_or_skip(ctx, fn, warmup: int = 5, iters: int = 20) -> float | None:
             ctx.barrier()
         except Exception:
             pass
-        return None
+        return {**dict.fromkeys(MODE_COLUMNS), "calls": None,
+                "graph_note": f"skipped: {type(exc).__name__}"}
 
 
 def max_over_ranks(ctx, value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    return _max_over_ranks(ctx, [value])[0]
+
+
+def _max_over_ranks(ctx, values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
-    return float(t.item())
+    return t.tolist()
+
+
+def device_us(t: dict) -> float | None:
+    """The device time of a call timed by time_modes: its graph time, or its eager time
+    where it has none (not capturable, or the CPU emulation)."""
+    return t["graph_us"] or t["eager_us"]
+
+
+def ratio(base: float | None, mine: float | None) -> float | None:
+    """base / mine (a speedup over the baseline), None where either is missing."""
+    return base / mine if base and mine else None
 
 
 def nvlink_floor_us(bytes_per_gpu_one_way: float) -> float:
@@ -131,17 +289,30 @@ def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
 
 
 def suite_parser(prog: str, doc: str, ops: list[str] | None = None) -> argparse.ArgumentParser:
-    """The options every op-by-op suite shares; the suite adds its own."""
+    """The options every suite shares; the suite adds its own."""
     p = argparse.ArgumentParser(prog=prog, description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     if ops:
         p.add_argument("--ops", default=",".join(ops), help="comma-separated subset of " + ",".join(ops))
-    p.add_argument("--iters", type=int, default=None, help="timed runs")
+    p.add_argument("--calls", type=int, default=None,
+                   help=f"calls per eager batch and per CUDA graph (default {CALLS} on GPUs)")
+    p.add_argument("--reps", type=int, default=None, help="batches and graph replays timed "
+                   "(median; default 5 on GPUs)")
+    p.add_argument("--iters", type=int, default=None, help="runs of synced_us (one call after a "
+                   "device barrier); 0 leaves that column out")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--world-size", type=int, default=None)
     p.add_argument("--backend", choices=("cuda", "cpu"), default=None)
     p.add_argument("--out-dir", default=None)
     return p
+
+
+def timing_options(args, gpu: bool, iters: int = 20) -> dict:
+    """time_modes' options from a suite's parsed arguments: the defaults keep a GPU run to
+    minutes and a CPU-emulation run (which only shows the paths work) to seconds."""
+    return {"calls": args.calls or (CALLS if gpu else 2), "reps": args.reps or (5 if gpu else 1),
+            "warmup": args.warmup if args.warmup is not None else (3 if gpu else 1),
+            "synced_iters": args.iters if args.iters is not None else (iters if gpu else 1)}
 
 
 def parse_ops(parser: argparse.ArgumentParser, text: str, ops: list[str]) -> list[str]:

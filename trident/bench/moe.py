@@ -3,18 +3,22 @@
 Model shapes (experts, top-k, hidden): DeepSeek-V3 (256, 8, 7168), Qwen3-30B-A3B
 (128, 8, 2048), Mixtral (8, 2, 4096); 1, 128, 256 and 4096 tokens per rank, bf16,
 uniform random routing (k distinct experts per token), identity experts
-(expert_y = expert_x). For each: dispatch, combine and dispatch + combine, median over
-repetitions, max over ranks, for
-  - trident: ExpertParallel (validate=False: no host synchronisation),
+(expert_y = expert_x). For each: dispatch, combine (weights given to combine, and to
+dispatch: combine_wd) and dispatch + combine (total), each three ways
+(common.time_modes): eager_us (calls back to back from Python), graph_us (replayed from
+one CUDA graph), host_us (Python time per call), plus synced_us (one call after a device
+barrier); max over ranks, for
+  - trident: ExpertParallel with the default validate, as a user gets it (and the total
+    once more with validate=False),
   - torch.distributed: counts exchange + all_to_all_single of the (token, expert) rows
-    + sort / index_add on each side, no Python loops (it needs the counts on the host),
+    + sort / index_add on each side, no Python loops. It needs the counts on the host,
+    so it cannot be captured in a CUDA graph (graph_us None),
   - the NVLink floor: the bytes that must cross NVLink, per GPU and direction (a token
     once per remote rank owning any of its experts), over the usable NVLink rate.
 On the CPU emulation tiny shapes are run (marked cpu-emulation): they only show the path.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -95,7 +99,7 @@ def _nvlink_bytes(ctx, idx, L, H, esize) -> tuple[float, float]:
     return float(per_gpu.max()), float(everyone.sum())
 
 
-def _case(ctx, model, E, k, H, T, iters, bar):
+def _case(ctx, model, E, k, H, T, timing, bar):
     import trident as td
     dtype = torch.bfloat16
     g = torch.Generator().manual_seed(1000 + ctx.rank)
@@ -108,35 +112,44 @@ def _case(ctx, model, E, k, H, T, iters, bar):
     floor = common.nvlink_floor_us(nv_bytes)
     rows = []
 
-    ep = td.ExpertParallel(ctx, E, k, H, T, dtype=dtype, validate=False)
+    def add(impl, phase, t):
+        one = phase.startswith(("dispatch", "combine"))
+        us = common.device_us(t)
+        rows.append(dict(model=model, tokens=T, impl=impl, phase=phase, **t,
+                         floor_us=floor if one else 2 * floor,
+                         GBps=(1 if one else 2) * nv_bytes / us / 1e3 if us else None))
+
+    def check(y):
+        ctx.sync()
+        torch.testing.assert_close(y.float(), want, atol=5e-2, rtol=5e-2)
+
+    ep = td.ExpertParallel(ctx, E, k, H, T, dtype=dtype)
     try:
         y = torch.empty(T, H, dtype=dtype, device=ctx.device)
-        d = ep.dispatch(x, idx, validate=True)
+        d = ep.dispatch(x, idx)
         ep.combine(d.expert_x, d, w, out=y)
-        ctx.sync()
-        torch.testing.assert_close(y.float(), want, atol=5e-2, rtol=5e-2)
+        check(y)
 
-        def both():
-            d2 = ep.dispatch(x, idx)
+        def both(validate=None):
+            d2 = ep.dispatch(x, idx, validate=validate)
             ep.combine(d2.expert_x, d2, w, out=y)
 
-        t_d = common.time_us(ctx, lambda: ep.dispatch(x, idx), iters=iters)
+        add("trident", "dispatch", common.time_modes(ctx, lambda: ep.dispatch(x, idx), **timing))
         d = ep.dispatch(x, idx)          # the latest dispatch is the one combine may use
-        t_c = common.time_us(ctx, lambda: ep.combine(d.expert_x, d, w, out=y), iters=iters)
-        t_t = common.time_us(ctx, both, iters=iters)
-        ctx.sync()
-        torch.testing.assert_close(y.float(), want, atol=5e-2, rtol=5e-2)
+        add("trident", "combine", common.time_modes(
+            ctx, lambda: ep.combine(d.expert_x, d, w, out=y), **timing))
+        add("trident", "total", common.time_modes(ctx, both, **timing))
+        add("trident", "total (validate=False)", common.time_modes(
+            ctx, lambda: both(validate=False), **timing))
+        check(y)
         # variant: weights sent with the tokens, combine's send half waits for nothing
         d = ep.dispatch(x, idx, topk_weights=w)
-        t_cw = common.time_us(ctx, lambda: ep.combine(d.expert_x, d, out=y), iters=iters)
-        ctx.sync()
-        torch.testing.assert_close(y.float(), want, atol=5e-2, rtol=5e-2)
+        add("trident", "combine_wd", common.time_modes(
+            ctx, lambda: ep.combine(d.expert_x, d, out=y), **timing))
+        check(y)
     finally:
         ep.close()
     bar.step(f"{model} T={T} trident")
-    rows.append(dict(model=model, tokens=T, impl="trident", dispatch_us=t_d, combine_us=t_c,
-                     combine_wd_us=t_cw, total_us=t_t, floor_us=floor, total_floor_us=2 * floor,
-                     GBps=2 * nv_bytes / t_t / 1e3 if t_t else None))
 
     base = TorchBaseline(ctx, E)
     ex, _, st = base.dispatch(x, idx)
@@ -151,44 +164,55 @@ def _case(ctx, model, E, k, H, T, iters, bar):
         ex2, _, st2 = base.dispatch(x, idx)
         base.combine(ex2, st2, w)
 
-    b_d = common.time_us(ctx, b_dispatch, iters=iters)
+    host_bound = {**timing, "graph": False}
+    add("torch.distributed", "dispatch", common.time_modes(ctx, b_dispatch, **host_bound))
     ex, _, st = holder["d"]
-    b_c = common.time_us(ctx, lambda: base.combine(ex, st, w), iters=iters)
-    b_t = common.time_us(ctx, b_both, iters=iters)
+    add("torch.distributed", "combine", common.time_modes(
+        ctx, lambda: base.combine(ex, st, w), **host_bound))
+    add("torch.distributed", "total", common.time_modes(ctx, b_both, **host_bound))
     del ex, st, holder
     bar.step(f"{model} T={T} torch")
-    rows.append(dict(model=model, tokens=T, impl="torch.distributed", dispatch_us=b_d,
-                     combine_us=b_c, total_us=b_t, floor_us=floor, total_floor_us=2 * floor,
-                     GBps=2 * nv_bytes / b_t / 1e3 if b_t else None))
-    rows[0]["speedup_vs_torch"] = b_t / t_t if t_t else None
+    torch_eager = {r["phase"]: r["eager_us"] for r in rows if r["impl"] == "torch.distributed"}
+    for r in rows:
+        r["eager_vs_torch"] = common.ratio(torch_eager.get(r["phase"].split()[0]), r["eager_us"])
     if ctx.backend == "cuda":
         torch.cuda.empty_cache()
     return rows
 
 
-def _bench_rank(ctx, models, tokens, iters, out_dir):
+COLUMNS = ["model", "tokens", "impl", "phase", "eager_us", "graph_us", "host_us", "synced_us",
+           "floor_us", "eager_vs_torch", "GBps"]
+ABOUT = ("eager_us: calls queued back to back after a device barrier, device time per call; "
+         "graph_us: the same calls replayed from one CUDA graph (None: not capturable); "
+         "host_us: Python time per call while queueing; synced_us: one call right after a "
+         "device barrier (median); all max over ranks. combine_wd: combine when dispatch was "
+         "given the weights; floor_us: NVLink bytes one GPU must send or receive (per op; "
+         "twice that for total) over the usable rate; GBps: those bytes over the graph time "
+         "(eager where none); eager_vs_torch = torch.distributed eager time / eager time")
+
+
+def _bench_rank(ctx, models, tokens, timing, out_dir):
     todo = [(m, t) for m in models for t in tokens]
     bar = common.Progress(2 * len(todo), "moe", enabled=ctx.rank == 0)
     rows = []
     for model, T in todo:
         E, k, H = models[model]
-        rows += _case(ctx, model, E, k, H, T, iters, bar)
-    if ctx.backend != "cuda":
-        for r in rows:
-            r["note"] = "cpu-emulation"
+        rows += _case(ctx, model, E, k, H, T, timing, bar)
     path = common.write_results(ctx, "moe", rows, {
-        "note": "us: median over repetitions, max over ranks; combine_wd_us: combine when "
-                "dispatch was given the weights; floor_us: NVLink bytes one GPU "
-                "must send or receive in one op over the usable rate; GBps: both ops' NVLink "
-                "bytes over total_us", "models": models}, out_dir=out_dir)
+        "marked": "cpu-emulation" if ctx.backend != "cuda" else None, "columns": ABOUT,
+        "models": models}, out_dir=out_dir)
     png = None
     if ctx.rank == 0:
         series = {}
         for r in rows:
-            series.setdefault(f"{r['model']} {r['impl']}", []).append((r["tokens"], r["total_us"]))
-            if r["impl"] == "trident":
-                series.setdefault(f"{r['model']} NVLink floor", []).append(
-                    (r["tokens"], max(r["total_floor_us"], 1e-3)))
+            if r["phase"] == "total":
+                for mode in ("eager", "graph"):
+                    if r[f"{mode}_us"]:
+                        series.setdefault(f"{r['model']} {r['impl']} {mode}", []).append(
+                            (r["tokens"], r[f"{mode}_us"]))
+                if r["impl"] == "trident":
+                    series.setdefault(f"{r['model']} NVLink floor", []).append(
+                        (r["tokens"], max(r["floor_us"], 1e-3)))
         png = common.plot(os.path.splitext(path)[0] + ".png", series, "tokens per rank",
                           "dispatch + combine (us)", f"MoE dispatch + combine, "
                           f"{common.device_kind(ctx)}", logx=True, logy=True)
@@ -196,20 +220,17 @@ def _bench_rank(ctx, models, tokens, iters, out_dir):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="trident bench moe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = common.suite_parser("trident bench moe", __doc__)
     parser.add_argument("--models", default=None,
                         help=f"comma-separated, from {', '.join(MODELS)} (default: all)")
     parser.add_argument("--tokens", default=None, help="comma-separated tokens per rank "
                         f"(default {GPU_TOKENS} on GPUs, {CPU_TOKENS} on the CPU emulation)")
-    parser.add_argument("--iters", type=int, default=None)
-    parser.add_argument("--world-size", type=int, default=None)
-    parser.add_argument("--out-dir", default=None)
     args = parser.parse_args(argv)
     from trident.launch import default_backend, default_world_size, launch
     from trident.moe import ExpertParallel
-    gpu = default_backend() == "cuda"
-    world = args.world_size or default_world_size(default_backend())
+    backend = args.backend or default_backend()
+    gpu = backend == "cuda"
+    world = args.world_size or default_world_size(backend)
     if gpu:
         names = args.models.split(",") if args.models else list(MODELS)
         unknown = [n for n in names if n not in MODELS]
@@ -220,14 +241,14 @@ def main(argv=None) -> int:
         models = _cpu_models(world)
     tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else \
         (GPU_TOKENS if gpu else CPU_TOKENS)
-    iters = args.iters or (20 if gpu else 3)
     heap = max(ExpertParallel.heap_bytes(world, k, H, max(tokens)) for E, k, H in models.values())
     heap = heap + (256 << 20) if gpu else 64 << 20
-    results = launch(_bench_rank, world, models, tokens, iters, args.out_dir, heap_size=heap)
+    results = launch(_bench_rank, world, models, tokens, common.timing_options(args, gpu, iters=10),
+                     args.out_dir, backend=backend, heap_size=heap)
     rows, path, png = results[0]
-    common.print_table(rows, ["model", "tokens", "impl", "dispatch_us", "combine_us",
-                              "combine_wd_us", "total_us",
-                              "floor_us", "total_floor_us", "GBps", "speedup_vs_torch"])
+    if not gpu:
+        print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
+    common.print_table(rows, COLUMNS)
     print(f"results: {path}" + (f"\nplot: {png}" if png else ""))
     return 0
 

@@ -5,15 +5,18 @@ Llama-3 8B and 70B attention and MLP projections, Mixtral 8x22B and Qwen2.5-72B 
 and each total M (tokens), measures:
   trident_fused   trident's fused kernel
   trident_auto    what the selector picks (trident/ops/crossover.json), and its choice
+                  (eager / graph)
   plain           NCCL (torch.distributed) + cuBLAS (torch.matmul): the baseline
   torch_symm_mem  torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
                   (no all-reduce counterpart; never the multimem variants)
-and beside them the floor = max(GEMM alone (cuBLAS), communication alone (NCCL)), both
-measured in the same run, plus the speed-of-light floor from 750 TFLOP/s and NVLink.
-Median of --iters runs after --warmup, max over ranks; bf16, no bias.
+each three ways (common.time_modes): eager_us (calls back to back from Python), graph_us
+(replayed from one CUDA graph), host_us (Python time per call), plus synced_us (one call
+after a device barrier). Beside them the floor = max(GEMM alone (cuBLAS), communication
+alone (NCCL)), both measured in the same run (graph time), plus the speed-of-light floor
+from 750 TFLOP/s and NVLink. Max over ranks; bf16, no bias.
 Prints a table, writes JSON under bench/results/ and a PNG per op (speedup over plain
-against M). --update-crossover merges the measured fused/plain times into the selector's
-table.
+against M, graph time). --update-crossover merges the measured fused/plain times, eager
+and graph, into the selector's table.
 
     trident bench ops                                   # every GPU, all layers, M 64..16384
     trident bench ops --ops all_gather_matmul --m 1024,8192 --layers llama70b
@@ -112,7 +115,7 @@ def _comm_alone(ctx, op, a, n):
     return lambda: reduce_scatter_single(part, full, group=ctx.group)
 
 
-def _bench(ctx, ops, ms, layer_names, warmup, iters):
+def _bench(ctx, ops, ms, layer_names, timing):
     from ..ops import selector
     rows = []
     cases = [(op, layer, m) for op in ops for layer in _layers(ctx, op, layer_names) for m in ms]
@@ -131,22 +134,28 @@ def _bench(ctx, ops, ms, layer_names, warmup, iters):
             impls["torch_symm_mem"] = tsm
         gemm_in = torch.empty(m, k, dtype=DTYPE, device=ctx.device).normal_() \
             if op == "all_gather_matmul" else a
-        gemm_us = common.time_us_or_skip(ctx, lambda: torch.matmul(gemm_in, wt.t()), warmup, iters)
-        comm_us = common.time_us_or_skip(ctx, _comm_alone(ctx, op, a, n), warmup, iters)
-        floor = max(gemm_us or 0.0, comm_us or 0.0) or None
+        alone = {"gemm_us": lambda: torch.matmul(gemm_in, wt.t()),
+                 "comm_us": _comm_alone(ctx, op, a, n)}
+        unsynced = {**timing, "synced_iters": 0}
+        alone = {key: common.device_us(common.time_modes_or_skip(ctx, f, **unsynced))
+                 for key, f in alone.items()}
+        floor = max(alone["gemm_us"] or 0.0, alone["comm_us"] or 0.0) or None
         sol = max(flops / ctx.world_size / (common.BF16_TFLOPS * 1e6), common.nvlink_floor_us(link))
-        choice = selector.choose(ctx, op, m, n, k)
-        base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, gemm_us=gemm_us,
-                    comm_us=comm_us, floor_us=floor, sol_us=sol)
+        choice = (f"{selector.choose(ctx, op, m, n, k, graph=False)} / "
+                  f"{selector.choose(ctx, op, m, n, k, graph=True)}")
+        base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, **alone, floor_us=floor,
+                    sol_us=sol)
         case_rows = []
         for name, f in impls.items():
-            us = common.time_us_or_skip(ctx, f, warmup, iters)
-            case_rows.append({**base, "impl": name, "choice": choice if name == "trident_auto" else None,
-                              "us": us, "tflops": flops / us / 1e6 if us else None,
-                              "vs_floor": floor / us if us and floor else None})
-        plain_us = next(r["us"] for r in case_rows if r["impl"] == "plain")
+            t = common.time_modes_or_skip(ctx, f, **timing)
+            us = common.device_us(t)
+            case_rows.append({**base, "impl": name, "choice": choice if name == "trident_auto"
+                              else None, **t, "tflops": flops / us / 1e6 if us else None,
+                              "vs_floor": common.ratio(floor, us)})
+        plain = next(r for r in case_rows if r["impl"] == "plain")
         for r in case_rows:
-            r["vs_plain"] = plain_us / r["us"] if r["us"] and plain_us else None
+            r["eager_vs_plain"] = common.ratio(plain["eager_us"], r["eager_us"])
+            r["graph_vs_plain"] = common.ratio(plain["graph_us"], r["graph_us"])
         rows += case_rows
         del a, wt, gemm_in, impls
         ctx.barrier()
@@ -154,42 +163,56 @@ def _bench(ctx, ops, ms, layer_names, warmup, iters):
 
 
 def _crossover_entries(ctx, rows):
+    """Fused and plain times of every measured shape, eager and graph, for crossover.json."""
     from ..ops import selector
     out = []
     for r in rows:
-        if r["impl"] != "trident_fused" or not r["us"]:
+        if r["impl"] != "trident_fused" or not r["eager_us"]:
             continue
         plain = next((p for p in rows if p["impl"] == "plain" and p["op"] == r["op"] and
                       p["M"] == r["M"] and p["N"] == r["N"] and p["K"] == r["K"]), None)
-        if plain and plain["us"]:
-            out.append({"op": r["op"], "device": selector.device_name(ctx),
-                        "world_size": ctx.world_size, "M": r["M"], "N": r["N"], "K": r["K"],
-                        "fused_us": round(r["us"], 2), "plain_us": round(plain["us"], 2)})
+        if plain and plain["eager_us"]:
+            entry = {"op": r["op"], "device": selector.device_name(ctx),
+                     "world_size": ctx.world_size, "M": r["M"], "N": r["N"], "K": r["K"],
+                     "fused_us": round(r["eager_us"], 2), "plain_us": round(plain["eager_us"], 2)}
+            if r["graph_us"] and plain["graph_us"]:
+                entry.update(fused_graph_us=round(r["graph_us"], 2),
+                             plain_graph_us=round(plain["graph_us"], 2))
+            out.append(entry)
     return out
 
 
-def _run(ctx, ops, ms, layer_names, warmup, iters, out_dir, update):
-    rows = _bench(ctx, ops, ms, layer_names, warmup, iters)
+COLUMNS = ["op", "model", "layer", "M", "N", "K", "impl", "choice", "eager_us", "graph_us",
+           "host_us", "synced_us", "eager_vs_plain", "graph_vs_plain", "floor_us", "vs_floor",
+           "sol_us", "tflops"]
+ABOUT = ("eager_us: calls queued back to back after a device barrier, device time per call; "
+         "graph_us: the same calls replayed from one CUDA graph; host_us: Python time per call "
+         "while queueing; synced_us: one call right after a device barrier (median); all max "
+         "over ranks. floor_us = max(gemm_us: cuBLAS alone, comm_us: NCCL alone), graph time; "
+         "sol_us = max(flops/750 TFLOP/s, bytes/NVLink); *_vs_plain = plain time / time in "
+         "that mode; vs_floor and tflops from the graph time")
+
+
+def _run(ctx, ops, ms, layer_names, timing, out_dir, update):
+    rows = _bench(ctx, ops, ms, layer_names, timing)
     if ctx.rank != 0:
         return None
     if ctx.backend != "cuda":
-        print("cpu-emulation: these times say nothing about GPU speed")
-    common.print_table(rows, ["op", "model", "layer", "M", "N", "K", "impl", "choice", "us",
-                              "tflops", "vs_plain", "floor_us", "vs_floor", "sol_us"])
+        print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
+    common.print_table(rows, COLUMNS)
     extra = {"dtype": str(DTYPE), "marked": "cpu-emulation" if ctx.backend != "cuda" else None,
-             "columns": "us: median time, max over ranks; floor_us = max(gemm_us: cuBLAS alone, "
-                        "comm_us: NCCL alone); sol_us = max(flops/750 TFLOP/s, bytes/NVLink); "
-                        "vs_plain = plain us / us"}
+             "columns": ABOUT}
     path = common.write_results(ctx, "ops", rows, extra, out_dir=out_dir)
     stem = path[:-len(".json")]
     for op in ops:
         series: dict = {}
         for r in rows:
-            if r["op"] == op and r["vs_plain"] and r["impl"] != "plain":
+            if r["op"] == op and r["graph_vs_plain"] and r["impl"] != "plain":
                 series.setdefault(f"{r['impl']} {r['model']} {r['layer']}", []).append(
-                    (r["M"], r["vs_plain"]))
+                    (r["M"], r["graph_vs_plain"]))
         if series:
-            common.plot(f"{stem}-{op}.png", series, "M (tokens, total)", "speedup over NCCL + cuBLAS",
+            common.plot(f"{stem}-{op}.png", series, "M (tokens, total)",
+                        "speedup over NCCL + cuBLAS (graph time)",
                         f"{op}, {common.device_kind(ctx)}")
     if update is not None and ctx.backend == "cuda":
         from ..ops import selector
@@ -211,8 +234,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-m", type=int, default=1 << 30)
     p.add_argument("--layers", default="", help="comma-separated model names to keep (substring)")
     p.add_argument("--update-crossover", nargs="?", const="", default=None, metavar="PATH",
-                   help="merge fused/plain times into the selector's table (default "
-                        "trident/ops/crossover.json, or PATH: a copy of it to bring back)")
+                   help="merge fused/plain times (eager and graph) into the selector's table "
+                        "(default trident/ops/crossover.json, or PATH: a copy of it to bring back)")
     args = p.parse_args(argv)
     backend = args.backend or default_backend()
     gpu = backend == "cuda"
@@ -221,10 +244,8 @@ def main(argv=None) -> int:
     ms = [m for m in ms if args.min_m <= m <= args.max_m]
     layers = [s.strip() for s in args.layers.split(",") if s.strip()]
     world = args.world_size or (default_world_size(backend) if gpu else 2)
-    iters = args.iters or (20 if gpu else 2)
-    warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
     heap = (6 << 30) if gpu else (64 << 20)
     os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
-    launch(_run, world, ops, ms, layers, warmup, iters, args.out_dir, args.update_crossover,
-           backend=backend, heap_size=heap)
+    launch(_run, world, ops, ms, layers, common.timing_options(args, gpu, iters=10), args.out_dir,
+           args.update_crossover, backend=backend, heap_size=heap)
     return 0

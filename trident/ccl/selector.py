@@ -1,42 +1,115 @@
-"""Which algorithm each collective uses, by message size and world size.
+"""Which algorithm each collective uses, by message size, world size and how it is called.
 
-Edit TABLE after measuring (`trident bench ccl` prints the crossovers): for each op, a
-list of (largest bytes per rank, algorithm) rows, first match wins, None = no limit.
-A world size may have its own list; "default" covers the others. "nccl" hands the call
-to torch.distributed (the results JSON of the benchmark says when it does).
+How a call is made changes which algorithm wins. Called eagerly from Python, the host's
+launch work is on the critical path of a small message; replayed from a CUDA graph, only
+device time counts. So there are two tables per op and world size, "eager" and "graph",
+and `select(..., graph=True)` (the calls made while a graph is being captured) reads the
+second. A table is a list of rows [largest bytes per rank or None, algorithm], first
+match wins; "nccl" hands the call to torch.distributed.
+
+Where the tables come from, first found wins (loaded once per process and world size):
+  1. `trident tune` on this machine: a file in the user's cache keyed by GPU model, world
+     size and NVLink topology (tune_cache.py);
+  2. the built-in tables (tables.json beside this file), measured by `trident bench ccl
+     --update-selector`. A world size that was not measured uses the rows of the nearest
+     measured one, and describe() says so. These are GPU measurements: on the CPU
+     emulation the cost-model rows are used instead, so that the selector's choice runs
+     trident's kernels there.
 
 Bytes per rank: all_reduce and broadcast the tensor, all_gather the input block,
 reduce_scatter the output block, all_to_all the input.
-
-The "default" rows are first guesses from the algorithms' costs (one-shot moves
-(world-1)*n, two-shot 2*(world-1)/world*n plus a handshake), not measured on GPUs.
 """
-KiB, MiB = 1 << 10, 1 << 20
+from __future__ import annotations
 
-# World size 4 rows: from bench/results/ccl-4xh200-2026-11-21.json (4x H200, NVLink,
-# multicast off). Where trident measured slower than NCCL, or within the run's noise at
-# small sizes, the row says "nccl". Other world sizes: unmeasured first guesses.
-TABLE = {
-    "all_reduce": {
-        4: [(256 * KiB, "one_shot"), (None, "nccl")],
-        2: [(1 * MiB, "one_shot"), (None, "two_shot")],
-        "default": [(256 * KiB, "one_shot"), (None, "two_shot")],
-    },
-    "all_gather": {4: [(4 * MiB, "nccl"), (None, "pull")],
-                   "default": [(1 * MiB, "push"), (None, "pull")]},
-    "reduce_scatter": {4: [(None, "nccl")],
-                       "default": [(256 * KiB, "push"), (None, "pull")]},
-    "all_to_all": {4: [(None, "nccl")], "default": [(None, "push")]},
-    "broadcast": {4: [(None, "nccl")], "default": [(None, "push")]},
-}
+import json
+import os
+import re
+
+from .. import _env
+from . import tune_cache
+
+TABLES_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tables.json")
+MODES = ("eager", "graph")
+
+
+class Tables:
+    """The rows in use for one world size, and where they came from (`source`)."""
+    __slots__ = ("rows", "source")
+
+    def __init__(self, entry: dict, fallback: dict, source: str):
+        self.source = source
+        self.rows = {mode: {op: [(lim, name) for lim, name in rows]
+                            for op, rows in {**fallback["eager"], **entry.get("eager", {}),
+                                             **entry.get(mode, {})}.items()}
+                     for mode in MODES}
+
+
+_active: dict[int, Tables] = {}
+_builtin: dict | None = None
+
+
+def builtin() -> dict:
+    global _builtin
+    if _builtin is None:
+        with open(TABLES_PATH) as f:
+            _builtin = json.load(f)
+    return _builtin
+
+
+def tables_for(world_size: int, doc: dict | None = None, origin: str = "") -> Tables:
+    """The tables of `doc` (default: this machine's tuned file, else the built-in one)
+    for `world_size`: its own rows if measured, else the nearest measured world size's."""
+    if doc is None:
+        path, doc = tune_cache.find(world_size)
+        origin = f"tuned on this machine: {path}" if doc else f"built-in: {TABLES_PATH}"
+        doc = doc or builtin()
+    cost = builtin()["cost_model"]
+    measured = {int(w): e for w, e in doc.get("world_sizes", {}).items() if e.get("measured")}
+    if _env.INTERPRET and doc is builtin():
+        measured = {}                      # GPU measurements say nothing about the emulation
+    if world_size in measured:
+        entry, which = measured[world_size], f"world size {world_size} measured"
+    elif measured:
+        near = min(measured, key=lambda m: (abs(m - world_size), -m))
+        entry, which = measured[near], (f"world size {world_size} NOT measured: using world "
+                                        f"size {near}'s rows")
+    else:
+        entry, which = cost, "cost model"
+    note = f"; {entry['source']}" if entry.get("source") else ""
+    return Tables(entry, cost, f"{origin} ({which}{note})")
 
 
 def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
            graph: bool = False) -> str:
-    """The algorithm for `op` at `nbytes` per rank on `world_size` ranks (`graph`: the call
-    is being captured into a CUDA graph)."""
-    rows = (table or TABLE)[op]
-    for limit, name in rows.get(world_size, rows["default"]):
+    """The algorithm for `op` at `nbytes` per rank on `world_size` ranks; graph=True for a
+    call being captured into a CUDA graph. `table`: a tables document to use instead of
+    the machine's (tests)."""
+    if table is not None:
+        active = tables_for(world_size, table, "given")
+    else:
+        active = _active.get(world_size)
+        if active is None:
+            active = _active[world_size] = tables_for(world_size)
+    rows = active.rows["graph" if graph else "eager"][op]
+    for limit, name in rows:
         if limit is None or nbytes <= limit:
             return name
-    return rows["default"][-1][1]
+    return rows[-1][1]
+
+
+def describe(world_size: int) -> str:
+    """Which tables a call on `world_size` ranks uses, for `trident info`."""
+    return tables_for(world_size).source
+
+
+def reload() -> None:
+    """Forget the loaded tables (after `trident tune` wrote new ones, or in tests)."""
+    global _builtin
+    _active.clear()
+    _builtin = None
+
+
+def dumps(doc: dict) -> str:
+    """A tables document as JSON, one row per line."""
+    text = json.dumps(doc, indent=1)
+    return re.sub(r"\[\s+(\d+|null),\s+(\"\w+\")\s+\]", r"[\1, \2]", text) + "\n"

@@ -29,7 +29,12 @@ CTRL_TIMEOUT = tl.constexpr(1)      # wait limit in ns
 CTRL_EPOCH = tl.constexpr(2)        # device-barrier epoch of this rank
 CTRL_FLAGS = tl.constexpr(8)        # device-barrier flags, one per source rank
 MAX_RANKS = tl.constexpr(64)
-CTRL_WORDS = tl.constexpr(8 + 64)
+# The first bad input value a kernel found (e.g. an MoE expert id out of range): a kind
+# (trident/errors.py VALUE_ERRORS) set by a CAS from 0, then four words that say where.
+# Bad values are dropped by the kernel; the host raises ValueError at the next sync.
+CTRL_VALUE_ERROR = tl.constexpr(8 + 64)
+CTRL_VALUE_ARGS = tl.constexpr(8 + 64 + 1)
+CTRL_WORDS = tl.constexpr(8 + 64 + 8)
 
 _ERROR_FLAG = tl.constexpr(1 << 62)
 

@@ -49,6 +49,23 @@ FLAG_COMBINE = tl.constexpr(2)
 COUNT_BITS = tl.constexpr(32)            # dispatch flag = epoch << 32 | tokens sent
 COUNT_MASK = tl.constexpr(0xFFFFFFFF)
 
+# what one launch of dispatch_kernel / combine_kernel runs (PART): the send half, the
+# receive half (split mode), or both, programs [0, send_programs) sending
+SEND = tl.constexpr(1)
+RECV = tl.constexpr(2)
+BOTH = tl.constexpr(3)
+
+
+@triton.jit
+def senders(send_programs, PART: tl.constexpr):
+    """How many of this launch's programs (the first ones) run the send half."""
+    if PART == SEND:
+        return tl.num_programs(0)
+    elif PART == RECV:
+        return 0
+    else:
+        return send_programs
+
 
 
 @triton.jit

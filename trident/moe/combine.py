@@ -1,6 +1,6 @@
 """MoE combine: y[t] = sum_k w[t, k] * expert_y[row of (t, k)], accumulated in fp32.
 
-Send (`combine_send_kernel`), two kinds of programs in one launch:
+Send (`combine_send`), two kinds of programs:
   - the first `num_weight_programs` push the top-k weights of this rank's tokens (a tile
     of tokens at a time, 32 bytes per token and destination) next to the copies of the
     tokens that dispatch put on each expert rank, then the last of them signals "weights".
@@ -11,12 +11,14 @@ Send (`combine_send_kernel`), two kinds of programs in one launch:
     weights of a source rank before its first token; the last program signals "partials".
   When the weights came with dispatch (dispatch(..., topk_weights=w)), they are already
   next to the tokens: there are no weight programs and the send half waits for nothing.
-  The weight programs have the lower program ids: a partial-sum program only waits for
-  work of lower ids or of other ranks (so the grid cannot deadlock, and the CPU
-  emulation, which runs programs in order, works).
 
-Receive (`combine_recv_kernel`): wait for every rank's "partials" flag, then each token
-sums its (at most world) partials in fp32 and writes y[t].
+Receive (`combine_recv`): wait for every rank's "partials" flag, then each token sums its
+(at most world) partials in fp32 and writes y[t].
+
+`combine_kernel` runs one half (PART = SEND or RECV: split mode) or both in one launch
+(PART = BOTH): weight programs first, then expert programs, then receivers. A program
+waits only for work of lower program ids or of other ranks, so the grid cannot
+deadlock, and the CPU emulation, which runs programs in order, works.
 """
 import triton
 import triton.language as tl
@@ -28,14 +30,12 @@ from . import buffers as B
 
 
 @triton.jit
-def combine_send_kernel(expert_y, topk_weights, num_tokens, send_slot, token_rows, recv_count,
-                        weights, partial, flags, state, ctrl, heap_bases, trace_buf, rank,
-                        world, max_tokens, num_weight_programs,
-                        H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                        WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
-                        BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    pid = tl.program_id(0)
-    npid = tl.num_programs(0)
+def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
+                 stride_wk, num_tokens, send_slot, token_rows, recv_count, weights, partial,
+                 flags, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
+                 num_weight_programs, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                 WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tl.load(state + B.COMBINE_SEND_EPOCH) + 1
     par = epoch % 2
     if WEIGHTS_AT_DISPATCH:     # `weights` is dweights: already here, in dispatch's half
@@ -49,7 +49,7 @@ def combine_send_kernel(expert_y, topk_weights, num_tokens, send_slot, token_row
         for tb in range(pid * BLOCK_T, num_tokens, num_weight_programs * BLOCK_T):
             ts = tb + ts0
             tm = ts < num_tokens
-            w = tl.load(topk_weights + ts[:, None] * K + ks[None, :],
+            w = tl.load(topk_weights + ts[:, None] * stride_wt + ks[None, :] * stride_wk,
                         mask=tm[:, None] & (ks[None, :] < K), other=0.0)
             for r in range(world):
                 slot = tl.load(send_slot + ts * WP + r, mask=tm, other=-1)
@@ -81,7 +81,9 @@ def combine_send_kernel(expert_y, topk_weights, num_tokens, send_slot, token_row
                 mine = rows >= 0
                 src_row = (wpar * world + s) * max_tokens + i
                 w = tl.load(weights + src_row * KP + ks, mask=mine, other=0.0)
-                y_ptr = expert_y + rows.to(tl.int64)[:, None] * H
+                expert = rows // cap
+                y_ptr = (expert_y + expert.to(tl.int64)[:, None] * stride_ye
+                         + (rows - expert * cap).to(tl.int64)[:, None] * stride_yr)
                 dst = partial + tl.cast((par * world + rank) * max_tokens + i, tl.int64) * H
                 for c in tl.static_range(0, H, BLOCK_H):
                     m = c + cols < H
@@ -101,12 +103,9 @@ def combine_send_kernel(expert_y, topk_weights, num_tokens, send_slot, token_row
 
 
 @triton.jit
-def combine_recv_kernel(out, num_tokens, send_slot, partial, flags, state, ctrl, heap_bases,
-                        trace_buf, rank, world, max_tokens,
-                        H: tl.constexpr, WP: tl.constexpr, BLOCK_H: tl.constexpr,
-                        TRACE: tl.constexpr):
-    pid = tl.program_id(0)
-    npid = tl.num_programs(0)
+def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, state, ctrl,
+                 heap_bases, trace_buf, rank, world, max_tokens,
+                 H: tl.constexpr, WP: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tl.load(state + B.COMBINE_RECV_EPOCH) + 1
     par = epoch % 2
     t0 = trd.begin(TRACE)
@@ -131,3 +130,27 @@ def combine_recv_kernel(out, num_tokens, send_slot, partial, flags, state, ctrl,
     if B.finished_last(state + B.COMBINE_RECV_DONE, npid):
         tl.store(state + B.COMBINE_RECV_DONE, 0)
         tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
+
+
+@triton.jit
+def combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stride_wk, out,
+                   num_tokens, send_slot, token_rows, recv_count, weights, partial, flags,
+                   state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
+                   num_weight_programs, send_programs,
+                   PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                   WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    n_send = B.senders(send_programs, PART)
+    if pid < n_send:
+        if PART != B.RECV:
+            combine_send(pid, n_send, expert_y, stride_ye, stride_yr, topk_weights,
+                         stride_wt, stride_wk, num_tokens, send_slot, token_rows, recv_count,
+                         weights, partial, flags, state, ctrl, heap_bases, trace_buf, rank,
+                         world, max_tokens, cap, num_weight_programs, H, K, KP, WP,
+                         WEIGHTS_AT_DISPATCH, BLOCK_T, BLOCK_H, TRACE)
+    else:
+        if PART != B.SEND:
+            combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, num_tokens,
+                         send_slot, partial, flags, state, ctrl, heap_bases, trace_buf, rank,
+                         world, max_tokens, H, WP, BLOCK_H, TRACE)

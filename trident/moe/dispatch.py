@@ -1,21 +1,27 @@
 """MoE dispatch: send each token to the ranks that own its experts, then lay the received
 tokens out per local expert (expert_x [L, cap, H], expert_num_tokens [L]).
 
-Send (`dispatch_send_kernel`): programs take tokens round-robin. For each token, the set
+Send (`dispatch_send`): programs take tokens round-robin. A token's ids are checked as
+they are read (routing.py: out-of-range and repeated ids are dropped and recorded). The set
 of destination ranks comes from its top-k ids; a slot per destination is claimed from a
 device-side counter, and the token row (and its top-k ids) is pushed once into each
 destination's receive buffer -- once per rank, however many of its experts live there
 (with its top-k weights too, when dispatch is given them: then combine need not send them).
 The program that finishes last signals every rank `epoch << 32 | tokens sent to it` (a
-rank that got nothing is signalled too). Nothing here waits: the send half frees its SMs
-as soon as its stores are issued.
+rank that got nothing is signalled too). Nothing here waits.
 
-Receive (`dispatch_recv_kernel`): wait for every rank's flag, then spread the received
-tokens evenly over the programs (flattened over source ranks, however unequal they
-are); each token is copied from the receive buffer into one row of each of its local
-experts, the row claimed from a per-expert counter. The last program publishes the
-counts and zeroes the counters for the next epoch. The copy is local (HBM), the NVLink
-traffic is only the deduplicated push.
+Receive (`dispatch_recv`): wait for every rank's flag, then spread the received tokens
+evenly over the programs (flattened over source ranks, however unequal they are); each
+token is copied from the receive buffer into one row of each of its local experts, the
+row claimed from a per-expert counter. The last program publishes the counts and zeroes
+the counters for the next epoch. The copy is local (HBM), the NVLink traffic is only the
+deduplicated push.
+
+`dispatch_kernel` runs one half (PART = SEND or RECV: split mode, whose .wait() launches
+the receive half) or both in one launch (PART = BOTH): programs [0, send_programs) send,
+the others receive. The receivers wait only for the senders (lower program ids) and for
+other ranks, so the grid cannot deadlock, and the CPU emulation, which runs programs in
+order, works.
 """
 import triton
 import triton.language as tl
@@ -24,18 +30,16 @@ from .. import language as tdl
 from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
+from .routing import expert_ids
 
 
 @triton.jit
-def dispatch_send_kernel(x, stride_x, topk_idx, topk_weights, num_tokens, tokens, meta,
-                         dweights, flags, state,
-                         slot_counter, send_slot, ctrl, heap_bases, trace_buf, rank, world,
-                         max_tokens, experts_per_rank, num_experts,
-                         H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                         HAS_WEIGHTS: tl.constexpr, BLOCK_H: tl.constexpr,
-                         TRACE: tl.constexpr):
-    pid = tl.program_id(0)
-    npid = tl.num_programs(0)
+def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_weights,
+                  stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags, state,
+                  slot_counter, send_slot, ctrl, heap_bases, trace_buf, rank, world,
+                  max_tokens, experts_per_rank, num_experts, check_ids,
+                  H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                  HAS_WEIGHTS: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     t0 = trd.begin(TRACE)
     epoch = tl.load(state + B.DISPATCH_SEND_EPOCH) + 1
     par = epoch % 2
@@ -43,10 +47,8 @@ def dispatch_send_kernel(x, stride_x, topk_idx, topk_weights, num_tokens, tokens
     rs = tl.arange(0, WP)
     cols = tl.arange(0, BLOCK_H)
     for t in range(pid, num_tokens, npid):
-        e = tl.load(topk_idx + t * K + ks, mask=ks < K, other=-1).to(tl.int32)
-        valid = (e >= 0) & (e < num_experts)     # bad ids are dropped (validate= reports them)
-        e = tl.where(valid, e, -1)
-        dest = tl.where(valid, e // experts_per_rank, -1)
+        e = expert_ids(topk_idx, t, stride_it, stride_ik, num_experts, ctrl, check_ids, K, KP)
+        dest = tl.where(e >= 0, e // experts_per_rank, -1)
         hit = tl.max((dest[None, :] == rs[:, None]).to(tl.int32), axis=1) > 0
         slots = tl.atomic_add(slot_counter + rs, 1, mask=hit, sem="relaxed", scope="gpu")
         slots = tl.where(hit, slots, -1)
@@ -60,7 +62,8 @@ def dispatch_send_kernel(x, stride_x, topk_idx, topk_weights, num_tokens, tokens
                 row = tl.sum(tl.where(rs == r, rows, 0))
                 tdl.store(meta + row * KP + ks, e, rank, r, heap_bases)
                 if HAS_WEIGHTS:
-                    w = tl.load(topk_weights + t * K + ks, mask=ks < K, other=0.0)
+                    w = tl.load(topk_weights + t * stride_wt + ks * stride_wk, mask=ks < K,
+                                other=0.0)
                     tdl.store(dweights + row * KP + ks, w, rank, r, heap_bases)
                 for c in tl.static_range(0, H, BLOCK_H):
                     m = c + cols < H
@@ -78,13 +81,11 @@ def dispatch_send_kernel(x, stride_x, topk_idx, topk_weights, num_tokens, tokens
 
 
 @triton.jit
-def dispatch_recv_kernel(tokens, meta, flags, state, expert_counter, token_rows, recv_count,
-                         expert_x, expert_num_tokens, ctrl, heap_bases, trace_buf, rank, world,
-                         max_tokens, experts_per_rank, cap,
-                         H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                         BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    pid = tl.program_id(0)
-    npid = tl.num_programs(0)
+def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_rows,
+                  recv_count, expert_x, expert_num_tokens, ctrl, heap_bases, trace_buf, rank,
+                  world, max_tokens, experts_per_rank, cap,
+                  H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                  BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tl.load(state + B.DISPATCH_RECV_EPOCH) + 1
     par = epoch % 2
     my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
@@ -130,3 +131,30 @@ def dispatch_recv_kernel(tokens, meta, flags, state, expert_counter, token_rows,
             tl.store(expert_num_tokens + ls, tl.minimum(got, cap), mask=lm)
         tl.store(state + B.DISPATCH_RECV_DONE, 0)
         tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
+
+
+@triton.jit
+def dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, stride_wt,
+                    stride_wk, num_tokens, tokens, meta, dweights, flags, state, slot_counter,
+                    send_slot, expert_counter, token_rows, recv_count, expert_x,
+                    expert_num_tokens, ctrl, heap_bases, trace_buf, rank, world, max_tokens,
+                    experts_per_rank, num_experts, cap, check_ids, send_programs,
+                    PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                    WP: tl.constexpr, HAS_WEIGHTS: tl.constexpr, BLOCK_L: tl.constexpr,
+                    BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    n_send = B.senders(send_programs, PART)
+    if pid < n_send:
+        if PART != B.RECV:
+            dispatch_send(pid, n_send, x, stride_x, topk_idx, stride_it, stride_ik,
+                          topk_weights, stride_wt, stride_wk, num_tokens, tokens, meta,
+                          dweights, flags, state, slot_counter, send_slot, ctrl, heap_bases,
+                          trace_buf, rank, world, max_tokens, experts_per_rank, num_experts,
+                          check_ids, H, K, KP, WP, HAS_WEIGHTS, BLOCK_H, TRACE)
+    else:
+        if PART != B.SEND:
+            dispatch_recv(pid - n_send, tl.num_programs(0) - n_send, tokens, meta, flags,
+                          state, expert_counter, token_rows, recv_count, expert_x,
+                          expert_num_tokens, ctrl, heap_bases, trace_buf, rank, world,
+                          max_tokens, experts_per_rank, cap, H, KP, WP, BLOCK_L, BLOCK_H,
+                          TRACE)

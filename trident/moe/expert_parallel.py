@@ -4,10 +4,14 @@
     d = ep.dispatch(x, topk_idx)              # d.expert_x [L, cap, H], d.expert_num_tokens [L]
     y = ep.combine(expert_y, d, topk_weights) # [T, H]
 
-Rank r owns experts [r*L, (r+1)*L). Each call is two kernel launches (send, receive) with
-no host synchronisation except the optional input check (`validate`, below). Pass
-wait=False to get the send half only; the handle's .wait() launches the receive half, so
-other GPU work can run in between while the data is in flight.
+Rank r owns experts [r*L, (r+1)*L). Each call is one kernel launch (send and receive
+halves in one grid) through a launch plan (plans.py): the first call with a signature
+checks the inputs and packs the launch, later calls only look the plan up and launch,
+with no host synchronisation. Expert ids are checked on the device (routing.py): bad ones
+are dropped, and the first is raised as a ValueError at the next ctx.sync() or
+ctx.barrier() (at once in debug mode). Pass wait=False to get the send half only; the
+handle's .wait() launches the receive half, so other GPU work can run in between while
+the data is in flight.
 
 Lifetime: expert_x and expert_num_tokens are this object's buffers, overwritten by the
 next dispatch; one dispatch/combine round may be in flight per ExpertParallel (use one
@@ -16,20 +20,20 @@ order (T may differ).
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
-import triton
 
-from ..trace import kernel_args
+from ..plans import tensor_key
 from . import buffers as B
-from .combine import combine_recv_kernel, combine_send_kernel
-from .dispatch import dispatch_recv_kernel, dispatch_send_kernel
+from . import plans
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_IDS = itertools.count()      # names an ExpertParallel in plan keys (id() can be reused)
 
 
-@dataclass
+@dataclass(slots=True)
 class Dispatched:
     """What dispatch returns: the experts' inputs, and what combine needs to route back."""
     expert_x: torch.Tensor           # [L, cap, H]: rows [0, expert_num_tokens[e]) are valid
@@ -68,11 +72,11 @@ class PendingCombine:
 class ExpertParallel:
     """Expert-parallel dispatch/combine for `num_experts` experts spread over the ranks.
 
-    validate=True (default) checks topk_idx for ids out of range and duplicate experts
-    within a token: that costs one device->host synchronisation per dispatch. Turn it off
-    (here or per call) on the hot path; it is skipped anyway during CUDA graph capture.
-    Unchecked bad ids are dropped by the kernels and never write out of bounds.
-    Shapes, dtypes and T <= max_num_tokens are always checked (free: host metadata).
+    Expert ids out of range or repeated within a token are always dropped by the kernel
+    (never written out of bounds). validate=True (default; here or per call) also records
+    the first one in the rank's control block, raised as ValueError at the next
+    ctx.sync() / ctx.barrier(); it costs no host synchronisation. Shapes, dtypes, strides
+    and T <= max_num_tokens are checked once per signature, when the plan is built.
     """
 
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
@@ -95,7 +99,8 @@ class ExpertParallel:
         self.num_experts, self.experts_per_token = num_experts, experts_per_token
         self.hidden_dim, self.max_num_tokens, self.dtype = hidden_dim, max_num_tokens, dtype
         self.num_local_experts = num_experts // world
-        self.validate = validate
+        self.validate = bool(validate)
+        self._id = next(_IDS)
         self.buf = B.Buffers(ctx, self.num_local_experts, experts_per_token, hidden_dim,
                              max_num_tokens, dtype)
         self.capacity = self.buf.cap
@@ -151,29 +156,13 @@ class ExpertParallel:
         if w.device != self.ctx.device:
             raise ValueError(f"{op}: topk_weights must be on {self.ctx.device}, got {w.device}")
 
-    def _check_ids(self, topk_idx: torch.Tensor) -> None:
-        """Ids in range and distinct within each token: one device->host sync."""
-        E = self.num_experts
-        bad_range = (topk_idx < 0) | (topk_idx >= E)
-        srt = topk_idx.sort(dim=1).values
-        dup = srt[:, 1:] == srt[:, :-1]
-        flags = torch.stack([bad_range.any(), dup.any()]).tolist()
-        if flags[0]:
-            t, j = (int(v) for v in bad_range.nonzero()[0].tolist())
-            raise ValueError(f"dispatch: topk_idx[{t}, {j}] = {int(topk_idx[t, j])} is not an "
-                             f"expert id in [0, {E})")
-        if flags[1]:
-            t = int(dup.any(dim=1).nonzero()[0, 0])
-            raise ValueError(f"dispatch: token {t} lists an expert twice: topk_idx[{t}] = "
-                             f"{topk_idx[t].tolist()} (the experts of a token must differ)")
+    def _plan(self, key, build, *args):
+        """The plan of `key` (trident/plans.py), built by `build(self, *args)` if new."""
+        plan = self.ctx.plans.get(key)
+        return plan if plan is not None else self.ctx.plans.put(key, build(self, *args))
 
-    def _validating(self, validate: bool | None) -> bool:
-        on = self.validate if validate is None else validate
-        if on and self.ctx.backend == "cuda" and torch.cuda.is_current_stream_capturing():
-            return False
-        return on
-
-    def _grid(self, work: int) -> int:
+    def programs(self, work: int) -> int:
+        """Programs of a launch (half) with `work` items: at least 1, at most max_programs."""
         return max(1, min(work, self.max_programs))
 
     # ------------------------------------------------------------------ dispatch
@@ -192,42 +181,25 @@ class ExpertParallel:
         per token and rank); combine may then be called without them, and its send half
         waits for nothing.
         """
-        self._check_tokens(x, topk_idx)
-        if topk_weights is not None:
-            self._check_weights(topk_weights, x.shape[0], "dispatch")
-        if self._validating(validate) and x.shape[0] > 0:
-            self._check_ids(topk_idx)
-        ctx, b = self.ctx, self.buf
-        T = x.shape[0]
-        topk_idx = topk_idx.contiguous()
+        ctx = self.ctx
         has_w = topk_weights is not None
-        w = topk_weights.contiguous() if has_w else b.dweights
-        trace_buf, trace = kernel_args(ctx)
-        dispatch_send_kernel[(self._grid(T),)](
-            x, x.stride(0), topk_idx, w, T, b.tokens, b.meta, b.dweights, b.flags, b.state,
-            b.slot_counter,
-            b.send_slot, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
-            self.max_num_tokens, self.num_local_experts, self.num_experts,
-            H=self.hidden_dim, K=self.experts_per_token, KP=b.kp, WP=b.wp, HAS_WEIGHTS=has_w,
-            BLOCK_H=self.block_h, TRACE=trace, num_warps=self.num_warps)
-        ctx.after_op()
+        check = self.validate if validate is None else bool(validate)
+        key = ("moe_dispatch", self._id, tensor_key(x), tensor_key(topk_idx),
+               tensor_key(topk_weights) if has_w else None, wait, check, ctx.capturing())
+        self._plan(key, plans.dispatch, x, topk_idx, topk_weights, wait, check)()
         self._seq += 1
-        self._result = Dispatched(b.expert_x, b.expert_num_tokens, T, has_w, self._seq)
-        pending = PendingDispatch(self, self._result)
-        return pending.wait() if wait else pending
+        b = self.buf
+        self._result = Dispatched(b.expert_x, b.expert_num_tokens, x.shape[0], has_w, self._seq)
+        if not wait:
+            # checked in debug mode after the receive half: the send half never waits, and a
+            # bad id raised between the halves would leave this rank's receive epoch behind
+            return PendingDispatch(self, self._result)
+        ctx.after_op()
+        return self._result
 
     def _dispatch_recv(self) -> None:
-        ctx, b = self.ctx, self.buf
-        trace_buf, trace = kernel_args(ctx)
-        # the number received is known on the device only: size the grid for the worst case
-        grid = self._grid(self.max_num_tokens * ctx.world_size)
-        dispatch_recv_kernel[(grid,)](
-            b.tokens, b.meta, b.flags, b.state, b.expert_counter, b.token_rows, b.recv_count,
-            b.expert_x, b.expert_num_tokens, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank,
-            ctx.world_size, self.max_num_tokens, self.num_local_experts, self.capacity,
-            H=self.hidden_dim, KP=b.kp, WP=b.wp,
-            BLOCK_L=min(1024, triton.next_power_of_2(self.num_local_experts)),
-            BLOCK_H=self.block_h, TRACE=trace, num_warps=self.num_warps)
+        ctx = self.ctx
+        self._plan(("moe_dispatch_recv", self._id, ctx.capturing()), plans.dispatch_recv)()
         ctx.after_op()
 
     # ------------------------------------------------------------------ combine
@@ -241,40 +213,6 @@ class ExpertParallel:
         pushed to the expert ranks, and the expert side waits for a peer's weights before
         its first token from that peer (a wait as long as the ranks' skew).
         """
-        T = self._check_combine(expert_y, d, topk_weights, out)
-        ctx, b = self.ctx, self.buf
-        if out is None:
-            out = torch.empty(T, self.hidden_dim, dtype=self.dtype, device=ctx.device)
-        at_dispatch = topk_weights is None
-        topk_weights = b.dweights if at_dispatch else topk_weights.contiguous()
-        expert_y = expert_y.contiguous()
-        weight_programs = 0 if at_dispatch else \
-            max(1, min(triton.cdiv(T, 64), self.max_programs // 4))
-        expert_programs = self._grid(self.max_num_tokens * ctx.world_size)
-        trace_buf, trace = kernel_args(ctx)
-        combine_send_kernel[(weight_programs + expert_programs,)](
-            expert_y, topk_weights, T, b.send_slot, b.token_rows, b.recv_count,
-            b.dweights if at_dispatch else b.weights, b.partial, b.flags, b.state, ctx.ctrl,
-            ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, self.max_num_tokens,
-            weight_programs, H=self.hidden_dim, K=self.experts_per_token, KP=b.kp, WP=b.wp,
-            WEIGHTS_AT_DISPATCH=at_dispatch, BLOCK_T=64,
-            BLOCK_H=self.block_h, TRACE=trace, num_warps=self.num_warps)
-        ctx.after_op()
-        pending = PendingCombine(self, out)
-        return pending.wait() if wait else pending
-
-    def _combine_recv(self, out: torch.Tensor) -> None:
-        ctx, b = self.ctx, self.buf
-        T = out.shape[0]
-        trace_buf, trace = kernel_args(ctx)
-        combine_recv_kernel[(self._grid(T),)](
-            out, T, b.send_slot, b.partial, b.flags, b.state, ctx.ctrl, ctx.heap_bases,
-            trace_buf, ctx.rank, ctx.world_size, self.max_num_tokens,
-            H=self.hidden_dim, WP=b.wp, BLOCK_H=self.block_h, TRACE=trace,
-            num_warps=self.num_warps)
-        ctx.after_op()
-
-    def _check_combine(self, expert_y, d, topk_weights, out) -> int:
         if not isinstance(d, Dispatched):
             raise TypeError(f"combine: d must be what dispatch returned (a Dispatched; call "
                             f".wait() on a PendingDispatch), got {type(d).__name__}")
@@ -282,6 +220,24 @@ class ExpertParallel:
             raise ValueError("combine: d is from an earlier dispatch; its buffers have been "
                              "reused since. Combine the latest dispatch (one round in flight "
                              "per ExpertParallel)")
+        ctx, T = self.ctx, d.num_tokens
+        key = ("moe_combine", self._id, tensor_key(expert_y),
+               None if topk_weights is None else tensor_key(topk_weights), T, d.has_weights,
+               None if out is None else tensor_key(out)[1:], wait, ctx.capturing())
+        if out is None:
+            out = torch.empty(T, self.hidden_dim, dtype=self.dtype, device=ctx.device)
+        self._plan(key, plans.combine, expert_y, d, topk_weights, out, wait)((out,))
+        ctx.after_op()
+        return out if wait else PendingCombine(self, out)
+
+    def _combine_recv(self, out: torch.Tensor) -> None:
+        ctx = self.ctx
+        T = out.shape[0]
+        self._plan(("moe_combine_recv", self._id, T, ctx.capturing()), plans.combine_recv,
+                   T, out)((out,))
+        ctx.after_op()
+
+    def _check_combine(self, expert_y, d: Dispatched, topk_weights, out) -> int:
         T, H = d.num_tokens, self.hidden_dim
         shape = (self.num_local_experts, self.capacity, H)
         if not isinstance(expert_y, torch.Tensor) or tuple(expert_y.shape) != shape:
@@ -297,8 +253,12 @@ class ExpertParallel:
         if expert_y.device != self.ctx.device:
             raise ValueError(f"combine: expert_y must be on {self.ctx.device}, "
                              f"got {expert_y.device}")
-        if out is not None and (tuple(out.shape) != (T, H) or out.dtype != self.dtype
-                                or not out.is_contiguous() or out.device != self.ctx.device):
+        if expert_y.stride(2) != 1:
+            raise ValueError(f"combine: expert_y must have contiguous rows (stride(2) == 1), "
+                             f"got strides {expert_y.stride()}")
+        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H)
+                or out.dtype != self.dtype or not out.is_contiguous()
+                or out.device != self.ctx.device):
             raise ValueError(f"combine: out must be a contiguous [{T}, {H}] {self.dtype} tensor "
                              f"on {self.ctx.device}")
         return T

@@ -1,10 +1,13 @@
 """Which path an op takes: trident's fused kernel or the plain one (NCCL + cuBLAS).
 
 The choice comes from measurements, kept in crossover.json beside this file: one entry
-per (op, GPU, world size, M, N, K) with the median times of both paths, written by
-`trident bench ops --update-crossover` (edit by hand freely). A call takes the fused path
-only if the nearest measured shape of the same op, GPU model and world size -- nearest in
-log2 of M, N and K, and at most MAX_DISTANCE away -- measured the fused path faster.
+per (op, GPU, world size, M, N, K) with the times of both paths, written by `trident
+bench ops --update-crossover` (edit by hand freely): fused_us / plain_us eagerly (calls
+queued from Python), fused_graph_us / plain_graph_us replayed from a CUDA graph. A call
+being captured into a graph compares the graph times (the eager ones where an entry has
+none); any other call the eager ones. A call takes the fused path only if the nearest
+measured shape of the same op, GPU model and world size -- nearest in log2 of M, N and
+K, and at most MAX_DISTANCE away -- measured the fused path faster.
 Anything unmeasured takes the plain path, so trident never picks a path measured slower
 than the baseline. On the CPU emulation there is nothing to measure: the fused path is
 the default there, so that the kernels are what the tests exercise.
@@ -44,12 +47,26 @@ def device_name(ctx) -> str:
     return torch.cuda.get_device_name(ctx.device)
 
 
-def choose(ctx, op: str, M: int, N: int, K: int, table: list[dict] | None = None) -> str:
-    """'fused' or 'plain' for this call (see the module docstring)."""
+def _capturing(ctx) -> bool:
+    capturing = getattr(ctx, "capturing", None)
+    return bool(capturing and capturing())
+
+
+def _times(entry: dict, graph: bool) -> tuple[float, float]:
+    if graph and "fused_graph_us" in entry and "plain_graph_us" in entry:
+        return entry["fused_graph_us"], entry["plain_graph_us"]
+    return entry["fused_us"], entry["plain_us"]
+
+
+def choose(ctx, op: str, M: int, N: int, K: int, table: list[dict] | None = None,
+           graph: bool | None = None) -> str:
+    """'fused' or 'plain' for this call (see the module docstring); graph: whether the call
+    is captured into a CUDA graph (default: whether the current stream is capturing)."""
     if ctx.backend != "cuda":
         return "fused"
+    graph = _capturing(ctx) if graph is None else graph
     name = device_name(ctx)
-    key = (op, name, ctx.world_size, M, N, K)
+    key = (op, name, ctx.world_size, M, N, K, graph)
     if table is None and key in _choices:
         return _choices[key]
     best, best_d = None, math.inf
@@ -60,8 +77,10 @@ def choose(ctx, op: str, M: int, N: int, K: int, table: list[dict] | None = None
         if d < best_d:
             best, best_d = e, d
     choice = "plain"
-    if best is not None and best_d <= MAX_DISTANCE and best["fused_us"] < best["plain_us"]:
-        choice = "fused"
+    if best is not None and best_d <= MAX_DISTANCE:
+        fused_us, plain_us = _times(best, graph)
+        if fused_us < plain_us:
+            choice = "fused"
     if table is None:
         _choices[key] = choice
     return choice
@@ -81,7 +100,9 @@ def update_table(entries: list[dict], path: str = TABLE_PATH) -> str:
     merged.update({key(e): e for e in entries})
     rows = sorted(merged.values(), key=key)
     with open(path, "w") as f:
-        json.dump({"about": "measured by `trident bench ops --update-crossover`; see selector.py",
+        json.dump({"about": "measured by `trident bench ops --update-crossover` (fused_us/plain_us "
+                            "eager, *_graph_us from a CUDA graph; entries without graph times "
+                            "are from one call after a device barrier); see selector.py",
                    "entries": rows}, f, indent=1)
         f.write("\n")
     _table = None

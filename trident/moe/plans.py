@@ -1,0 +1,112 @@
+"""The launch plans of ExpertParallel's calls (see trident/plans.py for what a plan is).
+
+A plan is built on the first call with a signature (which ExpertParallel, each tensor's
+address, shape, strides and dtype, T, wait, validate, whether a CUDA graph is being
+captured): the inputs are checked, the grids sized and every kernel argument packed.
+Later calls only launch. Strides are kernel arguments, so no input is ever copied to
+make it contiguous. Combine's `out` is the call's tensor 0 (`Live(0)`): a fresh tensor
+per call unless the caller gives one.
+
+With wait=True a call is one launch (PART=BOTH: the send and receive halves in one
+grid); with wait=False the plan holds the send half and the handle's .wait() runs the
+receive half's plan (PART=RECV), which depends on nothing but the ExpertParallel and T.
+"""
+from __future__ import annotations
+
+import triton
+
+from ..plans import Live, Plan
+from ..trace import kernel_args
+from . import buffers as B
+from .combine import combine_kernel
+from .dispatch import dispatch_kernel
+
+BLOCK_T = 64      # tokens per step of combine's weight programs
+
+
+def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, args: dict,
+            **constexprs) -> None:
+    """Add a launch of `kernel` with every parameter taken by name from the ExpertParallel's
+    fixed arguments, then `args` (positionally: Live arguments must be)."""
+    ctx, b = ep.ctx, ep.buf
+    trace_buf, trace = kernel_args(ctx)
+    named = dict(
+        tokens=b.tokens, meta=b.meta, dweights=b.dweights, partial=b.partial, flags=b.flags,
+        state=b.state, slot_counter=b.slot_counter, send_slot=b.send_slot,
+        expert_counter=b.expert_counter, token_rows=b.token_rows, recv_count=b.recv_count,
+        expert_x=b.expert_x, expert_num_tokens=b.expert_num_tokens, ctrl=ctx.ctrl,
+        heap_bases=ctx.heap_bases, trace_buf=trace_buf, rank=ctx.rank, world=ctx.world_size,
+        max_tokens=ep.max_num_tokens, experts_per_rank=ep.num_local_experts,
+        num_experts=ep.num_experts, cap=ep.capacity, send_programs=send_programs, PART=part,
+        H=ep.hidden_dim, K=ep.experts_per_token, KP=b.kp, WP=b.wp,
+        BLOCK_L=min(1024, triton.next_power_of_2(ep.num_local_experts)),
+        BLOCK_H=ep.block_h, BLOCK_T=BLOCK_T, TRACE=trace)
+    named.update(args, **constexprs)
+    plan.launch(kernel, (programs,), *(named[name] for name in kernel.arg_names),
+                num_warps=ep.num_warps)
+
+
+def _receivers(ep) -> int:
+    """Programs of dispatch's receive half / combine's expert side: the number of tokens
+    received is known on the device only, so the grid is sized for the worst case."""
+    return ep.programs(ep.max_num_tokens * ep.ctx.world_size)
+
+
+def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool) -> Plan:
+    ep._check_tokens(x, topk_idx)
+    T = x.shape[0]
+    has_w = topk_weights is not None
+    if has_w:
+        ep._check_weights(topk_weights, T, "dispatch")
+    w = topk_weights if has_w else ep.buf.dweights       # not read without weights
+    senders = ep.programs(T)
+    plan = Plan((), "moe_dispatch")
+    args = dict(x=x, stride_x=x.stride(0), topk_idx=topk_idx, stride_it=topk_idx.stride(0),
+                stride_ik=topk_idx.stride(1), topk_weights=w,
+                stride_wt=w.stride(0) if has_w else 0, stride_wk=w.stride(1) if has_w else 0,
+                num_tokens=T, check_ids=int(check))
+    part, programs = (B.BOTH, senders + _receivers(ep)) if wait else (B.SEND, senders)
+    _launch(ep, plan, dispatch_kernel, part, senders, programs, args, HAS_WEIGHTS=has_w)
+    return plan
+
+
+def dispatch_recv(ep) -> Plan:
+    """The receive half alone (split mode); the send half's tensors are not read."""
+    b = ep.buf
+    plan = Plan((), "moe_dispatch_recv")
+    args = dict(x=b.tokens, stride_x=0, topk_idx=b.meta, stride_it=0, stride_ik=0,
+                topk_weights=b.dweights, stride_wt=0, stride_wk=0, num_tokens=0, check_ids=0)
+    _launch(ep, plan, dispatch_kernel, B.RECV, 0, _receivers(ep), args, HAS_WEIGHTS=False)
+    return plan
+
+
+def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
+    """`out` is the build call's output (tensor 0 of every call)."""
+    T = ep._check_combine(expert_y, d, topk_weights, out)
+    at_dispatch = topk_weights is None
+    w = ep.buf.dweights if at_dispatch else topk_weights
+    weight_programs = 0 if at_dispatch else \
+        max(1, min(triton.cdiv(T, BLOCK_T), ep.max_programs // 4))
+    senders = weight_programs + _receivers(ep)
+    plan = Plan((out,), "moe_combine")
+    args = dict(expert_y=expert_y, stride_ye=expert_y.stride(0), stride_yr=expert_y.stride(1),
+                topk_weights=w, stride_wt=0 if at_dispatch else w.stride(0),
+                stride_wk=0 if at_dispatch else w.stride(1), out=Live(0), num_tokens=T,
+                weights=ep.buf.dweights if at_dispatch else ep.buf.weights,
+                num_weight_programs=weight_programs)
+    part, programs = (B.BOTH, senders + ep.programs(T)) if wait else (B.SEND, senders)
+    _launch(ep, plan, combine_kernel, part, senders, programs, args,
+            WEIGHTS_AT_DISPATCH=at_dispatch)
+    return plan
+
+
+def combine_recv(ep, T: int, out) -> Plan:
+    """The receive half alone (split mode): sums the partials of T tokens into tensor 0."""
+    b = ep.buf
+    plan = Plan((out,), "moe_combine_recv")
+    args = dict(expert_y=b.expert_x, stride_ye=0, stride_yr=0, topk_weights=b.dweights,
+                stride_wt=0, stride_wk=0, out=Live(0), num_tokens=T, weights=b.weights,
+                num_weight_programs=0)
+    _launch(ep, plan, combine_kernel, B.RECV, 0, ep.programs(T), args,
+            WEIGHTS_AT_DISPATCH=False)
+    return plan
