@@ -15,6 +15,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
     rs_out = torch.empty(n, dtype=torch.float32, device=ctx.device)
     a2a_in = torch.empty(w * 8, 3, dtype=torch.float16, device=ctx.device)
     a2a_out = torch.empty_like(a2a_in)
+    a2a_one_shot = torch.empty_like(a2a_in)
     bc = torch.empty(n, dtype=torch.float32, device=ctx.device)
     ar = torch.empty(n, dtype=torch.float32, device=ctx.device)
 
@@ -24,6 +25,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
         ctx.all_gather(ag_out, x, algorithm=alg_ag)
         ctx.reduce_scatter(rs_out, rs_in, algorithm="pull")
         ctx.all_to_all(a2a_out, a2a_in, algorithm="push")
+        ctx.all_to_all(a2a_one_shot, a2a_in, algorithm="one_shot")
         ctx.broadcast(bc, src=w - 1, algorithm="push")
 
     ops()                                  # warm-up: workspaces are created outside capture
@@ -47,6 +49,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
         assert_equal(ag_out, torch.cat(xs), f"all_gather replay {i}")
         assert_equal(rs_out, reduce_ref(rss, "sum").chunk(w)[ctx.rank], f"reduce_scatter {i}")
         assert_equal(a2a_out, torch.cat([t.chunk(w)[ctx.rank] for t in a2as]), f"all_to_all {i}")
+        assert_equal(a2a_one_shot, a2a_out, f"all_to_all one_shot {i}")
         assert_equal(bc, bcs[w - 1], f"broadcast replay {i}")
         ctx.barrier()     # the next round's inputs are written by the host
 
