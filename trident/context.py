@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from . import _env
 from .errors import CommTimeout, HeapMismatchError, decode_timeout
-from .heap.allocator import Allocator
+from .heap.allocator import Allocator, HeapFullError
 from .language import sync as _sync
 from .plans import PlanCache
 
@@ -71,9 +71,11 @@ class Context:
         self._closed = False
         # launch plans of this context's calls (trident/plans.py), and whether the current
         # stream is being captured into a CUDA graph (selection differs there)
-        self.plans = PlanCache()
         self.capturing = (torch.cuda.is_current_stream_capturing if self.backend == "cuda"
                           else _not_capturing)
+        self.plans = PlanCache(
+            graphs=os.environ.get("TRIDENT_PLAN_GRAPHS", "multi") if self.backend == "cuda"
+            else "off", capturing=self.capturing)
         self._workspaces: dict = {}
         self._resettable: list = []
         self._persistent: set[int] = set()
@@ -144,6 +146,9 @@ class Context:
         if not self.is_symmetric(t):
             raise ValueError("ctx.free: tensor is not on this context's symmetric heap")
         offset = t.data_ptr() - self._heap_ptr
+        if self.allocator.is_free(offset):
+            raise ValueError(f"ctx.free: the tensor at heap offset {offset} was freed already "
+                             f"(double free)")
         if not self.allocator.owns(offset):
             raise ValueError(f"ctx.free: tensor at heap offset {offset} is a view inside an "
                              f"allocation, not the tensor the factory returned")
@@ -272,13 +277,30 @@ class Context:
 
         Creation ends with a host barrier: a peer must not signal into flags this rank has
         not zeroed yet. So the first call of an op is not graph-capturable; warm up first.
+        If creation fails on any rank (heap full, or ranks that asked for different sizes
+        or skipped the call), every rank gives back what it allocated, so the heap is the
+        same everywhere again and the context stays usable; the error names the op.
         """
         obj = self._workspaces.get(key)
         if obj is None:
             before = set(self.allocator.live_offsets())
-            obj = self._workspaces[key] = factory(self)
-            self._persistent |= set(self.allocator.live_offsets()) - before
-            self.barrier()
+            try:
+                obj = factory(self)
+            except HeapFullError as e:
+                raise HeapFullError(f"the workspace {key!r} (made on an op's first call) does "
+                                    f"not fit: {e}") from None
+            made = set(self.allocator.live_offsets()) - before
+            try:
+                self.barrier()
+            except HeapMismatchError as e:
+                for offset in made:
+                    self.allocator.free(offset)
+                self.allocator.restart_log()
+                raise HeapMismatchError(
+                    f"while creating the workspace {key!r} on an op's first call: {e} Did "
+                    f"every rank make this call, with the same sizes?") from None
+            self._workspaces[key] = obj
+            self._persistent |= made
         return obj
 
     def register_reset(self, obj) -> None:

@@ -66,17 +66,38 @@ def _detach(obj):
     return tree_map(lambda x: x.detach().cpu().clone() if isinstance(x, torch.Tensor) else x, obj)
 
 
+def _die_with_parent() -> None:
+    """Have the kernel kill this process when the launcher dies (Linux), so that ranks
+    never outlive a launcher that was SIGKILLed or SIGTERMed."""
+    try:
+        import ctypes
+        import signal
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass                       # not Linux: the pipe's EOF still ends an idle rank
+    if os.getppid() == 1:          # the launcher died before prctl took effect
+        os._exit(1)
+
+
 def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
+    _die_with_parent()
+    import datetime
+
     import torch
     import torch.distributed as dist
+    # host collectives (barriers, debug checks) give up after the context's timeout too
+    pg_timeout = datetime.timedelta(seconds=timeout or 30.0)
     if backend == "cuda":
         torch.cuda.set_device(rank)
         dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, device_id=torch.device("cuda", rank))
+                                world_size=world_size, device_id=torch.device("cuda", rank),
+                                timeout=pg_timeout)
     else:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size)
+                                world_size=world_size, timeout=pg_timeout)
     import trident
     try:
         ctx = trident.init(heap_size=heap_size, timeout=timeout)
@@ -85,7 +106,10 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
         raise
     conn.send(("ok", None))
     while True:
-        msg = conn.recv()
+        try:
+            msg = conn.recv()
+        except EOFError:           # the launcher is gone
+            break
         if msg is None:
             break
         if msg == "reset":
@@ -163,8 +187,13 @@ class RankPool:
                             f"picklable (a module-level function): {exc}") from None
         for conn in self._conns:
             conn.send_bytes(msg)
+        what = getattr(fn, "__name__", "fn")
         try:
-            return self._collect(timeout or self.run_timeout, what=getattr(fn, "__name__", "fn"))
+            return self._collect(timeout or self.run_timeout, what=what)
+        except KeyboardInterrupt:
+            self.close(force=True)     # no polite reset: the user wants out now
+            raise KeyboardInterrupt(f"interrupted while the ranks ran {what}; the rank "
+                                    f"processes were stopped") from None
         except BaseException:
             if self._procs is not None:
                 self._reset()
@@ -198,6 +227,7 @@ class RankPool:
                 try:
                     reply = conn.recv()
                 except EOFError:
+                    self._procs[rank].join(timeout=5)      # reap it: the exit code is known
                     code = self._procs[rank].exitcode
                     self.close(force=True)
                     raise RuntimeError(f"{what}: rank {rank} process died (exit code {code})") from None
@@ -257,11 +287,15 @@ class RankPool:
 
 
 def launch(fn, world_size: int | None = None, *args, backend: str | None = None,
-           heap_size: int | None = None, timeout: float | None = None) -> list:
+           heap_size: int | None = None, timeout: float | None = None,
+           run_timeout: float = 600.0) -> list:
     """Spawn `world_size` ranks, run fn(ctx, *args) on each, return the per-rank results.
 
     backend: "cuda" (one process per GPU, NCCL) or "cpu" (gloo, Triton interpreter);
     default: cuda when GPUs are visible. fn must be a module-level function.
+    timeout: seconds every device wait and host collective may take (the context's
+    timeout); run_timeout: seconds the whole of fn may take before the ranks are stopped.
     """
-    with RankPool(world_size, backend=backend, heap_size=heap_size, timeout=timeout) as pool:
+    with RankPool(world_size, backend=backend, heap_size=heap_size, timeout=timeout,
+                  run_timeout=run_timeout) as pool:
         return pool.run(fn, *args)

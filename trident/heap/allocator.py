@@ -89,5 +89,10 @@ class Allocator:
     def owns(self, offset: int) -> bool:
         return offset in self._used
 
+    def is_free(self, offset: int) -> bool:
+        """True if `offset` lies in a free block (e.g. a tensor that was freed already)."""
+        i = bisect.bisect_right(self._free, (offset, self.size + 1)) - 1
+        return i >= 0 and self._free[i][0] <= offset < self._free[i][0] + self._free[i][1]
+
     def length(self, offset: int) -> int:
         return self._used[offset]

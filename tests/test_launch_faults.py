@@ -1,0 +1,67 @@
+"""The launcher under faults: rank processes never outlive it, and Ctrl-C returns fast."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    import trident as td
+
+    def nap(ctx):
+        print("ranks", os.getpid(), flush=True)
+        time.sleep(300)
+
+    if __name__ == "__main__":
+        td.launch(nap, 2, backend="cpu", heap_size=1 << 20)
+""")
+
+
+def _start(tmp_path):
+    path = tmp_path / "nap.py"
+    path.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    ranks = set()
+    deadline = time.monotonic() + 120
+    while len(ranks) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("ranks"):
+            ranks.add(int(line.split()[1]))
+    assert len(ranks) == 2, "ranks did not start"
+    return proc, ranks
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_ranks_die_with_the_launcher(tmp_path, sig):
+    proc, ranks = _start(tmp_path)
+    proc.send_signal(sig)
+    proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in ranks), "rank processes outlived their launcher"
+
+
+def test_ctrl_c_returns_quickly_with_a_message(tmp_path):
+    proc, ranks = _start(tmp_path)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert time.monotonic() - t0 < 5, "Ctrl-C took longer than 5 s"
+    assert "interrupted while the ranks ran nap" in err
+    time.sleep(1)
+    assert not any(_alive(p) for p in ranks)
