@@ -128,9 +128,12 @@ class PlanCache:
             self._plans.move_to_end(key)
         return plan
 
-    def put(self, key, plan: Plan) -> Plan:
-        capturing = self.capturing is not None and self.capturing()
-        plan.finish("off" if capturing else self.graphs)
+    def put(self, key, plan: Plan, for_capture: bool | None = None) -> Plan:
+        """Store `plan` under `key`. for_capture: the plan runs inside a CUDA-graph capture
+        (default: whether one is under way now), so it must not be a graph of its own."""
+        if for_capture is None:
+            for_capture = self.capturing is not None and self.capturing()
+        plan.finish("off" if for_capture else self.graphs)
         self.builds += 1
         self._plans[key] = plan
         if len(self._plans) > self.capacity:
@@ -139,6 +142,9 @@ class PlanCache:
 
     def clear(self) -> None:
         self._plans.clear()
+
+    def __contains__(self, key) -> bool:
+        return key in self._plans
 
     def __len__(self) -> int:
         return len(self._plans)

@@ -23,14 +23,15 @@ from .all_to_all import ALGORITHMS as ALL_TO_ALL
 from .broadcast import ALGORITHMS as BROADCAST
 from .reduce_scatter import ALGORITHMS as REDUCE_SCATTER
 from ..plans import Plan, tensor_key
+from .all_to_all.rows import check_no_overlap
 from .selector import select
 
 ALGORITHMS = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
               "all_reduce": ALL_REDUCE, "all_to_all": ALL_TO_ALL, "broadcast": BROADCAST}
 
 
-def _algorithm(ctx, op: str, algorithm, nbytes: int) -> str:
-    name = algorithm or select(op, nbytes, ctx.world_size, graph=ctx.capturing())
+def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
+    name = algorithm or select(op, nbytes, ctx.world_size, graph=graph)
     if name != "nccl" and name not in ALGORITHMS[op]:
         raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of "
                          f"{sorted(ALGORITHMS[op]) + ['nccl']}")
@@ -57,13 +58,21 @@ def signature(tensors, options, rows: bool = True) -> tuple:
 
 def _run(ctx, key, build, tensors, *options):
     """Run the plan of `key` on `tensors`, building it first if this signature is new.
+    The key's and the options' last item is whether a CUDA graph is being captured.
+
     Debug mode first checks, with one host collective, that every rank called with the
-    same sizes (before anything is allocated or launched)."""
+    same sizes (before anything is allocated or launched). An eager first call on a GPU
+    also builds the plan a capture of the same call will use (the graph table may pick
+    another algorithm, whose workspace cannot be created during a capture)."""
     if ctx.debug:
-        _agree(ctx, key[0], *signature(tensors, options, rows=key[0] != "all_to_all"))
+        _agree(ctx, key[0], *signature(tensors, options[:-1], rows=key[0] != "all_to_all"))
     plan = ctx.plans.get(key)
     if plan is None:
-        plan = ctx.plans.put(key, build(ctx, *tensors, *options))
+        plan = ctx.plans.put(key, build(ctx, *tensors, *options), for_capture=key[-1])
+        if ctx.backend == "cuda" and not key[-1]:
+            twin = key[:-1] + (True,)
+            if twin not in ctx.plans:
+                ctx.plans.put(twin, build(ctx, *tensors, *options[:-1], True), for_capture=True)
     if ctx.debug and plan.debug_before is not None:
         plan.debug_before(ctx, tensors)
     plan(tensors)
@@ -76,14 +85,14 @@ def _run(ctx, key, build, tensors, *options):
 def all_reduce(ctx, t, op: str = "sum", algorithm: str | None = None, block=None, programs=None):
     """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
     key = ("all_reduce", tensor_key(t), op, algorithm, block, programs, ctx.capturing())
-    _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs)
+    _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs, key[-1])
     return t
 
 
-def _plan_all_reduce(ctx, t, op, algorithm, block, programs) -> Plan:
+def _plan_all_reduce(ctx, t, op, algorithm, block, programs, graph) -> Plan:
     common.check_tensor(ctx, t, "all_reduce: t")
     code = common.check_reduce(t, "all_reduce: t", op)
-    name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size())
+    name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size(), graph)
     plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op), graphable=False)
@@ -96,11 +105,11 @@ def all_gather(ctx, out, inp, algorithm: str | None = None, block=None, programs
     """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
     key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs,
            ctx.capturing())
-    _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs)
+    _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs, key[-1])
     return out
 
 
-def _plan_all_gather(ctx, out, inp, algorithm, block, programs) -> Plan:
+def _plan_all_gather(ctx, out, inp, algorithm, block, programs, graph) -> Plan:
     common.check_tensor(ctx, out, "all_gather: out")
     common.check_tensor(ctx, inp, "all_gather: inp")
     common.check_same_dtype(out, inp, "all_gather: out and inp")
@@ -108,7 +117,7 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs) -> Plan:
         raise ValueError(f"all_gather: out must have shape [world_size * n, ...] = "
                          f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
                          f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
-    name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size())
+    name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size(), graph)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]), graphable=False)
@@ -125,11 +134,11 @@ def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str | None = None,
     """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
     key = ("reduce_scatter", tensor_key(out), tensor_key(inp), op, algorithm, block, programs,
            ctx.capturing())
-    _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs)
+    _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs, key[-1])
     return out
 
 
-def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs) -> Plan:
+def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, graph) -> Plan:
     common.check_tensor(ctx, out, "reduce_scatter: out")
     common.check_tensor(ctx, inp, "reduce_scatter: inp")
     common.check_same_dtype(out, inp, "reduce_scatter: out and inp")
@@ -137,7 +146,7 @@ def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs) -> Plan:
     if out.dim() == 0 or tuple(inp.shape) != (ctx.world_size * out.shape[0], *out.shape[1:]):
         raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
                          f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
-    name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size())
+    name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size(), graph)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op), graphable=False)
@@ -172,20 +181,26 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | 
            None if in_splits is None else tuple(in_splits), algorithm, block, programs,
            ctx.capturing())
     _run(ctx, key, _plan_all_to_all, (out, inp), out_splits, in_splits, algorithm, block,
-         programs)
+         programs, key[-1])
     return out
 
 
-def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, programs) -> Plan:
+def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, programs,
+                     graph) -> Plan:
     common.check_tensor(ctx, out, "all_to_all: out")
     common.check_tensor(ctx, inp, "all_to_all: inp")
     common.check_same_dtype(out, inp, "all_to_all: out and inp")
     if out.dim() == 0 or inp.dim() == 0 or out.shape[1:] != inp.shape[1:]:
         raise ValueError(f"all_to_all: out and inp must be at least 1-D with the same shape "
                          f"after dim 0, got {list(out.shape)} and {list(inp.shape)}")
+    even = out_splits is None and in_splits is None
     out_splits = _splits(ctx, out, out_splits, "out")
     in_splits = _splits(ctx, inp, in_splits, "in")
-    name = _algorithm(ctx, "all_to_all", algorithm, inp.numel() * inp.element_size())
+    check_no_overlap(out, inp)
+    # Every rank must pick the same algorithm. With uneven splits the input sizes differ
+    # between ranks, so the choice cannot depend on them: take the large-message row.
+    nbytes = inp.numel() * inp.element_size() if even else 1 << 62
+    name = _algorithm(ctx, "all_to_all", algorithm, nbytes, graph)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits),
@@ -230,15 +245,15 @@ def _check_splits_matched(ctx) -> None:
 def broadcast(ctx, t, src: int = 0, algorithm: str | None = None, block=None, programs=None):
     """t on every rank = t of rank `src`. Returns t."""
     key = ("broadcast", tensor_key(t), src, algorithm, block, programs, ctx.capturing())
-    _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs)
+    _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs, key[-1])
     return t
 
 
-def _plan_broadcast(ctx, t, src, algorithm, block, programs) -> Plan:
+def _plan_broadcast(ctx, t, src, algorithm, block, programs, graph) -> Plan:
     common.check_tensor(ctx, t, "broadcast: t")
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < ctx.world_size:
         raise ValueError(f"broadcast: src must be a rank in 0..{ctx.world_size - 1}, got {src!r}")
-    name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size())
+    name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size(), graph)
     plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src), graphable=False)
