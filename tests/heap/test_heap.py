@@ -1,5 +1,6 @@
 """The symmetric heap across ranks: offsets, reuse, mismatch detection, leaks."""
 import os
+import uuid
 
 import pytest
 import torch
@@ -86,10 +87,16 @@ def _fds():
     return len(os.listdir("/proc/self/fd"))
 
 
-def _shm_files():
-    """This job's heap files (other jobs on the machine may come and go meanwhile)."""
-    job = os.environ.get("TRIDENT_JOB_ID", "")
-    return sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"trident-{job}"))
+def _shm_files(job: str) -> list[str]:
+    """Heap files of job `job` in /dev/shm (other trident jobs on the machine may create
+    and remove theirs meanwhile: only this test's job counts)."""
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith(f"trident-{job}-"))
+
+
+def _heap_mappings() -> list[str]:
+    """This process's mappings of heap files (a closed context must unmap its peers' too)."""
+    with open("/proc/self/maps") as f:
+        return sorted(line.split(None, 5)[-1] for line in f if "/dev/shm/trident-" in line)
 
 
 def _gpu_free_bytes(ctx):
@@ -99,19 +106,30 @@ def _gpu_free_bytes(ctx):
     return torch.cuda.mem_get_info(ctx.device)[0]
 
 
-def _init_close_many(ctx, rounds):
+def _init_close_many(ctx, rounds, job):
     heap = 256 << 20 if ctx.backend == "cuda" else 4 << 20
-    with td.init(heap_size=heap, group=ctx.group):   # first use may set up caches
-        pass
-    fds, shm, free = _fds(), _shm_files(), _gpu_free_bytes(ctx)
-    for i in range(rounds):
-        with td.init(heap_size=heap, group=ctx.group) as other:
-            x = other.randn(1000)
-            assert other.is_symmetric(x) and not ctx.is_symmetric(x)
-            other.barrier()
-            del x
+    saved = os.environ.get("TRIDENT_JOB_ID")
+    os.environ["TRIDENT_JOB_ID"] = job        # the contexts below name their heap files after it
+    try:
+        with td.init(heap_size=heap, group=ctx.group):   # first use may set up caches
+            pass
+        fds, maps, free = _fds(), _heap_mappings(), _gpu_free_bytes(ctx)
+        assert _shm_files(job) == [], _shm_files(job)
+        for i in range(rounds):
+            with td.init(heap_size=heap, group=ctx.group) as other:
+                x = other.randn(1000)
+                assert other.is_symmetric(x) and not ctx.is_symmetric(x)
+                other.barrier()
+                del x
+    finally:
+        if saved is None:
+            os.environ.pop("TRIDENT_JOB_ID", None)
+        else:
+            os.environ["TRIDENT_JOB_ID"] = saved
     assert _fds() == fds, (fds, _fds())
-    assert _shm_files() == shm
+    assert _heap_mappings() == maps, (maps, _heap_mappings())
+    ctx.barrier()                             # every rank has closed its last context
+    assert _shm_files(job) == [], _shm_files(job)
     lost = free - _gpu_free_bytes(ctx)
     # a leaked heap would cost rounds * 256 MiB; allow 64 MiB of allocator/NCCL caches
     assert lost < 64 << 20, f"{lost / 2**20:.0f} MiB of GPU memory lost over {rounds} rounds"
@@ -119,7 +137,8 @@ def _init_close_many(ctx, rounds):
 
 
 def test_repeated_init_close_leaks_nothing(pool):
-    assert pool.run(_init_close_many, 20) == [20] * pool.world_size
+    job = f"leaktest{uuid.uuid4().hex[:8]}"   # whatever TRIDENT_JOB_ID the environment has
+    assert pool.run(_init_close_many, 20, job) == [20] * pool.world_size
 
 
 def _return_heap_view(ctx):

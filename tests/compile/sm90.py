@@ -1,0 +1,341 @@
+"""Compile every kernel of trident for sm_90 (H100/H200) with the real Triton compiler --
+no GPU needed -- at the constexpr combinations the host code launches on GPUs, and check
+what the CPU emulation cannot: that each kernel compiles (PTX, then ptxas), and that its
+copy loops keep 16-byte vector accesses (ld/st .v4) where their alignment allows.
+
+Run in a process of its own, since the caller may be using the interpreter:
+    python -m tests.compile.sm90 [SUBSTRING ...]     (only the kernels whose name matches)
+tests/compile/test_sm90.py does so.
+
+kernels() lists (module, kernel, argument types, constexpr combinations). Argument names come
+from the kernel itself: a kernel that gains an argument fails here until its entry gives
+the type, and a constexpr combination must name every constexpr. Alignment is what Triton
+assumes at a GPU launch when the value allows it: pointers 16-byte aligned, and the integer
+arguments listed in `aligned` divisible by 16 (sizes and strides of the common, aligned
+case). Each combination says which 16-byte accesses it must have (Variant.vectors); one
+whose data is not 16-byte aligned (all_to_all's odd rows) is only compiled.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "0"          # before trident/triton pick their mode
+os.environ["TRIDENT_BACKEND"] = "cuda"
+
+import importlib  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+DIVISIBLE_BY_16 = [["tt.divisibility", 16]]
+
+I32, I64, P8, P16, P32, P64 = "i32", "i64", "*i8", "*i16", "*i32", "*i64"
+PF32, PBF16, PF16 = "*fp32", "*bf16", "*fp16"
+# the arguments most kernels share
+COMMON = dict(ctrl=P64, heap_bases=P64, trace_buf=P64, rank=I32, world_size=I32, world=I32)
+
+
+def compile_ptx(fn, signature: dict, constants: dict | None = None, aligned=(),
+                num_warps: int = 4, num_stages: int = 3) -> str:
+    """PTX of `fn` for sm_90 (ptxas runs too: the cubin is built)."""
+    names = list(signature)
+    attrs = {(names.index(a),): DIVISIBLE_BY_16 for a in aligned}
+    src = ASTSource(fn, signature, constants or {}, attrs)
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=TARGET, options=options).asm["ptx"]
+
+
+@dataclass
+class Variant:
+    """One constexpr combination of a launch, with its launch options."""
+    constexprs: dict
+    vectors: str = ""              # "all": every 8/16/32-bit global access is 16-byte;
+                                   # "ld+st": 16-byte loads and stores (the kernel also has
+                                   # scalar flags or a scalar branch); "": no requirement
+                                   # (no copy loop, or data not 16-byte aligned);
+                                   # a key of KNOWN_SCALAR: a known defect
+    num_warps: int = 4
+    num_stages: int = 3
+    types: dict = field(default_factory=dict)    # argument types that differ per variant
+
+
+def V(vectors="", num_warps=4, num_stages=3, types=None, **constexprs) -> Variant:
+    return Variant(constexprs, vectors, num_warps, num_stages, types or {})
+
+
+@dataclass
+class Kernel:
+    module: str
+    name: str
+    types: dict                    # non-constexpr arguments (COMMON fills the usual ones)
+    variants: list
+    aligned: tuple = ()            # integer arguments divisible by 16 in the aligned case
+
+    @property
+    def label(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+# Copy loops that could have 16-byte accesses but do not: the pull kernels read a peer's
+# tensor at `ptr + peer_shift(...)` (ccl/device.py: heap tensors may lie at different
+# offsets on different ranks, since 9138222), a runtime value whose alignment the compiler
+# cannot know, so their remote loads -- and two_shot's remote stores -- are scalar ones
+# (before 9138222: 4 ld.v4 in pull all_gather, 8 ld.v4 + 4 st.v4 in two_shot). A kernel
+# fix would take the aligned case apart, as all_to_all/push.py does for its destination.
+# These entries fail once the accesses are 16-byte again, so that they get tightened.
+KNOWN_SCALAR = {
+    "st": "16-byte stores; the remote loads through peer_shift are scalar",
+    "none": "no 16-byte accesses: remote loads and stores through peer_shift are scalar",
+}
+
+
+def _vector_accesses(ptx: str) -> tuple[int, int, int]:
+    """(16-byte loads, 16-byte stores, scalar loads/stores of 8/16/32-bit words)."""
+    loads = len(re.findall(r"\bld\.global(?:\.[\w:]+)*\.v4\.", ptx))
+    stores = len(re.findall(r"\bst\.global(?:\.[\w:]+)*\.v4\.", ptx))
+    scalar = len(re.findall(r"\b(?:ld|st)\.global(?:\.(?!v\d)[\w:]+)*\.[bsu](?:8|16|32)\b", ptx))
+    return loads, stores, scalar
+
+
+def compile_kernel(k: Kernel) -> list[str]:
+    """Compile every variant of `k`; returns one line per variant, raises on a failure."""
+    fn = getattr(importlib.import_module(k.module), k.name)
+    constexpr_names = [p.name for p in fn.params if p.is_constexpr]
+    lines = []
+    for v in k.variants:
+        types = {**COMMON, **k.types, **v.types}
+        missing = [a for a in fn.arg_names if a not in constexpr_names and a not in types]
+        if missing:
+            raise AssertionError(f"{k.label}: no type for argument(s) {missing}: add them to "
+                                 f"its entry in tests/compile/sm90.py")
+        if sorted(v.constexprs) != sorted(constexpr_names):
+            raise AssertionError(f"{k.label}: constexprs {sorted(v.constexprs)} given, the "
+                                 f"kernel has {sorted(constexpr_names)}")
+        sig = {a: "constexpr" if a in constexpr_names else types[a] for a in fn.arg_names}
+        aligned = [a for a in fn.arg_names if sig[a].startswith("*") or a in k.aligned]
+        t0 = time.perf_counter()
+        try:
+            ptx = compile_ptx(fn, sig, v.constexprs, aligned, v.num_warps, v.num_stages)
+        except Exception as exc:
+            raise AssertionError(f"{k.label} {v.constexprs} does not compile for sm_90: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        loads, stores, scalar = _vector_accesses(ptx)
+        wanted = {"all": "ld+st", "ld+st": "ld+st", "st": "st"}.get(v.vectors, "")
+        lost = [op for op, n in (("ld", loads), ("st", stores)) if op in wanted and not n]
+        if lost or v.vectors == "all" and scalar:
+            raise AssertionError(f"{k.label} {v.constexprs}: copy loops lost their 16-byte "
+                                 f"accesses ({loads} ld.v4, {stores} st.v4, {scalar} scalar)")
+        if v.vectors in KNOWN_SCALAR and (loads if v.vectors == "st" else loads + stores):
+            raise AssertionError(f"{k.label} {v.constexprs}: 16-byte accesses are back "
+                                 f"({loads} ld.v4, {stores} st.v4): require them in its entry")
+        note = f" [known: {KNOWN_SCALAR[v.vectors]}]" if v.vectors in KNOWN_SCALAR else ""
+        lines.append(f"{k.label} {v.types or ''}{v.constexprs} warps={v.num_warps}: "
+                     f"{loads} ld.v4, {stores} st.v4 ({time.perf_counter() - t0:.1f} s){note}")
+    return lines
+
+
+# ---------------------------------------------------------------------------- the kernels
+def _ccl() -> list[Kernel]:
+    """Collectives at trident/ccl/common.py's GPU launch sizes: 16 KiB per program step
+    (BLOCK = 16384 // element size), 8 warps. Data movement runs on int32 words
+    (common.as_words); reductions on the tensor's own dtype."""
+    from trident.ccl.common import GPU_BLOCK_BYTES, GPU_NUM_WARPS, REDUCE_OPS
+    w = GPU_NUM_WARPS
+    word_block = GPU_BLOCK_BYTES // 4
+    reduce_types = {"*bf16": 2, "*fp16": 2, "*fp32": 4}
+
+    def reductions(*data_args, word=False, vectors="all"):
+        out = []
+        for dtype, size in reduce_types.items():
+            for op in REDUCE_OPS.values():
+                extra = {"WORD": size} if word else {}
+                out.append(V(vectors, w, types=dict.fromkeys(data_args, dtype), OP=op,
+                             BLOCK=GPU_BLOCK_BYTES // size, TRACE=op == 0 and size == 2,
+                             **extra))
+        return out
+
+    flags = dict(flags=P64, sync=P64)
+    push = dict(scratch=P32, n=I32, stride=I32, half=I32, **flags)
+    pull = dict(offsets=P64, my_offset=I64, n=I32, **flags)
+    a2a = dict(splits=P64, check=P64, **flags)
+    copies = [V("all", w, BLOCK=word_block, TRACE=t) for t in (False, True)]
+    return [
+        Kernel("trident.ccl.barrier", "_barrier_kernel", {}, [V()]),
+        Kernel("trident.ccl.all_gather.push", "_push_kernel", dict(out=P32, inp=P32, **push),
+               copies, aligned=("n", "stride", "half")),
+        Kernel("trident.ccl.all_gather.pull", "_pull_kernel", dict(out=P32, inp=P32, **pull),
+               [V("st", w, BLOCK=word_block, WORD=4, TRACE=t) for t in (False, True)],
+               aligned=("n", "my_offset")),
+        Kernel("trident.ccl.broadcast.push", "_push_kernel", dict(t=P32, src=I32, **push),
+               copies, aligned=("n", "stride", "half")),
+        Kernel("trident.ccl.reduce_scatter.push", "_push_kernel", dict(out=P32, inp=P32, **push),
+               reductions("out", "inp", "scratch"), aligned=("n", "stride", "half")),
+        Kernel("trident.ccl.reduce_scatter.pull", "_pull_kernel", dict(out=P32, inp=P32, **pull),
+               reductions("out", "inp", word=True, vectors="st"), aligned=("n", "my_offset")),
+        Kernel("trident.ccl.all_reduce.one_shot", "_one_shot_kernel", dict(t=P32, **push),
+               reductions("t", "scratch"), aligned=("n", "stride", "half")),
+        Kernel("trident.ccl.all_reduce.two_shot", "_two_shot_kernel",
+               dict(t=P32, seg=I32, **pull), reductions("t", word=True, vectors="none"),
+               aligned=("n", "seg", "my_offset")),
+        # ALIGN = the rows' alignment in words (all_to_all/rows.py: alignment): 16 keeps
+        # 16-byte accesses; odd rows (ALIGN 1, or int16/int8 words) cannot have them.
+        Kernel("trident.ccl.all_to_all.push", "_push_kernel",
+               dict(anchor=P32, inp=P32, meta=P64, **a2a),
+               [V("ld+st", w, BLOCK=word_block, ALIGN=16, TRACE=False),
+                V("ld+st", w, BLOCK=word_block, ALIGN=16, TRACE=True),
+                V("", w, BLOCK=word_block, ALIGN=1, TRACE=False),
+                V("", w, types=dict(anchor=P8, inp=P8), BLOCK=GPU_BLOCK_BYTES, ALIGN=1,
+                  TRACE=False)]),
+        Kernel("trident.ccl.all_to_all.one_shot", "_one_shot_kernel",
+               dict(out=P32, inp=P32, slots=P32, counts=P64, half=I32, counts_half=I32,
+                    stride=I32, **a2a),
+               [V("all", w, BLOCK=word_block, ALIGN=16, TRACE=False),
+                V("all", w, BLOCK=word_block, ALIGN=16, TRACE=True),
+                V("", w, BLOCK=word_block, ALIGN=1, TRACE=False),
+                V("", w, types=dict(out=P16, inp=P16, slots=P16), BLOCK=GPU_BLOCK_BYTES // 2,
+                  ALIGN=1, TRACE=False)],
+               aligned=("half", "counts_half", "stride")),
+    ]
+
+
+# trident/ops/_common.py: gemm_config's three choices on Hopper
+GEMM_CONFIGS = [dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=3),
+                dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=4),
+                dict(BM=64, BN=128, BK=64, num_warps=4, num_stages=4)]
+
+
+def _ops() -> list[Kernel]:
+    """The fused GEMM + communication kernels at each GEMM config, bf16 and fp16, with and
+    without bias (fp32 bias in one), K a multiple of BK or not."""
+    from trident.errors import OP_CODES
+    ints = ("M", "N", "K", "m_local", "stride_am", "stride_wn", "stride_om")
+    ag, rs = [], []
+    for i, cfg in enumerate(GEMM_CONFIGS):
+        cfg = dict(cfg)
+        opts = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
+        dt = PBF16 if i != 1 else PF16
+        types = dict(a=dt, w=dt, out=dt, bias=PF32 if i == 2 else dt)
+        ag.append(V("ld+st", **opts, types=dict(types, gathered=dt), **cfg, NUM_PUSHERS=16,
+                    GROUP_M=8, COPY_M=32, COPY_K=256, EVEN_K=i != 2, ALIGNED=i != 1,
+                    HAS_BIAS=i != 0, TRACE=i == 1))
+        for all_reduce in (False, True):
+            op = OP_CODES["matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"]
+            rs.append(V("ld+st", **opts, types=dict(types, partials=dt, result=dt), **cfg,
+                        EVEN_K=i != 2, HAS_BIAS=i != 0, ALL_REDUCE=all_reduce, OP=op,
+                        TRACE=i == 1))
+    return [
+        Kernel("trident.ops.all_gather_matmul", "_all_gather_matmul_kernel",
+               dict(sync=P32, **dict.fromkeys(ints, I32)), ag, aligned=ints),
+        Kernel("trident.ops.matmul_reduce_scatter", "_matmul_reduce_kernel",
+               dict(sync=P32, num_tiles=I32, slots=I32, **dict.fromkeys(ints, I32)), rs,
+               aligned=ints),
+    ]
+
+
+def _moe() -> list[Kernel]:
+    """Dispatch and combine, DeepSeek-V3's shape on 8 ranks (H 7168, top-8, 256 experts).
+    PART=BOTH (the fused launch) holds both halves' code; the split launches (SEND, RECV)
+    are compiled too, since they are launched on their own."""
+    from trident.moe import buffers as B
+    from trident.moe.plans import BLOCK_T
+    H, K, world, experts = 7168, 8, 8, 256
+    shape = dict(H=H, K=K, KP=triton.next_power_of_2(K), WP=triton.next_power_of_2(world),
+                 BLOCK_H=B.block_h(H))
+    block_l = min(1024, triton.next_power_of_2(experts // world))
+    buffers = dict(flags=P64, state=P64, send_slot=P32, token_rows=P32, recv_count=P32,
+                   max_tokens=I32, cap=I32, send_programs=I32)
+    dispatch = dict(x=PBF16, stride_x=I32, topk_idx=P64, stride_it=I32, stride_ik=I32,
+                    topk_weights=PF32, stride_wt=I32, stride_wk=I32, num_tokens=I32,
+                    tokens=PBF16, meta=P32, dweights=PF32, slot_counter=P32,
+                    expert_counter=P32, expert_x=PBF16, expert_num_tokens=P32,
+                    experts_per_rank=I32, num_experts=I32, check_ids=I32, **buffers)
+    combine = dict(expert_y=PBF16, stride_ye=I32, stride_yr=I32, topk_weights=PF32,
+                   stride_wt=I32, stride_wk=I32, out=PBF16, num_tokens=I32, weights=PF32,
+                   partial=PBF16, num_weight_programs=I32, **buffers)
+    return [
+        Kernel("trident.moe.dispatch", "dispatch_kernel", dispatch,
+               [V("ld+st", **shape, PART=B.BOTH.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
+                  TRACE=False),
+                V("ld+st", types=dict(topk_idx=P32), **shape, PART=B.BOTH.value,
+                  HAS_WEIGHTS=False, BLOCK_L=block_l, TRACE=True),
+                V("ld+st", **shape, PART=B.SEND.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
+                  TRACE=False),
+                V("ld+st", **shape, PART=B.RECV.value, HAS_WEIGHTS=False, BLOCK_L=block_l,
+                  TRACE=False)],
+               aligned=("stride_x",)),
+        Kernel("trident.moe.combine", "combine_kernel", combine,
+               [V("ld+st", **shape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=False,
+                  BLOCK_T=BLOCK_T, TRACE=True),
+                V("ld+st", **shape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=True,
+                  BLOCK_T=BLOCK_T, TRACE=False),
+                V("ld+st", **shape, PART=B.SEND.value, WEIGHTS_AT_DISPATCH=False,
+                  BLOCK_T=BLOCK_T, TRACE=False),
+                V("ld+st", **shape, PART=B.RECV.value, WEIGHTS_AT_DISPATCH=False,
+                  BLOCK_T=BLOCK_T, TRACE=False)],
+               aligned=("stride_ye", "stride_yr")),
+    ]
+
+
+def _trace_demo_bench() -> list[Kernel]:
+    """The trace tools' kernels, the demo's and the p2p benchmark's (constexprs as their
+    callers set them on GPUs)."""
+    from trident.trace import ring, overhead
+    return [
+        Kernel("trident.trace.ring", "_ring_kernel",
+               dict(inp=PF32, recv=PF32, out=PF32, ready=P64, acks=P64, n=I32, epoch=I64),
+               [V("all", BLOCK=ring.BLOCK, TRACE=t) for t in (False, True)], aligned=("n",)),
+        Kernel("trident.trace.overhead", "_copy_kernel", dict(src=PF32, dst=PF32, n=I32),
+               [V("all", BLOCK=overhead.COPY_BLOCK, TRACE=t) for t in (False, True)],
+               aligned=("n",)),
+        Kernel("trident.demo", "_ring_kernel",
+               dict(src=PF32, dst=PF32, flag=P64, n=I32, round_no=I32),
+               [V("all", BLOCK=1024)], aligned=("n",)),
+        Kernel("trident.demo", "_counter_kernel", dict(counter=P64, rounds=I32), [V()]),
+        Kernel("trident.bench.p2p", "_p2p_kernel", dict(src=P32, dst=P32, n_blocks=I32),
+               [V("all", 8, PUSH=push, BLOCK=4096) for push in (True, False)]),
+    ]
+
+
+def _language() -> list[Kernel]:
+    """trident/language's helpers, through the kernels of their tests (the helpers are
+    inlined; these are the kernels that use each of them)."""
+    return [
+        Kernel("tests.language.test_rma", "_atomics_kernel", dict(counters=P32, values=P32),
+               [V()]),
+        Kernel("tests.language.test_sync", "_wait_for_rank1_kernel", dict(flag=P32, ok=P32),
+               [V()]),
+        Kernel("tests.language.test_sync", "_barrier_rounds_kernel",
+               dict(slots=P32, errors=P32, rounds=I32), [V()]),
+        Kernel("tests.language.test_sync", "_ping_pong_kernel",
+               dict(flags=P32, data=P32, log=P32, rounds=I32), [V()]),
+        Kernel("tests.language.test_sync", "_timestamp_kernel", dict(out=P64), [V()]),
+    ]
+
+
+def kernels() -> list[Kernel]:
+    return _ccl() + _ops() + _moe() + _trace_demo_bench() + _language()
+
+
+def main(argv: list[str]) -> int:
+    chosen = [k for k in kernels() if not argv or any(a in k.label for a in argv)]
+    if not chosen:
+        print(f"no kernel matches {argv}", file=sys.stderr)
+        return 2
+    t0, count = time.perf_counter(), 0
+    for k in chosen:
+        for line in compile_kernel(k):
+            print(line, flush=True)
+            count += 1
+    print(f"{count} compilations of {len(chosen)} kernels for sm_90 in "
+          f"{time.perf_counter() - t0:.0f} s: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
