@@ -39,7 +39,7 @@ def place(ctx, x, symmetric):
 
 
 def assert_equal(got, expected, what):
-    got = got.cpu()
+    got, expected = got.cpu(), expected.cpu()
     if got.dtype.is_floating_point:
         # bf16: the Triton interpreter rounds fp32 -> bf16 by truncation, not to nearest
         # as torch and the GPU do, so allow one bf16 step there.
