@@ -41,6 +41,11 @@ def pool(request) -> RankPool:
     return get_pool(request.param)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--cases", type=int, default=None,
+                     help="fuzz cases per op family in tests/fuzz (default: the CI seed set)")
+
+
 def pytest_sessionfinish(session, exitstatus):
     for p in _pools.values():
         p.close()

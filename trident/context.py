@@ -1,8 +1,11 @@
 """Context: one rank's view of the job -- rank, world size, device, the symmetric heap."""
 from __future__ import annotations
 
+import datetime
+import hashlib
 import math
 import os
+import pickle
 import uuid
 import weakref
 
@@ -23,9 +26,76 @@ CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS = (
 DEFAULT_HEAP_SIZE = 1 << 30
 DEFAULT_TIMEOUT_S = 30.0
 
+# Host-side collectives of a context (barrier, workspace creation, debug-mode agreement
+# checks, reset) all begin with one all_gather of a header of this fixed size: which call
+# it is (name, step number, a digest of its details) and a payload. Any two of them pair
+# up in the transport, so ranks that made different calls find out from the headers and
+# every rank raises an error that names each rank's call (gloo aborts the process when
+# two collectives of different sizes meet).
+_HEADER_MAGIC = 0x7472696465_6E74      # "trident"
+_NAME_WORDS = 4                         # 32 bytes of the call's name
+_PAYLOAD_WORDS = 9
+_HEADER_WORDS = 3 + _NAME_WORDS + _PAYLOAD_WORDS
+
+
+class CallMismatchError(RuntimeError):
+    """Ranks made different host-side collective calls at the same point (a rank skipped
+    or reordered a trident call): the message names each rank's call."""
+
+
+class HostTimeout(CommTimeout):
+    """A host-side collective (barrier, workspace creation, debug check) did not hear from
+    every rank within the context's timeout: a rank skipped the call, failed before it or
+    died. The process group cannot be used afterwards."""
+
+    def __init__(self, op: str, rank: int, timeout_s: float, detail: str = ""):
+        self.op, self.rank, self.peer, self.timeout_s, self.detail = op, rank, None, timeout_s, detail
+        RuntimeError.__init__(
+            self, f"rank {rank}: {op} (a host-side collective) failed: another rank did not "
+                  f"join it within {timeout_s:g} s (it skipped this call, failed before it or "
+                  f"died)" + (f" [transport: {detail}]" if detail else ""))
+
+    def __reduce__(self):
+        return HostTimeout, (self.op, self.rank, self.timeout_s, self.detail)
+
+
+def _digest(obj) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=8).digest(),
+                          "little", signed=True)
+
+
+def _name_words(name: str) -> list[int]:
+    raw = name.encode()[:8 * _NAME_WORDS].ljust(8 * _NAME_WORDS, b"\0")
+    return [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, len(raw), 8)]
+
+
+def _words_name(words) -> str:
+    return b"".join(int(w).to_bytes(8, "little", signed=True) for w in words).rstrip(b"\0") \
+        .decode(errors="replace")
+
 
 def _not_capturing() -> bool:
     return False
+
+
+def _ccl():
+    """trident.ccl, imported on first use (an import statement per call costs ~0.5 us)."""
+    global _ccl_module
+    if _ccl_module is None:
+        from . import ccl
+        _ccl_module = ccl
+    return _ccl_module
+
+
+def _ops():
+    global _ops_module
+    if _ops_module is None:
+        from . import ops
+        _ops_module = ops
+    return _ops_module
+
+
+_ccl_module = _ops_module = None
 
 
 def _env_int(name: str, default: int) -> int:
@@ -69,6 +139,8 @@ class Context:
             self._heap = CpuHeap(self.heap_size, self.rank, self.world_size, self.group,
                                  self._job_id())
         self._closed = False
+        self._host_step = 0          # host-side collectives made since init / reset
+        self._calling = None         # the public op running now (for error messages)
         # launch plans of this context's calls (trident/plans.py), and whether the current
         # stream is being captured into a CUDA graph (selection differs there)
         self.capturing = (torch.cuda.is_current_stream_capturing if self.backend == "cuda"
@@ -213,19 +285,33 @@ class Context:
     def barrier(self) -> None:
         """Host barrier: finishes device work, checks every rank's error words (timeouts
         raise CommTimeout, bad input values that kernels recorded raise ValueError, on every
-        rank) and that all ranks made the same heap allocations, then synchronises the ranks."""
+        rank) and that all ranks made the same heap allocations, then synchronises the ranks.
+        A rank that made another host-side call meanwhile (an op's first call, a debug
+        check) makes every rank raise CallMismatchError; one that never comes, HostTimeout
+        after the context's timeout."""
+        self._barrier("barrier")
+
+    def _barrier(self, what: str, detail=None, failed: int = 0):
+        """The barrier's checks under the header `what`; returns every rank's `failed`
+        word and, when the ranks' `detail`s differ, the list of them (else None). When a
+        rank failed or the details differ, it returns before checking the heap and the
+        error words (the caller undoes its step on every rank first)."""
         self._check_open()
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
         timeout, value = self._error_words()
-        mine = torch.tensor([self.allocator.digest(), timeout, *value], dtype=torch.int64,
-                            device=self.device)
-        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(everyone, mine, group=self.group)
-        table = torch.stack(everyone).tolist()       # one device->host copy
+        try:
+            table, details = self.host_exchange(
+                what, [self.allocator.digest(), timeout, *value, failed], detail=detail)
+        except HostTimeout:
+            self._raise_if_timed_out(timeout)    # a wait of this rank's that timed out says more
+            raise
+        failed = [row[7] for row in table]
+        if details is not None or any(failed):
+            return failed, details               # the caller rolls back on every rank
         digests = [row[0] for row in table]
         errors = [row[1] for row in table]
-        values = [row[2:] for row in table]
+        values = [row[2:7] for row in table]
         if len(set(digests)) > 1:
             self._raise_heap_mismatch(digests)
         self.allocator.log.clear()
@@ -240,6 +326,73 @@ class Context:
         self._raise_value_error(value)
         for rank, record in enumerate(values):
             self._raise_value_error(record, rank)
+        return failed, details
+
+    def host_exchange(self, what: str, payload=(), detail=None, check_step: bool = True):
+        """One host-side collective: every rank sends a fixed-size header (the call's name
+        `what`, its step number since init/reset, a digest of `detail`) and up to
+        9 int64 payload words; returns (every rank's payload words, the ranks' `detail`s
+        if they differ, else None).
+
+        Raises, on every rank alike, CallMismatchError naming each rank's call when the
+        ranks are not in the same call; HostTimeout when a rank does not come within the
+        context's timeout."""
+        self._check_open()
+        payload = [int(p) for p in payload]
+        if len(payload) > _PAYLOAD_WORDS:
+            raise AssertionError(f"host_exchange payload of {len(payload)} words")
+        step = self._host_step
+        self._host_step += 1
+        mine = torch.tensor([_HEADER_MAGIC, step, _digest(detail), *_name_words(what),
+                             *payload, *[0] * (_PAYLOAD_WORDS - len(payload))], dtype=torch.int64)
+        table = self._all_gather_header(mine, lambda: self._describe_call(what, detail))
+        if any(row[0] != _HEADER_MAGIC for row in table):
+            bad = [r for r, row in enumerate(table) if row[0] != _HEADER_MAGIC]
+            raise CallMismatchError(
+                f"{what}: rank {self.rank}'s host-side collective met another kind of "
+                f"collective on rank(s) {bad} (a torch.distributed call?); the ranks are out "
+                f"of step")
+        names = [_words_name(row[3:3 + _NAME_WORDS]) for row in table]
+        steps = [row[1] for row in table]
+        if len(set(names)) > 1 or (check_step and len(set(steps)) > 1):
+            calls = [None] * self.world_size
+            dist.all_gather_object(calls, self._describe_call(what, detail), group=self.group)
+            lines = "; ".join(f"rank {r} called {c} (its host-side call #{steps[r]})"
+                              for r, c in enumerate(calls))
+            raise CallMismatchError(
+                f"ranks made different calls at the same point: {lines}. Every rank must "
+                f"make the same trident calls in the same order (did a rank skip one?)")
+        details = None
+        if len({row[2] for row in table}) > 1:
+            details = [None] * self.world_size
+            dist.all_gather_object(details, detail, group=self.group)
+        return [row[3 + _NAME_WORDS:] for row in table], details
+
+    def _describe_call(self, what: str, detail) -> str:
+        if what == "workspace":
+            return f"{self._op_phrase()} (a call that creates the workspace {detail!r})"
+        if what in ("barrier", "reset"):
+            return f"ctx.{what}()"
+        return what if detail is None else f"{what} with {detail}"
+
+    def _all_gather_header(self, mine: torch.Tensor, describe) -> list[list[int]]:
+        """all_gather of the header, bounded by the context's timeout; describe() names
+        the call in the error."""
+        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        try:
+            if dist.get_backend(self.group) == "gloo":
+                from torch._C._distributed_c10d import AllgatherOptions
+                opts = AllgatherOptions()
+                opts.timeout = datetime.timedelta(seconds=self.timeout_s)
+                backend = self.group._get_backend(torch.device("cpu"))
+                backend.allgather([everyone], [mine], opts).wait()
+            else:
+                device = [t.to(self.device) for t in everyone]
+                dist.all_gather(device, mine.to(self.device), group=self.group)
+                everyone = device
+        except RuntimeError as e:
+            raise HostTimeout(describe(), self.rank, self.timeout_s, str(e).strip()[:200]) from None
+        return torch.stack(everyone).tolist()        # one device->host copy
 
     def _raise_heap_mismatch(self, digests: list[int]) -> None:
         logs = [None] * self.world_size
@@ -284,24 +437,47 @@ class Context:
         obj = self._workspaces.get(key)
         if obj is None:
             before = set(self.allocator.live_offsets())
+            error = None
             try:
                 obj = factory(self)
             except HeapFullError as e:
-                raise HeapFullError(f"the workspace {key!r} (made on an op's first call) does "
-                                    f"not fit: {e}") from None
+                error = e
             made = set(self.allocator.live_offsets()) - before
-            try:
-                self.barrier()
-            except HeapMismatchError as e:
+
+            def roll_back():
                 for offset in made:
                     self.allocator.free(offset)
                 self.allocator.restart_log()
+
+            try:
+                failed, keys = self._barrier("workspace", detail=key, failed=error is not None)
+            except HeapMismatchError as e:
+                roll_back()
                 raise HeapMismatchError(
-                    f"while creating the workspace {key!r} on an op's first call: {e} Did "
+                    f"while {self._op_phrase()} created the workspace {key!r}: {e} Did "
                     f"every rank make this call, with the same sizes?") from None
+            if keys is not None or any(failed):
+                roll_back()
+            if keys is not None:
+                names = "; ".join(f"rank {r}: {k!r}" for r, k in enumerate(keys))
+                raise HeapMismatchError(
+                    f"{self._op_phrase()}: the ranks created different workspaces ({names}): "
+                    f"their sizes differ. Every rank must call with the same sizes.")
+            if any(failed):
+                if error is None:
+                    bad = [r for r, f in enumerate(failed) if f]
+                    raise HeapFullError(
+                        f"{self._op_phrase()} needs the workspace {key!r}, which does not fit "
+                        f"in the symmetric heap of rank(s) {bad} (see the error there); make "
+                        f"the heap larger: td.init(heap_size=...) or TRIDENT_HEAP_SIZE.")
+                raise HeapFullError(f"{self._op_phrase()} needs the workspace {key!r}, "
+                                    f"which does not fit: {error}") from None
             self._workspaces[key] = obj
             self._persistent |= made
         return obj
+
+    def _op_phrase(self) -> str:
+        return self._calling or "an op"
 
     def register_reset(self, obj) -> None:
         """Have ctx.reset() also call obj.reset() (kept as a weak reference): for objects
@@ -313,7 +489,8 @@ class Context:
         every rank so the context can be used again."""
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
-        dist.barrier(self.group)
+        self.host_exchange("reset", check_step=False)
+        self._host_step = 0
         self.plans.clear()
         self.ctrl.zero_()
         self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
@@ -322,48 +499,60 @@ class Context:
                 ws.reset()
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
-        dist.barrier(self.group)
+        self.host_exchange("reset", check_step=False)
+        self._host_step = 0
 
     # ------------------------------------------------------------------ collectives
     # Each method hands over to its package (imported on first use); see DESIGN.md.
+    def _op(self, name: str, fn, *args, **options):
+        """fn(self, *args, **options), with `name` noted for error messages (a workspace
+        that does not fit, a rank that skipped the op's first call)."""
+        prev, self._calling = self._calling, name
+        try:
+            return fn(self, *args, **options)
+        finally:
+            self._calling = prev
+
     def all_gather(self, out, inp, **options):
         """out [world*n, ...] = concatenation of every rank's inp [n, ...]."""
         from . import ccl
-        return ccl.all_gather(self, out, inp, **options)
+        return self._op("all_gather", ccl.all_gather, out, inp, **options)
 
     def reduce_scatter(self, out, inp, op: str = "sum", **options):
         """out [n, ...] = this rank's block of the sum over ranks of inp [world*n, ...]."""
         from . import ccl
-        return ccl.reduce_scatter(self, out, inp, op=op, **options)
+        return self._op("reduce_scatter", ccl.reduce_scatter, out, inp, op=op, **options)
 
     def all_reduce(self, t, op: str = "sum", **options):
         """In place: t = reduction of t over ranks; returns t."""
         from . import ccl
-        return ccl.all_reduce(self, t, op=op, **options)
+        return self._op("all_reduce", ccl.all_reduce, t, op=op, **options)
 
     def all_to_all(self, out, inp, out_splits=None, in_splits=None, **options):
         from . import ccl
-        return ccl.all_to_all(self, out, inp, out_splits=out_splits, in_splits=in_splits, **options)
+        return self._op("all_to_all", ccl.all_to_all, out, inp, out_splits=out_splits,
+                        in_splits=in_splits, **options)
 
     def broadcast(self, t, src: int = 0, **options):
         from . import ccl
-        return ccl.broadcast(self, t, src=src, **options)
+        return self._op("broadcast", ccl.broadcast, t, src=src, **options)
 
     # ------------------------------------------------------------------ fused ops
     def all_gather_matmul(self, a, w, bias=None, **options):
         """all_gather(a, dim 0) @ w.T + bias (column-parallel linear)."""
         from . import ops
-        return ops.all_gather_matmul(self, a, w, bias=bias, **options)
+        return self._op("all_gather_matmul", ops.all_gather_matmul, a, w, bias=bias, **options)
 
     def matmul_reduce_scatter(self, a, w, bias=None, **options):
         """reduce_scatter(a @ w.T, dim 0) + bias (row-parallel linear)."""
         from . import ops
-        return ops.matmul_reduce_scatter(self, a, w, bias=bias, **options)
+        return self._op("matmul_reduce_scatter", ops.matmul_reduce_scatter, a, w, bias=bias,
+                        **options)
 
     def matmul_all_reduce(self, a, w, bias=None, **options):
         """all_reduce(a @ w.T) + bias (row-parallel linear)."""
         from . import ops
-        return ops.matmul_all_reduce(self, a, w, bias=bias, **options)
+        return self._op("matmul_all_reduce", ops.matmul_all_reduce, a, w, bias=bias, **options)
 
     # ------------------------------------------------------------------ tracing
     def trace(self, path: str | None = None, **options):

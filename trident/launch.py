@@ -44,14 +44,29 @@ def default_world_size(backend: str) -> int:
     return 4
 
 
-def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str]:
+def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str, int]:
+    """(the pickled exception or None, its one-line summary, its traceback, its rank as a
+    cause: 0 a root cause, 1 a device wait that timed out (names the peer it waited for),
+    2 a host collective that timed out (a consequence of something else))."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         blob = pickle.dumps(exc)
         pickle.loads(blob)
     except Exception:
         blob = None
-    return blob, f"{type(exc).__name__}: {exc}", tb
+    level = 0 if not isinstance(exc, CommTimeout) else 2 if exc.peer is None else 1
+    return blob, f"{type(exc).__name__}: {exc}", tb, level
+
+
+def _exit_status(code) -> str:
+    """'exit code 1', or 'killed by SIGKILL' for a negative code."""
+    if code is not None and code < 0:
+        import signal
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
 
 
 def _detach(obj):
@@ -113,8 +128,11 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
         if msg is None:
             break
         if msg == "reset":
-            ctx.reset()
-            conn.send(("ok", None))
+            try:
+                ctx.reset()
+                conn.send(("ok", None))
+            except BaseException as exc:   # e.g. a process group broken by a timeout
+                conn.send(("err", *_pack_error(exc)))
             continue
         fn, args = msg
         before = set(ctx.allocator.live_offsets())
@@ -148,7 +166,9 @@ class RankPool:
                 raise ValueError(f"world_size {self.world_size} needs as many GPUs; "
                                  f"{torch.cuda.device_count()} visible")
         self.run_timeout = run_timeout
-        self.failure_grace = 30.0 if self.backend == "cpu" else 10.0
+        # how long the other ranks may take to report after one failed or died: they may be
+        # in a wait that ends only at the context's timeout
+        self.failure_grace = (timeout or 30.0) + (5.0 if self.backend == "cpu" else 2.0)
         self.job = uuid.uuid4().hex[:12]
         env = {"TRIDENT_BACKEND": self.backend, "TRIDENT_JOB_ID": self.job}
         if self.backend == "cpu":
@@ -194,29 +214,36 @@ class RankPool:
             self.close(force=True)     # no polite reset: the user wants out now
             raise KeyboardInterrupt(f"interrupted while the ranks ran {what}; the rank "
                                     f"processes were stopped") from None
-        except BaseException:
+        except BaseException as exc:
             if self._procs is not None:
-                self._reset()
+                try:
+                    self._reset()
+                except BaseException as reset_exc:
+                    self.close(force=True)
+                    exc.add_note(f"afterwards the ranks could not be reset ({reset_exc}); "
+                                 f"the rank processes were stopped")
             raise
 
     def _reset(self) -> None:
         for conn in self._conns:
             conn.send("reset")
-        self._collect(timeout=120.0, what="reset")
+        self._collect(timeout=self.failure_grace + 60.0, what="reset")
 
     def _collect(self, timeout: float, what: str) -> list:
         deadline = time.monotonic() + timeout
         results: dict[int, object] = {}
         errors: list[tuple[float, int, tuple]] = []
+        died: dict[int, object] = {}
         stuck_note = None
         pending = {conn: rank for rank, conn in enumerate(self._conns)}
+        sentinels = {p.sentinel: rank for rank, p in enumerate(self._procs)}
         while pending:
-            ready = wait_any(list(pending) + [p.sentinel for p in self._procs],
+            ready = wait_any(list(pending) + [s for s, r in sentinels.items() if r not in died],
                              timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 stuck = sorted(pending.values())
                 self.close(force=True)
-                if errors:
+                if errors or died:
                     stuck_note = f"ranks {stuck} were still waiting after rank(s) failed; " \
                                  f"the rank processes were stopped"
                     break
@@ -228,30 +255,46 @@ class RankPool:
                     reply = conn.recv()
                 except EOFError:
                     self._procs[rank].join(timeout=5)      # reap it: the exit code is known
-                    code = self._procs[rank].exitcode
-                    self.close(force=True)
-                    raise RuntimeError(f"{what}: rank {rank} process died (exit code {code})") from None
+                    died[rank] = self._procs[rank].exitcode
+                    # the others get a moment to say what they were doing (they may be
+                    # waiting for the dead rank in an op, until the context's timeout)
+                    deadline = min(deadline, time.monotonic() + self.failure_grace)
+                    continue
                 if reply[0] == "ok":
                     results[rank] = reply[1]
                 else:
                     errors.append((time.monotonic(), rank, reply[1:]))
                     # peers of a failed rank may wait for it in a collective forever
                     deadline = min(deadline, time.monotonic() + self.failure_grace)
-            dead = [r for r, p in enumerate(self._procs) if p.exitcode is not None
-                    and self._conns[r] in pending and not self._conns[r].poll()]
-            if dead:
-                codes = {r: self._procs[r].exitcode for r in dead}
-                self.close(force=True)
-                raise RuntimeError(f"{what}: rank process(es) died (exit codes {codes})")
+            for sentinel in [s for s in ready if s in sentinels]:
+                rank = sentinels[sentinel]
+                conn = self._conns[rank]
+                if conn in pending and not conn.poll():
+                    pending.pop(conn)
+                    self._procs[rank].join(timeout=5)
+                    died[rank] = self._procs[rank].exitcode
+                    deadline = min(deadline, time.monotonic() + self.failure_grace)
+        if died:
+            self.close(force=True)
+            first = min(died)
+            exc = RuntimeError(
+                f"{what}: rank {first} process died ({_exit_status(died[first])})"
+                + (f"; so did ranks {sorted(died)[1:]}" if len(died) > 1 else "")
+                + "; the rank processes were stopped")
+            for _, rank, (_, summary, _, _) in sorted(errors, key=lambda e: e[1]):
+                exc.add_note(f"rank {rank} then raised {summary}")
+            if stuck_note:
+                exc.add_note(stuck_note)
+            raise exc
         if errors:
-            # A root cause beats the CommTimeouts it causes on the other ranks.
-            errors.sort(key=lambda e: (e[2][1].startswith(CommTimeout.__name__), e[0]))
-            _, rank, (blob, summary, tb) = errors[0]
+            # A root cause beats the timeouts it causes on the other ranks.
+            errors.sort(key=lambda e: (e[2][3], e[0]))
+            _, rank, (blob, summary, tb, _) = errors[0]
             exc = pickle.loads(blob) if blob is not None else RuntimeError(summary)
-            exc.add_note(f"(raised on rank {rank} of {self.world_size}; traceback there:)\n{tb}")
-            others = sorted(r for _, r, _ in errors[1:])
-            if others:
-                exc.add_note(f"ranks {others} failed too")
+            exc.add_note(f"(raised on rank {rank} of {self.world_size} while it ran {what}; "
+                         f"traceback there:)\n{tb}")
+            for _, other, (_, text, _, _) in sorted(errors[1:], key=lambda e: e[1]):
+                exc.add_note(f"rank {other} failed too: {text}")
             if stuck_note:
                 exc.add_note(stuck_note)
             raise exc

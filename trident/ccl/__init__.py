@@ -39,10 +39,12 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
 
 
 def _agree(ctx, op: str, *signature) -> None:
-    """Debug mode: raise ValueError if the ranks called `op` with different sizes."""
-    everyone = [None] * ctx.world_size
-    dist.all_gather_object(everyone, signature, group=ctx.group)
-    for rank, theirs in enumerate(everyone):
+    """Debug mode: raise ValueError if the ranks called `op` with different sizes, and
+    CallMismatchError (naming each rank's call) if a rank is in another call. One fixed-size
+    host exchange (ctx.host_exchange), which a peer's barrier or other check cannot be
+    confused with."""
+    _, everyone = ctx.host_exchange(op, detail=signature)
+    for rank, theirs in enumerate(everyone or ()):
         if theirs != signature:
             raise ValueError(f"{op}: rank {ctx.rank} called with {signature} but rank {rank} "
                              f"with {theirs}; every rank must pass the same sizes")

@@ -87,8 +87,8 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
            tuple(sorted((k, repr(v)) for k, v in options.items())) if options else None,
            ctx.capturing())
     if ctx.debug:         # one host collective per call, before anything is allocated
-        from ..ccl import _agree, signature
-        _agree(ctx, op, *signature((a, w, bias), (algorithm,)))
+        from ..ccl import _agree
+        _agree(ctx, op, *debug_signature(op, a, w, bias, algorithm))
     plan = ctx.plans.get(key)
     if plan is None:
         plan = ctx.plans.put(key, build(ctx, a, w, bias, out, algorithm, options))
@@ -98,6 +98,18 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
     if ctx.debug:
         ctx.sync()
     return out
+
+
+def debug_signature(op: str, a, w, bias, algorithm: str) -> tuple:
+    """What must agree across ranks in a fused op's call: the dtype, the algorithm and the
+    sizes where the ranks' data meet. all_gather_matmul gathers a's rows: M and K (each
+    rank's w may have its own N). The row-parallel ops reduce [M, N] products: M and N
+    (K is each rank's own shard and may differ). Not-yet-checked inputs compare by type."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 2 for t in (a, w)):
+        return tuple(type(t).__name__ for t in (a, w)) + (algorithm,)
+    sizes = (("M", a.shape[0]), ("K", a.shape[1])) if op == "all_gather_matmul" \
+        else (("M", a.shape[0]), ("N", w.shape[0]))
+    return sizes + (("dtype", str(a.dtype)), ("algorithm", algorithm))
 
 
 def new_plan(ctx, a, w, bias, out, out_shape, path: str) -> Plan:

@@ -1,0 +1,78 @@
+"""Mistakes that the ranks detect together, without a timeout: each names the op, and the
+context (and the shared rank pool) stays usable afterwards."""
+import pytest
+import torch
+
+import trident as td
+from trident.context import CallMismatchError
+
+
+def _different_ops_debug(ctx):
+    """Debug mode: rank 0 calls all_reduce while the others call all_gather."""
+    ctx.debug = True
+    try:
+        t = ctx.ones(64)
+        out = ctx.empty(64 * ctx.world_size)
+        with pytest.raises(CallMismatchError, match="rank 0 called all_reduce") as info:
+            if ctx.rank == 0:
+                ctx.all_reduce(t)
+            else:
+                ctx.all_gather(out, t)
+        assert "rank 1 called all_gather" in str(info.value)
+        ctx.all_reduce(t)                  # in step again
+        ctx.barrier()
+        assert torch.equal(t, torch.full_like(t, ctx.world_size))
+    finally:
+        ctx.debug = False
+
+
+def test_different_ops_in_debug_mode_are_named(pool):
+    pool.run(_different_ops_debug)
+
+
+def _uneven_k_shards_debug(ctx):
+    """Row-parallel ops with a different K shard per rank are valid maths: debug mode
+    must not reject them."""
+    world, rank = ctx.world_size, ctx.rank
+    ks = [8 + 8 * r for r in range(world)]
+    m, n = 4 * world, 16
+    g = torch.Generator().manual_seed(7)
+    a_full = torch.randn(m, sum(ks), generator=g).to(torch.bfloat16)
+    w_full = torch.randn(n, sum(ks), generator=g).to(torch.bfloat16)
+    cols = slice(sum(ks[:rank]), sum(ks[:rank + 1]))
+    a, w = a_full[:, cols].contiguous(), w_full[:, cols].contiguous()
+    ref = a_full.float() @ w_full.float().T
+    ctx.debug = True
+    try:
+        rs = ctx.matmul_reduce_scatter(a, w, algorithm="fused")
+        ar = ctx.matmul_all_reduce(a, w, algorithm="fused")
+    finally:
+        ctx.debug = False
+    torch.testing.assert_close(rs.float(), ref.chunk(world)[rank], rtol=2e-2, atol=2e-1)
+    torch.testing.assert_close(ar.float(), ref, rtol=2e-2, atol=2e-1)
+
+
+def test_uneven_k_shards_pass_debug_mode(pool):
+    pool.run(_uneven_k_shards_debug)
+
+
+def _workspace_that_does_not_fit(ctx):
+    """A nearly full heap: an op's first call needs a workspace that does not fit. The
+    error names the op, the size and how to make the heap larger; after freeing, it works."""
+    with td.init(heap_size=1 << 20, group=ctx.group) as small:
+        filler = small.empty((1 << 20) - (64 << 10), dtype=torch.uint8)
+        a = torch.randn(64, 256, dtype=torch.bfloat16)
+        w = torch.randn(32, 256, dtype=torch.bfloat16)
+        with pytest.raises(td.HeapFullError) as info:
+            small.all_gather_matmul(a, w, algorithm="fused")
+        text = str(info.value)
+        assert "all_gather_matmul needs the workspace" in text, text
+        assert "heap_size=" in text and "TRIDENT_HEAP_SIZE" in text, text
+        small.free(filler)
+        out = small.all_gather_matmul(a, w, algorithm="fused")
+        small.barrier()
+        assert out.shape == (64 * ctx.world_size, 32)
+
+
+def test_workspace_that_does_not_fit_names_the_op(pool):
+    pool.run(_workspace_that_does_not_fit)

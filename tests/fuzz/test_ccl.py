@@ -1,0 +1,243 @@
+"""Fuzzing the collectives against plain torch: every algorithm (and "nccl", which is
+torch.distributed), random shapes and dtypes, zero-row ranks, uneven all_to_all splits,
+plain tensors, heap tensors and heap views at a rank-dependent offset, in-place calls
+(NCCL-style all_gather into its own block, reduce_scatter out of its own block) and
+aliasing (all_to_all with out and inp overlapping must be rejected)."""
+import random
+
+import pytest
+import torch
+
+from trident.ccl import ALGORITHMS
+
+from .common import num_cases, run_cases, run_family, skip_unless_fuzzed_world
+
+# Bugs this fuzzer found (ccl, not yet fixed): the random cases steer around them and a
+# strict xfail below reproduces each one; set a flag to False once its bug is fixed.
+KNOWN_BUG_SHIFTED_BYTES = True     # all_gather: 1-/2-byte heap-view input at rank-dependent offsets
+KNOWN_BUG_NCCL_EMPTY = True        # all_to_all "nccl": a rank with no rows to send or receive
+
+REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ANY_DTYPES = REDUCE_DTYPES + (torch.int32, torch.int8, torch.bool, torch.int64)
+TAILS = [(), (1,), (3,), (4,), (2, 3), (7,), (16,)]
+
+
+def _tol(dtype):
+    return 1.6e-2 if dtype == torch.bfloat16 else 2e-3 if dtype == torch.float16 else 1e-5
+
+
+def _inputs(g, world, shape, dtype):
+    """Every rank's input (seeded by g; identical on every rank)."""
+    gen = torch.Generator().manual_seed(g.randrange(1 << 30))
+    out = []
+    for _ in range(world):
+        if dtype.is_floating_point:
+            out.append(torch.randn(shape, generator=gen).to(dtype))
+        elif dtype == torch.bool:
+            out.append(torch.randint(0, 2, shape, generator=gen).bool())
+        else:
+            out.append(torch.randint(-100, 100, shape, generator=gen).to(dtype))
+    return out
+
+
+def _reduce(xs, op):
+    acc = xs[0].float()
+    for x in xs[1:]:
+        acc = acc + x.float() if op == "sum" else torch.maximum(acc, x.float()) if op == "max" \
+            else torch.minimum(acc, x.float())
+    return acc.to(xs[0].dtype)
+
+
+def _place(ctx, g, world, shape, dtype, keep):
+    """A tensor of `shape`: plain, on the heap, or a heap view at an offset that differs
+    by rank (every rank allocates the same size; the view's place differs)."""
+    where = g.choice(["plain", "plain", "heap", "shifted"])
+    if where == "plain":
+        return torch.empty(shape, dtype=dtype, device=ctx.device), where
+    numel = 1
+    for s in shape:
+        numel *= s
+    if where == "heap":
+        t = ctx.empty(*shape, dtype=dtype)
+        keep.append(t)
+        return t, where
+    pad = g.randrange(1, 9)
+    big = ctx.empty(numel + pad * world, dtype=dtype)
+    keep.append(big)
+    start = pad * ctx.rank
+    return big[start:start + numel].view(shape), where
+
+
+def _place_heap(ctx, shape, dtype, keep):
+    t = ctx.empty(*shape, dtype=dtype)
+    keep.append(t)
+    return t
+
+
+def _case(op, seed):
+    g = random.Random(f"{op}-{seed}")
+    algorithm = g.choice(sorted(ALGORITHMS[op]) + ["nccl"])
+    return g, algorithm, g.choice([None, None, 16, 64])
+
+
+def _all_gather(ctx, seed):
+    g, algorithm, block = _case("all_gather", seed)
+    w, r = ctx.world_size, ctx.rank
+    n, tail = g.choice([0, 1, 2, 3, 5, 8, 13, 40]), g.choice(TAILS)
+    dtype = g.choice(ANY_DTYPES)
+    xs = _inputs(g, w, (n, *tail), dtype)
+    keep = []
+    out, where = _place(ctx, g, w, (w * n, *tail), dtype, keep)
+    in_place = g.random() < 0.3
+    if in_place:                     # NCCL style: the input is this rank's block of out
+        inp, in_where = out[r * n:(r + 1) * n], "in place"
+    else:
+        inp, in_where = _place(ctx, g, w, (n, *tail), dtype, keep)
+        if KNOWN_BUG_SHIFTED_BYTES and in_where == "shifted" and dtype.itemsize < 4:
+            keep.append(inp)     # see test_known_bug_all_gather_shifted_byte_input
+            inp, in_where = _place_heap(ctx, (n, *tail), dtype, keep), "heap"
+    inp.copy_(xs[r])
+    what = f"all_gather {algorithm} {dtype} n={n} tail={tail} out={where} inp={in_where} block={block}"
+    ctx.all_gather(out, inp, algorithm=algorithm, block=block)
+    return [(out, torch.cat(xs), what, _tol(dtype))]
+
+
+def _reduce_scatter(ctx, seed):
+    g, algorithm, block = _case("reduce_scatter", seed)
+    w, r = ctx.world_size, ctx.rank
+    n, tail = g.choice([1, 2, 3, 5, 8, 13, 40]), g.choice(TAILS)
+    dtype, op = g.choice(REDUCE_DTYPES), g.choice(["sum", "sum", "max", "min"])
+    xs = _inputs(g, w, (w * n, *tail), dtype)
+    keep = []
+    inp, where = _place(ctx, g, w, (w * n, *tail), dtype, keep)
+    inp.copy_(xs[r])
+    in_place = g.random() < 0.2
+    out, out_where = (inp[r * n:(r + 1) * n], "in place") if in_place \
+        else _place(ctx, g, w, (n, *tail), dtype, keep)
+    what = f"reduce_scatter {algorithm} {dtype} {op} n={n} tail={tail} inp={where} out={out_where} block={block}"
+    try:
+        ctx.reduce_scatter(out, inp, op=op, algorithm=algorithm, block=block)
+    except ValueError as exc:
+        if in_place:
+            return f"rejected: {what}: {exc}"
+        raise
+    return [(out, _reduce(xs, op).chunk(w)[r], what, _tol(dtype) * w)]
+
+
+def _all_reduce(ctx, seed):
+    g, algorithm, block = _case("all_reduce", seed)
+    w, r = ctx.world_size, ctx.rank
+    shape = (g.choice([0, 1, 2, 5, 17, 64, 300, 1000]), *g.choice(TAILS[:4]))
+    dtype, op = g.choice(REDUCE_DTYPES), g.choice(["sum", "sum", "max", "min"])
+    xs = _inputs(g, w, shape, dtype)
+    keep = []
+    t, where = _place(ctx, g, w, shape, dtype, keep)
+    t.copy_(xs[r])
+    what = f"all_reduce {algorithm} {dtype} {op} shape={shape} t={where} block={block}"
+    ctx.all_reduce(t, op=op, algorithm=algorithm, block=block)
+    return [(t, _reduce(xs, op), what, _tol(dtype) * w)]
+
+
+def _all_to_all(ctx, seed):
+    g, algorithm, block = _case("all_to_all", seed)
+    w, r = ctx.world_size, ctx.rank
+    tail, dtype = g.choice(TAILS), g.choice(ANY_DTYPES)
+    even = g.random() < 0.3
+    if even:
+        k = g.choice([0, 1, 2, 3])
+        splits = [[k] * w for _ in range(w)]
+    else:                                       # zeros likely: ranks that send/receive nothing
+        splits = [[g.choice([0, 0, 1, 2, 3, 5]) for _ in range(w)] for _ in range(w)]
+    sends = [sum(row) for row in splits]
+    receives = [sum(splits[s][d] for s in range(w)) for d in range(w)]
+    xs = [x[:sends[s]] for s, x in enumerate(_inputs(g, w, (max(sends + [1]), *tail), dtype))]
+    keep = []
+    if g.random() < 0.05:                       # out and inp overlap: must be rejected
+        big = ctx.empty(max(sends[r], receives[r]) + 1, *tail, dtype=dtype)
+        keep.append(big)
+        try:
+            ctx.all_to_all(big[:receives[r]], big[:sends[r]],
+                           out_splits=[splits[s][r] for s in range(w)], in_splits=splits[r],
+                           algorithm=algorithm)
+        except ValueError as exc:
+            return f"rejected (aliasing, as it must be): {exc}"
+        if receives[r] and sends[r]:
+            raise AssertionError("all_to_all accepted overlapping out and inp")
+        return []
+    # heap allocations must be the same on every rank: the largest size, then a view
+    out, where = _place(ctx, g, w, (max(receives), *tail), dtype, keep)
+    inp, in_where = _place(ctx, g, w, (max(sends), *tail), dtype, keep)
+    out, inp = out[:receives[r]], inp[:sends[r]]
+    inp.copy_(xs[r])
+    if KNOWN_BUG_NCCL_EMPTY and algorithm == "nccl" and not (all(sends) and all(receives)):
+        algorithm = "push"       # see test_known_bug_all_to_all_nccl_zero_rows
+    kw = {} if even else {"out_splits": [splits[s][r] for s in range(w)], "in_splits": splits[r]}
+    what = f"all_to_all {algorithm} {dtype} splits={splits} tail={tail} out={where} inp={in_where} block={block}"
+    ctx.all_to_all(out, inp, algorithm=algorithm, block=block, **kw)
+    expected = torch.cat([xs[s].split(splits[s])[r] for s in range(w)])
+    return [(out, expected, what, _tol(dtype))]
+
+
+def _broadcast(ctx, seed):
+    g, algorithm, block = _case("broadcast", seed)
+    w, r = ctx.world_size, ctx.rank
+    shape = (g.choice([0, 1, 3, 17, 100, 600]), *g.choice(TAILS[:4]))
+    dtype, src = g.choice(ANY_DTYPES), g.randrange(w)
+    xs = _inputs(g, w, shape, dtype)
+    keep = []
+    t, where = _place(ctx, g, w, shape, dtype, keep)
+    t.copy_(xs[r])
+    what = f"broadcast {algorithm} {dtype} src={src} shape={shape} t={where} block={block}"
+    ctx.broadcast(t, src=src, algorithm=algorithm, block=block)
+    return [(t, xs[src], what, _tol(dtype))]
+
+
+OPS = {"all_gather": _all_gather, "reduce_scatter": _reduce_scatter, "all_reduce": _all_reduce,
+       "all_to_all": _all_to_all, "broadcast": _broadcast}
+
+
+def _batch(ctx, seeds, op):
+    return run_cases(ctx, OPS[op], seeds)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_fuzz_collective(pool, request, op):
+    """300 cases per collective in CI (over the fuzzed world sizes), --cases N for more."""
+    skip_unless_fuzzed_world(pool)
+    run_family(pool, _batch, num_cases(request, 150), op)
+
+
+def _shifted_byte_input(ctx, algorithm):
+    """all_gather of int8 rows [2, 2, 3] from a heap view at byte offset rank * 1."""
+    w, r = ctx.world_size, ctx.rank
+    xs = [torch.arange(12, dtype=torch.int8).view(2, 2, 3) + 20 * s for s in range(w)]
+    out = torch.zeros(2 * w, 2, 3, dtype=torch.int8, device=ctx.device)
+    big = ctx.zeros(12 + w, dtype=torch.int8)
+    inp = big[r:r + 12].view(2, 2, 3)
+    inp.copy_(xs[r])
+    ctx.all_gather(out, inp, algorithm=algorithm, block=16)
+    ctx.sync()
+    return torch.equal(out.cpu(), torch.cat(xs))
+
+
+@pytest.mark.xfail(strict=True, reason="ccl bug found by the fuzzer: rank 0 gets zeros for "
+                   "rank 1's block (seed 24 of all_gather)")
+@pytest.mark.parametrize("algorithm", ["pull", "push"])
+def test_known_bug_all_gather_shifted_byte_input(pool, algorithm):
+    assert all(pool.run(_shifted_byte_input, algorithm))
+
+
+def _nccl_zero_rows(ctx):
+    w, r = ctx.world_size, ctx.rank
+    splits = [[0] * w for _ in range(w)]
+    splits[0][1 % w] = 2                     # rank 0 sends 2 rows; the others send nothing
+    out = torch.empty(sum(splits[s][r] for s in range(w)), 3)
+    inp = torch.randn(sum(splits[r]), 3)
+    ctx.all_to_all(out, inp, out_splits=[splits[s][r] for s in range(w)], in_splits=splits[r],
+                   algorithm="nccl")
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="ccl/nccl.py _bytes: "
+                   "reshape(0, -1) of a zero-row tensor (seed 19 of all_to_all)")
+def test_known_bug_all_to_all_nccl_zero_rows(pool):
+    pool.run(_nccl_zero_rows)
