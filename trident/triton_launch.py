@@ -104,7 +104,7 @@ class Launch:
     On the ordinary path (CPU emulation, changed Triton internals) it keeps the arguments.
     """
     __slots__ = ("kernel", "grid", "args", "kwargs", "live", "fast", "compiled", "prefix",
-                 "packed", "stream", "device", "hooks")
+                 "packed", "tail", "stream", "device", "hooks")
 
     def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, tensors: tuple = ()):
         self.kernel, self.grid = kernel, tuple(grid) + (1,) * (3 - len(grid))
@@ -136,6 +136,7 @@ class Launch:
                            launcher.launch_pdl, None, None, compiled.packed_metadata, None,
                            None, None)
         self.packed = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
+        self.tail = self.prefix + self.packed
         self.compiled, self.args = compiled, None     # addresses only from here on
         self.device = driver.active.get_current_device()
         self.stream = driver.active.get_current_stream
@@ -144,14 +145,17 @@ class Launch:
     def __call__(self, tensors: tuple = ()) -> None:
         if self.fast is None:
             self.kernel[self.grid](*self._resolve(tensors), **self.kwargs)
-            return
-        args = self.packed
-        if self.live:
-            args = list(args)
-            for pos, index in self.live:
-                args[pos] = tensors[index].data_ptr()
-        g = self.grid
-        if self.hooks.launch_enter_hook.calls:       # a profiler (proton) watches launches
-            self.compiled[g](*args)
-            return
-        self.fast(g[0], g[1], g[2], self.stream(self.device), *self.prefix, *args)
+        elif self.live or self.hooks.launch_enter_hook.calls:
+            self._launch_slower(tensors)
+        else:                                        # the hot path: one C call
+            self.fast(*self.grid, self.stream(self.device), *self.tail)
+
+    def _launch_slower(self, tensors) -> None:
+        """Live arguments to read, or a launch hook (a profiler such as proton) to call."""
+        args = list(self.packed)
+        for pos, index in self.live:
+            args[pos] = tensors[index].data_ptr()
+        if self.hooks.launch_enter_hook.calls:
+            self.compiled[self.grid](*args)
+        else:
+            self.fast(*self.grid, self.stream(self.device), *self.prefix, *args)

@@ -77,7 +77,7 @@ def _run(ctx, key, build, tensors, *options):
                 ctx.plans.put(twin, build(ctx, *tensors, *options[:-1], True), for_capture=True)
     if ctx.debug and plan.debug_before is not None:
         plan.debug_before(ctx, tensors)
-    plan(tensors)
+    plan.run(tensors)
     if ctx.debug:
         ctx.sync()
         if plan.debug_after is not None:
@@ -87,7 +87,11 @@ def _run(ctx, key, build, tensors, *options):
 def all_reduce(ctx, t, op: str = "sum", algorithm: str | None = None, block=None, programs=None):
     """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
     key = ("all_reduce", tensor_key(t), op, algorithm, block, programs, ctx.capturing())
-    _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs, key[-1])
+    plan = ctx.plans.get(key)
+    if plan is None or ctx.debug:
+        _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs, key[-1])
+    else:
+        plan.run((t,))
     return t
 
 
@@ -107,7 +111,11 @@ def all_gather(ctx, out, inp, algorithm: str | None = None, block=None, programs
     """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
     key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs,
            ctx.capturing())
-    _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs, key[-1])
+    plan = ctx.plans.get(key)
+    if plan is None or ctx.debug:
+        _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs, key[-1])
+    else:
+        plan.run((out, inp))
     return out
 
 
@@ -136,7 +144,12 @@ def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str | None = None,
     """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
     key = ("reduce_scatter", tensor_key(out), tensor_key(inp), op, algorithm, block, programs,
            ctx.capturing())
-    _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs, key[-1])
+    plan = ctx.plans.get(key)
+    if plan is None or ctx.debug:
+        _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs,
+             key[-1])
+    else:
+        plan.run((out, inp))
     return out
 
 
@@ -182,8 +195,12 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | 
            None if out_splits is None else tuple(out_splits),
            None if in_splits is None else tuple(in_splits), algorithm, block, programs,
            ctx.capturing())
-    _run(ctx, key, _plan_all_to_all, (out, inp), out_splits, in_splits, algorithm, block,
-         programs, key[-1])
+    plan = ctx.plans.get(key)
+    if plan is None or ctx.debug:
+        _run(ctx, key, _plan_all_to_all, (out, inp), out_splits, in_splits, algorithm, block,
+             programs, key[-1])
+    else:
+        plan.run((out, inp))
     return out
 
 
@@ -247,7 +264,11 @@ def _check_splits_matched(ctx) -> None:
 def broadcast(ctx, t, src: int = 0, algorithm: str | None = None, block=None, programs=None):
     """t on every rank = t of rank `src`. Returns t."""
     key = ("broadcast", tensor_key(t), src, algorithm, block, programs, ctx.capturing())
-    _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs, key[-1])
+    plan = ctx.plans.get(key)
+    if plan is None or ctx.debug:
+        _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs, key[-1])
+    else:
+        plan.run((t,))
     return t
 
 
