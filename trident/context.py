@@ -98,6 +98,17 @@ def _ops():
 _ccl_module = _ops_module = None
 
 
+class _Building:
+    def __init__(self, ctx, name):
+        self.ctx, self.name = ctx, name
+
+    def __enter__(self):
+        self.prev, self.ctx._calling = self.ctx._calling, self.name
+
+    def __exit__(self, *exc):
+        self.ctx._calling = self.prev
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return int(value) if value else default
@@ -504,55 +515,45 @@ class Context:
 
     # ------------------------------------------------------------------ collectives
     # Each method hands over to its package (imported on first use); see DESIGN.md.
-    def _op(self, name: str, fn, *args, **options):
-        """fn(self, *args, **options), with `name` noted for error messages (a workspace
-        that does not fit, a rank that skipped the op's first call)."""
-        prev, self._calling = self._calling, name
-        try:
-            return fn(self, *args, **options)
-        finally:
-            self._calling = prev
+    def building(self, name: str):
+        """Context manager around a plan's build: names the op in the errors of the host
+        collectives it makes (a workspace that does not fit, a rank that skipped the op's
+        first call). Only builds pay for it; a warm call does not."""
+        return _Building(self, name)
 
     def all_gather(self, out, inp, **options):
         """out [world*n, ...] = concatenation of every rank's inp [n, ...]."""
-        from . import ccl
-        return self._op("all_gather", ccl.all_gather, out, inp, **options)
+        return _ccl().all_gather(self, out, inp, **options)
 
     def reduce_scatter(self, out, inp, op: str = "sum", **options):
         """out [n, ...] = this rank's block of the sum over ranks of inp [world*n, ...]."""
-        from . import ccl
-        return self._op("reduce_scatter", ccl.reduce_scatter, out, inp, op=op, **options)
+        return _ccl().reduce_scatter(self, out, inp, op, **options)
 
     def all_reduce(self, t, op: str = "sum", **options):
         """In place: t = reduction of t over ranks; returns t."""
-        from . import ccl
-        return self._op("all_reduce", ccl.all_reduce, t, op=op, **options)
+        return _ccl().all_reduce(self, t, op, **options)
 
     def all_to_all(self, out, inp, out_splits=None, in_splits=None, **options):
-        from . import ccl
-        return self._op("all_to_all", ccl.all_to_all, out, inp, out_splits=out_splits,
-                        in_splits=in_splits, **options)
+        """Rank r sends rows in_splits[p] of inp to rank p and receives out_splits[p] rows
+        from rank p into out, in rank order (None: even splits)."""
+        return _ccl().all_to_all(self, out, inp, out_splits, in_splits, **options)
 
     def broadcast(self, t, src: int = 0, **options):
-        from . import ccl
-        return self._op("broadcast", ccl.broadcast, t, src=src, **options)
+        """t on every rank = t of rank `src`; returns t."""
+        return _ccl().broadcast(self, t, src, **options)
 
     # ------------------------------------------------------------------ fused ops
     def all_gather_matmul(self, a, w, bias=None, **options):
         """all_gather(a, dim 0) @ w.T + bias (column-parallel linear)."""
-        from . import ops
-        return self._op("all_gather_matmul", ops.all_gather_matmul, a, w, bias=bias, **options)
+        return _ops().all_gather_matmul(self, a, w, bias, **options)
 
     def matmul_reduce_scatter(self, a, w, bias=None, **options):
         """reduce_scatter(a @ w.T, dim 0) + bias (row-parallel linear)."""
-        from . import ops
-        return self._op("matmul_reduce_scatter", ops.matmul_reduce_scatter, a, w, bias=bias,
-                        **options)
+        return _ops().matmul_reduce_scatter(self, a, w, bias, **options)
 
     def matmul_all_reduce(self, a, w, bias=None, **options):
         """all_reduce(a @ w.T) + bias (row-parallel linear)."""
-        from . import ops
-        return self._op("matmul_all_reduce", ops.matmul_all_reduce, a, w, bias=bias, **options)
+        return _ops().matmul_all_reduce(self, a, w, bias, **options)
 
     # ------------------------------------------------------------------ tracing
     def trace(self, path: str | None = None, **options):

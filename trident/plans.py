@@ -77,7 +77,7 @@ class Plan:
         # one Python frame less per call on the hot path
         if self.graph is not None:
             replay = self.graph.replay
-            self.run = lambda tensors: replay()
+            self.run = lambda tensors=(): replay()
         elif len(self.steps) == 1:
             self.run = self.steps[0]
         return self

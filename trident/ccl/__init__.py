@@ -70,11 +70,13 @@ def _run(ctx, key, build, tensors, *options):
         _agree(ctx, key[0], *signature(tensors, options[:-1], rows=key[0] != "all_to_all"))
     plan = ctx.plans.get(key)
     if plan is None:
-        plan = ctx.plans.put(key, build(ctx, *tensors, *options), for_capture=key[-1])
-        if ctx.backend == "cuda" and not key[-1]:
-            twin = key[:-1] + (True,)
-            if twin not in ctx.plans:
-                ctx.plans.put(twin, build(ctx, *tensors, *options[:-1], True), for_capture=True)
+        with ctx.building(key[0]):
+            plan = ctx.plans.put(key, build(ctx, *tensors, *options), for_capture=key[-1])
+            if ctx.backend == "cuda" and not key[-1]:
+                twin = key[:-1] + (True,)
+                if twin not in ctx.plans:
+                    ctx.plans.put(twin, build(ctx, *tensors, *options[:-1], True),
+                                  for_capture=True)
     if ctx.debug and plan.debug_before is not None:
         plan.debug_before(ctx, tensors)
     plan.run(tensors)

@@ -91,10 +91,11 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
         _agree(ctx, op, *debug_signature(op, a, w, bias, algorithm))
     plan = ctx.plans.get(key)
     if plan is None:
-        plan = ctx.plans.put(key, build(ctx, a, w, bias, out, algorithm, options))
+        with ctx.building(op):
+            plan = ctx.plans.put(key, build(ctx, a, w, bias, out, algorithm, options))
     if out is None:
         out = torch.empty(plan.out_shape, dtype=a.dtype, device=ctx.device)
-    plan((a, w, bias, out))
+    plan.run((a, w, bias, out))
     if ctx.debug:
         ctx.sync()
     return out
