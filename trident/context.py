@@ -247,6 +247,12 @@ class Context:
                              f"zeros/...): peers cannot address memory outside it")
 
     # ------------------------------------------------------------------ synchronisation
+    @property
+    def host_timeout_s(self) -> float:
+        """Limit of a host-side collective: the device timeout plus 5 s, since a peer may
+        reach it only after one of its device waits has timed out."""
+        return self.timeout_s + 5.0
+
     def set_timeout(self, seconds: float) -> None:
         """Limit of every device-side wait. Past it, the wait gives up and CommTimeout follows."""
         if seconds <= 0:
@@ -387,14 +393,14 @@ class Context:
         return what if detail is None else f"{what} with {detail}"
 
     def _all_gather_header(self, mine: torch.Tensor, describe) -> list[list[int]]:
-        """all_gather of the header, bounded by the context's timeout; describe() names
-        the call in the error."""
+        """all_gather of the header, bounded by the host timeout; describe() names the
+        call in the error."""
         everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
         try:
             if dist.get_backend(self.group) == "gloo":
                 from torch._C._distributed_c10d import AllgatherOptions
                 opts = AllgatherOptions()
-                opts.timeout = datetime.timedelta(seconds=self.timeout_s)
+                opts.timeout = datetime.timedelta(seconds=self.host_timeout_s)
                 backend = self.group._get_backend(torch.device("cpu"))
                 backend.allgather([everyone], [mine], opts).wait()
             else:
@@ -402,7 +408,8 @@ class Context:
                 dist.all_gather(device, mine.to(self.device), group=self.group)
                 everyone = device
         except RuntimeError as e:
-            raise HostTimeout(describe(), self.rank, self.timeout_s, str(e).strip()[:200]) from None
+            raise HostTimeout(describe(), self.rank, self.host_timeout_s,
+                              str(e).strip()[:200]) from None
         return torch.stack(everyone).tolist()        # one device->host copy
 
     def _raise_heap_mismatch(self, digests: list[int]) -> None:

@@ -12,10 +12,10 @@ from trident.ccl import ALGORITHMS
 
 from .common import num_cases, run_cases, run_family, skip_unless_fuzzed_world
 
-# Bugs this fuzzer found (ccl, not yet fixed): the random cases steer around them and a
-# strict xfail below reproduces each one; set a flag to False once its bug is fixed.
-KNOWN_BUG_SHIFTED_BYTES = True     # all_gather: 1-/2-byte heap-view input at rank-dependent offsets
-KNOWN_BUG_NCCL_EMPTY = True        # all_to_all "nccl": a rank with no rows to send or receive
+# Bugs this fuzzer found, now fixed; their regression tests are at the end. A flag set to
+# True makes the random cases steer around its bug again (for a bug under repair).
+KNOWN_BUG_SHIFTED_BYTES = False     # all_gather: 1-/2-byte heap-view input at rank-dependent offsets
+KNOWN_BUG_NCCL_EMPTY = False        # all_to_all "nccl": a rank with no rows to send or receive
 
 REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ANY_DTYPES = REDUCE_DTYPES + (torch.int32, torch.int8, torch.bool, torch.int64)
@@ -94,7 +94,7 @@ def _all_gather(ctx, seed):
     else:
         inp, in_where = _place(ctx, g, w, (n, *tail), dtype, keep)
         if KNOWN_BUG_SHIFTED_BYTES and in_where == "shifted" and dtype.itemsize < 4:
-            keep.append(inp)     # see test_known_bug_all_gather_shifted_byte_input
+            keep.append(inp)     # see test_all_gather_shifted_byte_input
             inp, in_where = _place_heap(ctx, (n, *tail), dtype, keep), "heap"
     inp.copy_(xs[r])
     what = f"all_gather {algorithm} {dtype} n={n} tail={tail} out={where} inp={in_where} block={block}"
@@ -152,8 +152,10 @@ def _all_to_all(ctx, seed):
     receives = [sum(splits[s][d] for s in range(w)) for d in range(w)]
     xs = [x[:sends[s]] for s, x in enumerate(_inputs(g, w, (max(sends + [1]), *tail), dtype))]
     keep = []
-    if g.random() < 0.05:                       # out and inp overlap: must be rejected
-        big = ctx.empty(max(sends[r], receives[r]) + 1, *tail, dtype=dtype)
+    # out and inp overlap on every rank (a rank with nothing to send or receive has no
+    # overlap, runs the op and would wait for the others): must be rejected everywhere
+    if g.random() < 0.05 and all(sends) and all(receives):
+        big = ctx.empty(max(sends + receives) + 1, *tail, dtype=dtype)   # same on every rank
         keep.append(big)
         try:
             ctx.all_to_all(big[:receives[r]], big[:sends[r]],
@@ -161,16 +163,14 @@ def _all_to_all(ctx, seed):
                            algorithm=algorithm)
         except ValueError as exc:
             return f"rejected (aliasing, as it must be): {exc}"
-        if receives[r] and sends[r]:
-            raise AssertionError("all_to_all accepted overlapping out and inp")
-        return []
+        raise AssertionError("all_to_all accepted overlapping out and inp")
     # heap allocations must be the same on every rank: the largest size, then a view
     out, where = _place(ctx, g, w, (max(receives), *tail), dtype, keep)
     inp, in_where = _place(ctx, g, w, (max(sends), *tail), dtype, keep)
     out, inp = out[:receives[r]], inp[:sends[r]]
     inp.copy_(xs[r])
     if KNOWN_BUG_NCCL_EMPTY and algorithm == "nccl" and not (all(sends) and all(receives)):
-        algorithm = "push"       # see test_known_bug_all_to_all_nccl_zero_rows
+        algorithm = "push"       # see test_all_to_all_nccl_zero_rows
     kw = {} if even else {"out_splits": [splits[s][r] for s in range(w)], "in_splits": splits[r]}
     what = f"all_to_all {algorithm} {dtype} splits={splits} tail={tail} out={where} inp={in_where} block={block}"
     ctx.all_to_all(out, inp, algorithm=algorithm, block=block, **kw)
@@ -220,10 +220,8 @@ def _shifted_byte_input(ctx, algorithm):
     return torch.equal(out.cpu(), torch.cat(xs))
 
 
-@pytest.mark.xfail(strict=True, reason="ccl bug found by the fuzzer: rank 0 gets zeros for "
-                   "rank 1's block (seed 24 of all_gather)")
 @pytest.mark.parametrize("algorithm", ["pull", "push"])
-def test_known_bug_all_gather_shifted_byte_input(pool, algorithm):
+def test_all_gather_shifted_byte_input(pool, algorithm):
     assert all(pool.run(_shifted_byte_input, algorithm))
 
 
@@ -237,7 +235,5 @@ def _nccl_zero_rows(ctx):
                    algorithm="nccl")
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="ccl/nccl.py _bytes: "
-                   "reshape(0, -1) of a zero-row tensor (seed 19 of all_to_all)")
-def test_known_bug_all_to_all_nccl_zero_rows(pool):
+def test_all_to_all_nccl_zero_rows(pool):
     pool.run(_nccl_zero_rows)

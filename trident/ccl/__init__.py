@@ -136,8 +136,10 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs, graph) -> Plan:
     elif ctx.world_size == 1:
         plan.add(lambda ts: ts[0].copy_(ts[1]))
     elif inp.numel():
-        words_out, words_in = common.as_words(out, inp)
+        (words_out, words_in), finish = common.as_words(
+            ctx, plan, [(out, 0, False, True), (inp, 1, True, False)])
         ALL_GATHER[name](ctx, plan, words_out, words_in, block=block, programs=programs)
+        finish()
     return plan
 
 
@@ -231,10 +233,12 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
         plan.add(lambda ts: ts[0].copy_(ts[1]))
     else:
         row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
-        words_out, words_in = common.as_words(out, inp, unit=row_bytes)
+        (words_out, words_in), finish = common.as_words(
+            ctx, plan, [(out, 0, False, True), (inp, 1, True, False)], unit=row_bytes)
         row = row_bytes // words_out.element_size()
         ALL_TO_ALL[name](ctx, plan, words_out, words_in, out_splits, in_splits, row,
                          block=block, programs=programs)
+        finish()
         plan.debug_after = lambda c, ts: _check_splits_matched(c)
     return plan
 
@@ -283,8 +287,9 @@ def _plan_broadcast(ctx, t, src, algorithm, block, programs, graph) -> Plan:
     if name == "nccl":
         plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src), graphable=False)
     elif ctx.world_size > 1 and t.numel():
-        (words,) = common.as_words(t)
+        (words,), finish = common.as_words(ctx, plan, [(t, 0, True, True)])
         BROADCAST[name](ctx, plan, words, src, block=block, programs=programs)
+        finish()
     return plan
 
 

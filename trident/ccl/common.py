@@ -56,14 +56,24 @@ def _mirror(plan, index: int, buf: torch.Tensor) -> torch.Tensor:
     return buf.view(torch.uint8).view(user.dtype).view(user.shape)
 
 
-def stage(ctx, plan, t: torch.Tensor, index: int, key: str, copy_in: bool = True) -> torch.Tensor:
+def stage(ctx, plan, t: torch.Tensor, index: int, key: str, copy_in: bool = True,
+          agreed: bool = True) -> torch.Tensor:
     """`t` itself when it lies on the heap, else a heap buffer of its size for the kernel
     that needs it there (`t` is a flat view of the call's tensor `index`). With copy_in,
-    the plan copies the call's tensor into the buffer first. See `unstage`."""
+    the plan copies the call's tensor into the buffer first. See `unstage`.
+
+    Making a heap buffer is collective, and whether `t` lies on the heap is up to each
+    rank: so when its size is `agreed` by all ranks, every rank makes the buffer, used or
+    not. (all_to_all's outputs differ in size between ranks: there it is made only where
+    needed, and ranks whose sizes fall into different size classes get an error.)"""
+    nbytes = t.numel() * t.element_size()
+    if agreed:
+        buf = scratch(ctx, nbytes, torch.uint8, key)
     if ctx.is_symmetric(t):
         return t
-    nbytes = t.numel() * t.element_size()
-    buf = scratch(ctx, nbytes, torch.uint8, key)[:nbytes].view(t.dtype)
+    if not agreed:
+        buf = scratch(ctx, nbytes, torch.uint8, key)
+    buf = buf[:nbytes].view(t.dtype)
     if copy_in:
         mirror = _mirror(plan, index, buf)
         plan.add(lambda ts: mirror.copy_(ts[index]))
@@ -104,16 +114,40 @@ def check_same_dtype(a: torch.Tensor, b: torch.Tensor, names: str) -> None:
         raise TypeError(f"{names} must have the same dtype, got {a.dtype} and {b.dtype}")
 
 
-def as_words(*ts: torch.Tensor, unit: int = 0) -> list[torch.Tensor]:
-    """Flat views of the tensors as the widest integer type (int32/int16/int8) that tiles
-    all of them (and `unit` bytes, e.g. a row), so data movement works for any dtype
-    (bool, fp8, complex, ...)."""
-    flat = [t.reshape(-1).view(torch.uint8) for t in ts]
-    for wide, size in ((torch.int32, 4), (torch.int16, 2)):
-        if unit % size == 0 and all(f.numel() % size == 0 and f.data_ptr() % size == 0
-                                    for f in flat):
-            return [f.view(wide) for f in flat]
-    return [f.view(torch.int8) for f in flat]
+def as_words(ctx, plan, specs, unit: int = 0):
+    """Flat views of the call's tensors as the widest integer type (int32/int16/int8) that
+    tiles all of them and `unit` bytes (e.g. a row), so data movement works for any dtype
+    (bool, fp8, complex, ...).
+
+    specs: (tensor, index among the call's tensors, is an input, is an output). The width
+    depends only on sizes, which every rank agrees on, never on where a tensor lies: ranks
+    that chose different widths would run different kernels. A tensor that is not aligned
+    to the width here is staged through an aligned buffer (copied in before the
+    kernel if an input; back after it if an output: call the returned `finish()` once the
+    kernel's step is added). Returns (views, finish).
+    """
+    nbytes = [t.numel() * t.element_size() for t, *_ in specs]
+    wide, size = next((w, s) for w, s in ((torch.int32, 4), (torch.int16, 2), (torch.int8, 1))
+                      if unit % s == 0 and all(n % s == 0 for n in nbytes))
+    views, back = [], []
+    for (t, index, is_in, is_out), n in zip(specs, nbytes):
+        flat = t.reshape(-1).view(torch.uint8)
+        if flat.data_ptr() % size:
+            # a plain buffer (a heap one would have to be made on every rank)
+            buf = torch.empty(n, dtype=torch.uint8, device=ctx.device)
+            if is_in:
+                mirror = _mirror(plan, index, buf)
+                plan.add(lambda ts, mirror=mirror, index=index: mirror.copy_(ts[index]))
+            if is_out:
+                back.append((index, buf))
+            flat = buf
+        views.append(flat.view(wide))
+
+    def finish():
+        for index, buf in back:
+            mirror = _mirror(plan, index, buf)
+            plan.add(lambda ts, mirror=mirror, index=index: ts[index].copy_(mirror))
+    return views, finish
 
 
 def round_up(n: int, m: int = ALIGN) -> int:

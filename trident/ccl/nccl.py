@@ -1,5 +1,7 @@
 """The "nccl" algorithm: hand the collective to torch.distributed on the context's group
 (NCCL on GPUs, gloo on the CPU emulation). The selector picks it where trident loses."""
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -18,7 +20,8 @@ def all_reduce(ctx, t, op):
 def _bytes(t, rows: bool = False):
     """Moving ops carry any dtype: hand the backend bytes (gloo has no bool, say).
     rows=True keeps dim 0, so that all_to_all's row splits still apply."""
-    flat = t.reshape(t.shape[0], -1) if rows else t.reshape(-1)
+    # explicit row length: reshape(0, -1) is ambiguous for a rank with no rows
+    flat = t.reshape(t.shape[0], math.prod(t.shape[1:])) if rows else t.reshape(-1)
     return flat.view(torch.uint8)
 
 

@@ -35,8 +35,7 @@ def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
         check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, ())
     shape = (a.shape[0], w.shape[0])
     check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, shape)
-    path = selector.resolve(ctx, "matmul_all_reduce", algorithm, a.shape[0], w.shape[0],
-                            a.shape[1])
+    path = selector.resolve(ctx, "matmul_all_reduce", algorithm, a.shape[0], w.shape[0], None)
     plan = new_plan(ctx, a, w, bias, out, shape, path)
     if path == "plain":
         plan.add(lambda ts: plain.matmul_all_reduce(ctx, *ts), graphable=False)

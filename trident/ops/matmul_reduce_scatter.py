@@ -185,7 +185,7 @@ def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
                          f"the world size {ctx.world_size}")
     shape = (M // ctx.world_size, w.shape[0])
     check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, shape)
-    path = selector.resolve(ctx, "matmul_reduce_scatter", algorithm, M, w.shape[0], a.shape[1])
+    path = selector.resolve(ctx, "matmul_reduce_scatter", algorithm, M, w.shape[0], None)
     plan = new_plan(ctx, a, w, bias, out, shape, path)
     if path == "plain":
         plan.add(lambda ts: plain.matmul_reduce_scatter(ctx, *ts), graphable=False)

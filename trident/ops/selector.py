@@ -58,10 +58,12 @@ def _times(entry: dict, graph: bool) -> tuple[float, float]:
     return entry["fused_us"], entry["plain_us"]
 
 
-def choose(ctx, op: str, M: int, N: int, K: int, table: list[dict] | None = None,
+def choose(ctx, op: str, M: int, N: int, K: int | None, table: list[dict] | None = None,
            graph: bool | None = None) -> str:
     """'fused' or 'plain' for this call (see the module docstring); graph: whether the call
-    is captured into a CUDA graph (default: whether the current stream is capturing)."""
+    is captured into a CUDA graph (default: whether the current stream is capturing).
+    K=None matches on M and N only: row-parallel ops pass it, since their K is each rank's
+    own shard and may differ between ranks, which must all choose alike."""
     if ctx.backend != "cuda":
         return "fused"
     graph = _capturing(ctx) if graph is None else graph
@@ -73,7 +75,8 @@ def choose(ctx, op: str, M: int, N: int, K: int, table: list[dict] | None = None
     for e in load_table() if table is None else table:
         if e["op"] != op or e["world_size"] != ctx.world_size or e["device"] not in name:
             continue
-        d = max(abs(math.log2(M / e["M"])), abs(math.log2(N / e["N"])), abs(math.log2(K / e["K"])))
+        d = max(abs(math.log2(M / e["M"])), abs(math.log2(N / e["N"])),
+                0.0 if K is None else abs(math.log2(K / e["K"])))
         if d < best_d:
             best, best_d = e, d
     choice = "plain"
