@@ -354,9 +354,11 @@ def _bad_ids(ctx):
         ranks, _, _ = _round_inputs(512, ctx.world_size, E, k, H, M, torch.bfloat16,
                                     [M] * ctx.world_size)
         T, x, idx, w = ranks[ctx.rank]
+        x = x.to(ctx.device)
         with pytest.raises(ValueError, match=MESSAGES["int64"]):
-            ep.dispatch(x, _plant("int64", everyone)(ctx.rank, idx.clone()))
-        pending = ep.dispatch(x, _plant("repeat", everyone)(ctx.rank, idx.clone()), wait=False)
+            ep.dispatch(x, _plant("int64", everyone)(ctx.rank, idx.clone()).to(ctx.device))
+        pending = ep.dispatch(x, _plant("repeat", everyone)(ctx.rank, idx.clone()).to(ctx.device),
+                              wait=False)
         with pytest.raises(ValueError, match=MESSAGES["repeat"]):
             pending.wait()                       # split: raised after the receive half
         _round(ctx, ep, 513, L)
