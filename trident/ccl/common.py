@@ -56,24 +56,20 @@ def _mirror(plan, index: int, buf: torch.Tensor) -> torch.Tensor:
     return buf.view(torch.uint8).view(user.dtype).view(user.shape)
 
 
-def stage(ctx, plan, t: torch.Tensor, index: int, key: str, copy_in: bool = True,
-          agreed: bool = True) -> torch.Tensor:
+def stage(ctx, plan, t: torch.Tensor, index: int, key: str, copy_in: bool = True) -> torch.Tensor:
     """`t` itself when it lies on the heap, else a heap buffer of its size for the kernel
     that needs it there (`t` is a flat view of the call's tensor `index`). With copy_in,
     the plan copies the call's tensor into the buffer first. See `unstage`.
 
-    Making a heap buffer is collective, and whether `t` lies on the heap is up to each
-    rank: so when its size is `agreed` by all ranks, every rank makes the buffer, used or
-    not. (all_to_all's outputs differ in size between ranks: there it is made only where
-    needed, and ranks whose sizes fall into different size classes get an error.)"""
-    nbytes = t.numel() * t.element_size()
-    if agreed:
-        buf = scratch(ctx, nbytes, torch.uint8, key)
+    Making the buffer is collective (a workspace), and only ranks whose tensor is not on
+    the heap make it. Ranks that pass a heap tensor where a peer passes a plain one (or
+    sizes in different size classes) therefore raise CallMismatchError naming both calls,
+    on the plan's first call. Making the buffer on every rank would avoid that at the
+    price of a heap-sized copy of every large input, which fills the heap."""
     if ctx.is_symmetric(t):
         return t
-    if not agreed:
-        buf = scratch(ctx, nbytes, torch.uint8, key)
-    buf = buf[:nbytes].view(t.dtype)
+    nbytes = t.numel() * t.element_size()
+    buf = scratch(ctx, nbytes, torch.uint8, key)[:nbytes].view(t.dtype)
     if copy_in:
         mirror = _mirror(plan, index, buf)
         plan.add(lambda ts: mirror.copy_(ts[index]))

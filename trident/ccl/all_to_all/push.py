@@ -74,7 +74,7 @@ def push(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=N
     # heap tensor (data_ptr() is 0, so not "symmetric") is not.
     heap_view = out.untyped_storage().data_ptr() == anchor.untyped_storage().data_ptr()
     dst = out if heap_view and not out.numel() else \
-        common.stage(ctx, plan, out, 0, "stage.out", copy_in=False, agreed=False)
+        common.stage(ctx, plan, out, 0, "stage.out", copy_in=False)
     base = (dst.data_ptr() - anchor.data_ptr()) // out.element_size() if out.numel() else 0
     splits = splits_tensor(ctx, in_splits, out_splits, row, base)
     # The grid must be the same on every rank (program p waits for program p of its
