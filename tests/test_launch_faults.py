@@ -1,5 +1,7 @@
 """The launcher under faults: rank processes never outlive it, and Ctrl-C returns fast."""
 import os
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -13,7 +15,7 @@ SCRIPT = textwrap.dedent("""
     import trident as td
 
     def nap(ctx):
-        print("ranks", os.getpid(), flush=True)
+        os.write(1, f"ranks {os.getpid()}\\n".encode())   # one write: ranks never interleave
         time.sleep(300)
 
     if __name__ == "__main__":
@@ -22,18 +24,28 @@ SCRIPT = textwrap.dedent("""
 
 
 def _start(tmp_path):
+    """Run the script; return it and its two rank pids once both ranks are up. Reads the
+    pipe with a deadline (a bare readline could block the suite forever)."""
     path = tmp_path / "nap.py"
     path.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=os.getcwd())
     proc = subprocess.Popen([sys.executable, str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    ranks = set()
-    deadline = time.monotonic() + 120
-    while len(ranks) < 2 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("ranks"):
-            ranks.add(int(line.split()[1]))
-    assert len(ranks) == 2, "ranks did not start"
+                            stderr=subprocess.PIPE, env=env)
+    seen = b""
+    deadline = time.monotonic() + 180
+    while len(re.findall(rb"ranks (\d+)", seen)) < 2 and time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            seen += chunk
+    ranks = {int(p) for p in re.findall(rb"ranks (\d+)", seen)}
+    if len(ranks) < 2:
+        proc.kill()
+        err = proc.stderr.read().decode(errors="replace")[-1500:]
+        pytest.fail(f"ranks did not start within 180 s; stdout so far: {seen[-500:]!r}; "
+                    f"stderr: {err}")
     return proc, ranks
 
 
@@ -61,6 +73,7 @@ def test_ctrl_c_returns_quickly_with_a_message(tmp_path):
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)
+    err = err.decode(errors="replace")
     assert time.monotonic() - t0 < 5, "Ctrl-C took longer than 5 s"
     assert "interrupted while the ranks ran nap" in err
     time.sleep(1)
