@@ -345,6 +345,17 @@ class Context:
             self._raise_value_error(record, rank)
         return failed, details
 
+    def agree(self, op: str, *signature) -> None:
+        """Debug mode's check before an op: raise ValueError if the ranks called `op` with
+        different sizes (`signature`: what must be equal everywhere), CallMismatchError
+        (naming each rank's call) if a rank is in another call. One fixed-size host
+        exchange, which a peer's barrier or other check cannot be confused with."""
+        _, everyone = self.host_exchange(op, detail=signature)
+        for rank, theirs in enumerate(everyone or ()):
+            if theirs != signature:
+                raise ValueError(f"{op}: rank {self.rank} called with {signature} but rank "
+                                 f"{rank} with {theirs}; every rank must pass the same sizes")
+
     def host_exchange(self, what: str, payload=(), detail=None, check_step: bool = True):
         """One host-side collective: every rank sends a fixed-size header (the call's name
         `what`, its step number since init/reset, a digest of `detail`) and up to

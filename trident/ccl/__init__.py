@@ -38,18 +38,6 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
     return name
 
 
-def _agree(ctx, op: str, *signature) -> None:
-    """Debug mode: raise ValueError if the ranks called `op` with different sizes, and
-    CallMismatchError (naming each rank's call) if a rank is in another call. One fixed-size
-    host exchange (ctx.host_exchange), which a peer's barrier or other check cannot be
-    confused with."""
-    _, everyone = ctx.host_exchange(op, detail=signature)
-    for rank, theirs in enumerate(everyone or ()):
-        if theirs != signature:
-            raise ValueError(f"{op}: rank {ctx.rank} called with {signature} but rank {rank} "
-                             f"with {theirs}; every rank must pass the same sizes")
-
-
 def signature(tensors, options, rows: bool = True) -> tuple:
     """What must agree across ranks in a call: each tensor's shape (without dim 0 when
     `rows` is False) and dtype, and the scalar options (lists such as splits may differ)."""
@@ -67,7 +55,7 @@ def _run(ctx, key, build, tensors, *options):
     also builds the plan a capture of the same call will use (the graph table may pick
     another algorithm, whose workspace cannot be created during a capture)."""
     if ctx.debug:
-        _agree(ctx, key[0], *signature(tensors, options[:-1], rows=key[0] != "all_to_all"))
+        ctx.agree(key[0], *signature(tensors, options[:-1], rows=key[0] != "all_to_all"))
     plan = ctx.plans.get(key)
     if plan is None:
         with ctx.building(key[0]):

@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
+from trident.errors import OP_CODES
 from trident.trace import device as trd, tags
 
 MAX_PROGRAMS = tl.constexpr(256)      # grid limit of every collective kernel
@@ -37,6 +38,12 @@ ARRIVE = tl.constexpr(0)              # "I entered this launch": my buffers may 
 DATA = tl.constexpr(1)                # "my data for you is in place"
 DONE = tl.constexpr(2)                # "I no longer read or write your buffers"
 NUM_PHASES = tl.constexpr(3)
+# Op codes that a timed-out wait records (trident/errors.py OP_NAMES), by collective.
+OP_ALL_GATHER = tl.constexpr(OP_CODES["all_gather"])
+OP_REDUCE_SCATTER = tl.constexpr(OP_CODES["reduce_scatter"])
+OP_ALL_REDUCE = tl.constexpr(OP_CODES["all_reduce"])
+OP_ALL_TO_ALL = tl.constexpr(OP_CODES["all_to_all"])
+OP_BROADCAST = tl.constexpr(OP_CODES["broadcast"])
 SUM = tl.constexpr(0)
 MAX = tl.constexpr(1)
 MIN = tl.constexpr(2)

@@ -87,8 +87,7 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
            tuple(sorted((k, repr(v)) for k, v in options.items())) if options else None,
            ctx.capturing())
     if ctx.debug:         # one host collective per call, before anything is allocated
-        from ..ccl import _agree
-        _agree(ctx, op, *debug_signature(op, a, w, bias, algorithm))
+        ctx.agree(op, *debug_signature(op, a, w, bias, algorithm))
     plan = ctx.plans.get(key)
     if plan is None:
         with ctx.building(op):

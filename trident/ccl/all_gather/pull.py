@@ -12,8 +12,8 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, begin_epoch, exchange, peer_shift, publish_offset,
-                      shift_ok)
+from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, peer_shift,
+                      publish_offset, shift_ok)
 
 
 @triton.jit
@@ -23,7 +23,8 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, world_size, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases,
+             OP_ALL_GATHER, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for i in range(world_size):
         src = (rank + i) % world_size
@@ -33,7 +34,8 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
             mask = (offs < n) & shift_ok(shift)
             tdl.get(out + src * n + offs, inp + shift + offs, rank, src, heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
+    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
+             OP_ALL_GATHER, trace_buf, TRACE)
 
 
 def pull(ctx, plan, out, inp, block=None, programs=None):

@@ -12,7 +12,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, begin_epoch, exchange, scratch_half
+from ..device import DATA, OP_ALL_GATHER, begin_epoch, exchange, scratch_half
 
 
 @triton.jit
@@ -32,7 +32,8 @@ def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, ra
                       heap_bases, mask=mask)
         tl.store(out + rank * n + offs, x, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, 2, trace_buf, TRACE)
+    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
+             OP_ALL_GATHER, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)

@@ -14,7 +14,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, begin_epoch, exchange, reduce_slots, scratch_half
+from ..device import DATA, OP_ALL_REDUCE, begin_epoch, exchange, reduce_slots, scratch_half
 
 
 @triton.jit
@@ -33,7 +33,8 @@ def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank,
             tdl.store(slots + rank * stride + offs, x, rank, (rank + i) % world_size,
                       heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
+    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
+             OP_ALL_REDUCE, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)

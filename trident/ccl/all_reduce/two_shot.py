@@ -15,8 +15,8 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, begin_epoch, exchange, peer_shift, publish_offset,
-                      reduce_peers, shift_ok)
+from ..device import (ARRIVE, DONE, OP_ALL_REDUCE, begin_epoch, exchange, peer_shift,
+                      publish_offset, reduce_peers, shift_ok)
 
 
 @triton.jit
@@ -27,7 +27,8 @@ def _two_shot_kernel(t, offsets, my_offset, flags, sync, ctrl, heap_bases, trace
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, world_size, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases,
+             OP_ALL_REDUCE, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     start = rank * seg
     for blk in range(pid, tl.cdiv(seg, BLOCK), nprog):
@@ -41,7 +42,8 @@ def _two_shot_kernel(t, offsets, my_offset, flags, sync, ctrl, heap_bases, trace
             shift = peer_shift(offsets, dst, rank, my_offset, WORD)
             tdl.store(t + shift + offs, y, rank, dst, heap_bases, mask=mask & shift_ok(shift))
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 4, trace_buf, TRACE)
+    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
+             OP_ALL_REDUCE, trace_buf, TRACE)
 
 
 def two_shot(ctx, plan, t, op_code: int, block=None, programs=None):

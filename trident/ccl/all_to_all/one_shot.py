@@ -26,7 +26,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (DATA, MAX_PROGRAMS, begin_epoch, notify_all, scratch_half,
+from ..device import (DATA, MAX_PROGRAMS, OP_ALL_TO_ALL, begin_epoch, notify_all, scratch_half,
                       wait_all)
 from .rows import alignment, check_no_overlap, copy_rows, matched, splits_tensor
 
@@ -73,7 +73,7 @@ def _one_shot_kernel(out, inp, splits, slots, counts, check, flags, sync, ctrl, 
            heap_bases, BLOCK, ALIGN)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     t0 = trd.begin(TRACE)
-    wait_all(flags, DATA, epoch, ctrl, rank, world_size, 5)
+    wait_all(flags, DATA, epoch, ctrl, rank, world_size, OP_ALL_TO_ALL)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
     for i in range(1, world_size):

@@ -19,7 +19,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DATA, begin_epoch, exchange, notify, wait_all
+from ..device import ARRIVE, DATA, OP_ALL_TO_ALL, begin_epoch, exchange, notify, wait_all
 from .rows import alignment, check_no_overlap, copy_rows, matched, splits_tensor
 
 
@@ -43,7 +43,7 @@ def _push_kernel(anchor, inp, splits, meta, check, flags, sync, ctrl, heap_bases
     copy_rows(anchor + tl.multiple_of(tl.load(splits + 2 * world_size + rank), ALIGN),
               inp + tl.multiple_of(tl.load(splits + rank), ALIGN), count, rank, rank,
               heap_bases, BLOCK, ALIGN, False)
-    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 5)
+    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, OP_ALL_TO_ALL)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
     for i in range(1, world_size):
@@ -60,7 +60,8 @@ def _push_kernel(anchor, inp, splits, meta, check, flags, sync, ctrl, heap_bases
         else:
             copy_rows(anchor + dst, src, count, rank, peer, heap_bases, BLOCK, ALIGN, True)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, 5, trace_buf, TRACE)
+    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
+             OP_ALL_TO_ALL, trace_buf, TRACE)
 
 
 def push(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=None):

@@ -14,7 +14,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DATA, begin_epoch, notify_all, scratch_half, wait_all,
+from ..device import (ARRIVE, DATA, OP_BROADCAST, begin_epoch, notify_all, scratch_half, wait_all,
                       wait_for)
 
 
@@ -37,7 +37,7 @@ def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, wor
         notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     else:
-        wait_for(flags, DATA, epoch, src, ctrl, rank, 6)
+        wait_for(flags, DATA, epoch, src, ctrl, rank, OP_BROADCAST)
         trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
         t0 = trd.begin(TRACE)
         for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
@@ -45,7 +45,7 @@ def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, wor
             mask = offs < n
             tl.store(t + offs, tl.load(slot + offs, mask=mask), mask=mask)
         trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
-    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, 6)
+    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, OP_BROADCAST)
 
 
 def push(ctx, plan, t, src: int, block=None, programs=None):

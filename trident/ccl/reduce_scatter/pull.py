@@ -11,7 +11,8 @@ import triton.language as tl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DONE, begin_epoch, exchange, publish_offset, reduce_peers
+from ..device import (ARRIVE, DONE, OP_REDUCE_SCATTER, begin_epoch, exchange, publish_offset,
+                      reduce_peers)
 
 
 @triton.jit
@@ -22,7 +23,8 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, world_size, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, 3, trace_buf, TRACE)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases,
+             OP_REDUCE_SCATTER, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -31,7 +33,8 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
                            heap_bases, OP, WORD)
         tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, 3, trace_buf, TRACE)
+    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
+             OP_REDUCE_SCATTER, trace_buf, TRACE)
 
 
 def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None):
