@@ -17,15 +17,9 @@ import trident as td
 from trident.context import CallMismatchError, HostTimeout
 from trident.launch import RankPool
 
+from .procs import alive
+
 TIMEOUT = 5.0          # the context's timeout in these cases (device waits, host collectives)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _fault(fn, *args, debug: bool = False):
@@ -42,9 +36,9 @@ def _fault(fn, *args, debug: bool = False):
         pool.close(force=True)
     assert took < TIMEOUT + 10, f"the fault took {took:.1f} s to report"
     deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(p) for p in pids), "a rank process was left over"
+    assert not any(alive(p) for p in pids), "a rank process was left over"
     assert not glob.glob(f"/dev/shm/trident-{job}-*"), "a shared-memory file was left over"
     exc = info.value
     return exc, "\n".join([str(exc), *getattr(exc, "__notes__", [])])

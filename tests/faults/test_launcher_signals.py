@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from .procs import alive
+
 SCRIPT = textwrap.dedent("""
     import os, sys, time
     import trident as td
@@ -49,23 +51,15 @@ def _start(tmp_path):
     return proc, ranks
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_ranks_die_with_the_launcher(tmp_path, sig):
     proc, ranks = _start(tmp_path)
     proc.send_signal(sig)
     proc.wait(timeout=10)
     deadline = time.monotonic() + 10
-    while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+    while any(alive(p) for p in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not any(_alive(p) for p in ranks), "rank processes outlived their launcher"
+    assert not any(alive(p) for p in ranks), "rank processes outlived their launcher"
 
 
 def test_ctrl_c_returns_quickly_with_a_message(tmp_path):
@@ -77,4 +71,4 @@ def test_ctrl_c_returns_quickly_with_a_message(tmp_path):
     assert time.monotonic() - t0 < 5, "Ctrl-C took longer than 5 s"
     assert "interrupted while the ranks ran nap" in err
     time.sleep(1)
-    assert not any(_alive(p) for p in ranks)
+    assert not any(alive(p) for p in ranks)
