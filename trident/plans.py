@@ -83,9 +83,7 @@ class Plan:
         return self
 
     def __call__(self, tensors: tuple = ()) -> None:
-        if self.graph is not None:
-            self.graph.replay()
-            return
+        """Run every step (what `run` is for a plan of several steps and no graph)."""
         for step in self.steps:
             step(tensors)
 

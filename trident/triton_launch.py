@@ -17,9 +17,8 @@ This is the one module of trident that depends on Triton's internals (triton 3.6
     packed_metadata, launch_metadata, enter_hook, exit_hook, *kernel_args), pointers as
     plain ints, every parameter in order (constexpr ones too; the launcher skips them).
 `internals_problem()` checks these against the installed Triton; tests/test_triton_launch.py
-runs it in CI. If they changed, or a launch hook (a profiler such as proton) is set, or
-on the CPU emulation, a Launch takes the ordinary `kernel[grid](...)` path instead:
-slower, never wrong.
+runs it in CI. If they changed, or on the CPU emulation, a Launch takes the ordinary
+`kernel[grid](...)` path instead: slower, never wrong.
 """
 from __future__ import annotations
 

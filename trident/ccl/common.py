@@ -56,6 +56,18 @@ def _mirror(plan, index: int, buf: torch.Tensor) -> torch.Tensor:
     return buf.view(torch.uint8).view(user.dtype).view(user.shape)
 
 
+def _copy_in(plan, index: int, buf: torch.Tensor) -> None:
+    """Add a step that copies the call's tensor `index` into `buf`."""
+    mirror = _mirror(plan, index, buf)
+    plan.add(lambda ts: mirror.copy_(ts[index]))
+
+
+def _copy_back(plan, index: int, buf: torch.Tensor) -> None:
+    """Add a step that copies `buf` back into the call's tensor `index`."""
+    mirror = _mirror(plan, index, buf)
+    plan.add(lambda ts: ts[index].copy_(mirror))
+
+
 def stage(ctx, plan, t: torch.Tensor, index: int, key: str, copy_in: bool = True) -> torch.Tensor:
     """`t` itself when it lies on the heap, else a heap buffer of its size for the kernel
     that needs it there (`t` is a flat view of the call's tensor `index`). With copy_in,
@@ -71,16 +83,14 @@ def stage(ctx, plan, t: torch.Tensor, index: int, key: str, copy_in: bool = True
     nbytes = t.numel() * t.element_size()
     buf = scratch(ctx, nbytes, torch.uint8, key)[:nbytes].view(t.dtype)
     if copy_in:
-        mirror = _mirror(plan, index, buf)
-        plan.add(lambda ts: mirror.copy_(ts[index]))
+        _copy_in(plan, index, buf)
     return buf
 
 
 def unstage(plan, index: int, t: torch.Tensor, staged: torch.Tensor) -> None:
     """After the kernel's step: copy a staged buffer back into the call's tensor `index`."""
     if staged is not t:
-        mirror = _mirror(plan, index, staged)
-        plan.add(lambda ts: ts[index].copy_(mirror))
+        _copy_back(plan, index, staged)
 
 
 def heap_offset(ctx, t: torch.Tensor) -> int:
@@ -132,8 +142,7 @@ def as_words(ctx, plan, specs, unit: int = 0):
             # a plain buffer (a heap one would have to be made on every rank)
             buf = torch.empty(n, dtype=torch.uint8, device=ctx.device)
             if is_in:
-                mirror = _mirror(plan, index, buf)
-                plan.add(lambda ts, mirror=mirror, index=index: mirror.copy_(ts[index]))
+                _copy_in(plan, index, buf)
             if is_out:
                 back.append((index, buf))
             flat = buf
@@ -141,8 +150,7 @@ def as_words(ctx, plan, specs, unit: int = 0):
 
     def finish():
         for index, buf in back:
-            mirror = _mirror(plan, index, buf)
-            plan.add(lambda ts, mirror=mirror, index=index: ts[index].copy_(mirror))
+            _copy_back(plan, index, buf)
     return views, finish
 
 
