@@ -15,7 +15,7 @@ OUT=${OUT:-/tmp/out}; R=/tmp/results; mkdir -p $OUT $R
 : "${ARGS_ops=--layers llama3-70b --m 256,4096 --update-crossover $OUT/crossover.json}"
 : "${ARGS_moe=--models deepseek-v3,qwen3-30b-a3b --tokens 1,128,4096}"
 : "${ARGS_p2p=}"
-declare -A LIMIT=([ccl]=200 [ops]=150 [moe]=120 [p2p]=60)
+declare -A LIMIT=([ccl]=${LIMIT_ccl:-200} [ops]=${LIMIT_ops:-150} [moe]=${LIMIT_moe:-120} [p2p]=${LIMIT_p2p:-60})
 
 step() {   # step NAME LIMIT_S COMMAND...: run, log to $R/NAME.log, print its tail, archive
   local name=$1 limit=$2 start=$SECONDS; shift 2
