@@ -40,7 +40,7 @@ def _uneven_k_shards_debug(ctx):
     a_full = torch.randn(m, sum(ks), generator=g).to(torch.bfloat16)
     w_full = torch.randn(n, sum(ks), generator=g).to(torch.bfloat16)
     cols = slice(sum(ks[:rank]), sum(ks[:rank + 1]))
-    a, w = a_full[:, cols].contiguous(), w_full[:, cols].contiguous()
+    a, w = (t[:, cols].contiguous().to(ctx.device) for t in (a_full, w_full))
     ref = a_full.float() @ w_full.float().T
     ctx.debug = True
     try:
@@ -48,8 +48,8 @@ def _uneven_k_shards_debug(ctx):
         ar = ctx.matmul_all_reduce(a, w, algorithm="fused")
     finally:
         ctx.debug = False
-    torch.testing.assert_close(rs.float(), ref.chunk(world)[rank], rtol=2e-2, atol=2e-1)
-    torch.testing.assert_close(ar.float(), ref, rtol=2e-2, atol=2e-1)
+    torch.testing.assert_close(rs.float().cpu(), ref.chunk(world)[rank], rtol=2e-2, atol=2e-1)
+    torch.testing.assert_close(ar.float().cpu(), ref, rtol=2e-2, atol=2e-1)
 
 
 def test_uneven_k_shards_pass_debug_mode(pool):
@@ -61,8 +61,8 @@ def _workspace_that_does_not_fit(ctx):
     error names the op, the size and how to make the heap larger; after freeing, it works."""
     with td.init(heap_size=1 << 20, group=ctx.group) as small:
         filler = small.empty((1 << 20) - (64 << 10), dtype=torch.uint8)
-        a = torch.randn(64, 256, dtype=torch.bfloat16)
-        w = torch.randn(32, 256, dtype=torch.bfloat16)
+        a = torch.randn(64, 256, dtype=torch.bfloat16, device=ctx.device)
+        w = torch.randn(32, 256, dtype=torch.bfloat16, device=ctx.device)
         with pytest.raises(td.HeapFullError) as info:
             small.all_gather_matmul(a, w, algorithm="fused")
         text = str(info.value)
