@@ -6,7 +6,8 @@
 # after each step, so a step that runs out of time loses only itself), ccl-tables.json
 # (the collective selector's eager and graph tables from this run: copy it over
 # trident/ccl/tables.json) and crossover.json (the same for trident/ops/crossover.json).
-# Usage there: OUT=... bash bench/gpu_bench.sh   (SUITES="ccl" or ARGS_ccl=... to narrow)
+# Usage there: OUT=... bash bench/gpu_bench.sh   (SUITES="ccl" or ARGS_ccl=... to narrow;
+# TAG=-2gpu names the logs of a second pass, e.g. under CUDA_VISIBLE_DEVICES=0,1)
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -27,7 +28,7 @@ step() {   # step NAME LIMIT_S COMMAND...: run, log to $R/NAME.log, print its ta
 
 for suite in ${SUITES:-ccl ops moe}; do
   args_var="ARGS_$suite"
-  step bench-$suite ${LIMIT[$suite]:-200} python3 -m trident.cli bench $suite --out-dir $R ${!args_var}
+  step bench-$suite${TAG:-} ${LIMIT[$suite]:-200} python3 -m trident.cli bench $suite --out-dir $R ${!args_var}
 done
 if [ -z "${NO_TUNE:-}" ]; then
   export TRIDENT_CACHE_DIR=$R/cache
