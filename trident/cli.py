@@ -24,31 +24,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("info", "demo") and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     if args.command == "info":
-        from .demo import info
-        status = info()
-        _selector_info()
-        return status
+        from .tools.info import info
+        return info()
     if args.command == "demo":
-        from .demo import demo
+        from .tools.demo import demo
         return demo(args.world_size)
     if args.command == "bench":
         return importlib.import_module(f"trident.bench.{args.suite}").main(rest) or 0
     if args.command == "tune":
         return importlib.import_module("trident.tune").main(rest) or 0
     if args.command == "trace":
-        return importlib.import_module("trident.trace.cli").main(rest) or 0
+        return importlib.import_module("trident.tools.trace").main(rest) or 0
     return 2
-
-
-def _selector_info() -> None:
-    """Which algorithm tables the collectives use at the default world size."""
-    from . import _env
-    from .ccl import selector
-    world = 4
-    if not _env.INTERPRET:
-        import torch
-        world = max(torch.cuda.device_count(), 1)
-    print(f"collective selection at {world} ranks: {selector.describe(world)}")
 
 
 if __name__ == "__main__":

@@ -285,18 +285,18 @@ def _moe() -> list[Kernel]:
 def _trace_demo_bench() -> list[Kernel]:
     """The trace tools' kernels, the demo's and the p2p benchmark's (constexprs as their
     callers set them on GPUs)."""
-    from trident.trace import ring, overhead
+    from trident.tools import ring, trace_overhead
     return [
-        Kernel("trident.trace.ring", "_ring_kernel",
+        Kernel("trident.tools.ring", "_ring_kernel",
                dict(inp=PF32, recv=PF32, out=PF32, ready=P64, acks=P64, n=I32, epoch=I64),
                [V("all", BLOCK=ring.BLOCK, TRACE=t) for t in (False, True)], aligned=("n",)),
-        Kernel("trident.trace.overhead", "_copy_kernel", dict(src=PF32, dst=PF32, n=I32),
-               [V("all", BLOCK=overhead.COPY_BLOCK, TRACE=t) for t in (False, True)],
+        Kernel("trident.tools.trace_overhead", "_copy_kernel", dict(src=PF32, dst=PF32, n=I32),
+               [V("all", BLOCK=trace_overhead.COPY_BLOCK, TRACE=t) for t in (False, True)],
                aligned=("n",)),
-        Kernel("trident.demo", "_ring_kernel",
+        Kernel("trident.tools.demo", "_ring_kernel",
                dict(src=PF32, dst=PF32, flag=P64, n=I32, round_no=I32),
                [V("all", BLOCK=1024)], aligned=("n",)),
-        Kernel("trident.demo", "_counter_kernel", dict(counter=P64, rounds=I32), [V()]),
+        Kernel("trident.tools.demo", "_counter_kernel", dict(counter=P64, rounds=I32), [V()]),
         Kernel("trident.bench.p2p", "_p2p_kernel", dict(src=P32, dst=P32, n_blocks=I32),
                [V("all", 8, PUSH=push, BLOCK=4096) for push in (True, False)]),
     ]

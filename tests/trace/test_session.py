@@ -13,7 +13,7 @@ import triton.language as tl
 import trident.language as tdl
 from trident.trace import device as trd
 from trident.trace import kernel_args, tags
-from trident.trace.ring import BLOCK, ring_exchange
+from trident.tools.ring import BLOCK, ring_exchange
 
 from .chrome_format import check_nesting, check_trace_format
 

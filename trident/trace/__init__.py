@@ -16,7 +16,7 @@ Capture (on the host, every rank):
         ctx.all_gather(out, inp)
     t.summary, t.dropped                               # also printed by rank 0
 
-or from the shell: `trident trace all_gather` (see trident/trace/cli.py).
+or from the shell: `trident trace all_gather` (trident/tools/trace.py).
 
 Read it: open the file in https://ui.perfetto.dev (or chrome://tracing).
 - One process per rank ("rank 0", "rank 1", ...), one thread per program id of the

@@ -1,6 +1,6 @@
 """What tracing costs: each kernel timed with TRACE off and on.
 
-    python -m trident.trace.overhead [--world-size N] [--iters K]
+    python -m trident.tools.trace_overhead [--world-size N] [--iters K]
 
 Rows: a memory-bound copy with one "copy" event per 16 KiB tile (the densest use we
 expect: events as fine as a kernel's tiles), the same copy as one tile (latency-bound),
@@ -22,8 +22,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from . import device as trd
-from . import kernel_args, tags
+from ..trace import device as trd
+from ..trace import kernel_args, tags
 
 COPY_BLOCK = 4096                    # fp32 elements per tile: 16 KiB
 
@@ -123,7 +123,7 @@ def _run(ctx, iters: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trident.trace.overhead", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m trident.tools.trace_overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=None,
                         help="ranks (default: every visible GPU, or 2 CPU ranks)")

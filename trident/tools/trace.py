@@ -17,7 +17,7 @@ import os
 import sys
 
 OPS = {
-    "ring": "ring exchange of --size elements (trident.trace.ring, built in)",
+    "ring": "ring exchange of --size elements (trident.tools.ring, built in)",
     "all_gather": "ctx.all_gather(out [world*size], inp [size])",
     "reduce_scatter": "ctx.reduce_scatter(out [size], inp [world*size])",
     "all_reduce": "ctx.all_reduce(t [size])",

@@ -17,8 +17,8 @@ import triton
 import triton.language as tl
 
 from .. import language as tdl
-from . import device as trd
-from . import kernel_args, tags
+from ..trace import device as trd
+from ..trace import kernel_args, tags
 
 BLOCK = 1024
 

@@ -1,4 +1,4 @@
-"""`trident demo` and `trident info`.
+"""`trident demo`.
 
 The demo starts one rank per visible GPU (or 4 CPU ranks without GPUs), then:
   1. a ring: every rank stores a random block into the next rank's heap and signals it;
@@ -180,30 +180,3 @@ def demo(world_size: int | None = None) -> int:
     print(f"done in {time.perf_counter() - t0:.1f} s")
     return 0
 
-
-def info() -> int:
-    import triton as _triton
-    from trident import _env
-    from trident.context import DEFAULT_HEAP_SIZE
-    backend = "cpu (Triton interpreter)" if _env.INTERPRET else "cuda"
-    print(f"trident backend: {backend}")
-    print(f"torch {torch.__version__}, triton {_triton.__version__}")
-    import os
-    heap = int(os.environ.get("TRIDENT_HEAP_SIZE", DEFAULT_HEAP_SIZE))
-    print(f"heap size per rank: {heap} B ({heap / 2**20:.0f} MiB; TRIDENT_HEAP_SIZE to change)")
-    if not _env.INTERPRET and torch.cuda.is_available():
-        n = torch.cuda.device_count()
-        print(f"ranks: {n} (one per GPU)")
-        for i in range(n):
-            p = torch.cuda.get_device_properties(i)
-            print(f"  GPU {i}: {p.name}, {p.total_memory / 2**30:.0f} GiB, {p.multi_processor_count} SMs")
-        import subprocess
-        try:
-            topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
-                                  timeout=20).stdout
-            print("NVLink topology (nvidia-smi topo -m):\n" + topo)
-        except Exception as exc:
-            print(f"NVLink topology: unavailable ({exc})")
-    else:
-        print("ranks: 4 CPU processes by default (trident demo --world-size N)")
-    return 0

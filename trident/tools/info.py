@@ -1,0 +1,47 @@
+"""`trident info`: what trident would run on here -- backend, versions, ranks and GPUs,
+NVLink topology, heap size, and which tables the collectives select their algorithm from."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import torch
+import triton
+
+from .. import _env
+from ..context import DEFAULT_HEAP_SIZE
+
+
+def info() -> int:
+    """Print the facts above; returns the exit status (0)."""
+    backend = "cpu (Triton interpreter)" if _env.INTERPRET else "cuda"
+    print(f"trident backend: {backend}")
+    print(f"torch {torch.__version__}, triton {triton.__version__}")
+    heap = int(os.environ.get("TRIDENT_HEAP_SIZE", DEFAULT_HEAP_SIZE))
+    print(f"heap size per rank: {heap} B ({heap / 2**20:.0f} MiB; TRIDENT_HEAP_SIZE to change)")
+    if not _env.INTERPRET and torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        print(f"ranks: {n} (one per GPU)")
+        for i in range(n):
+            p = torch.cuda.get_device_properties(i)
+            print(f"  GPU {i}: {p.name}, {p.total_memory / 2**30:.0f} GiB, "
+                  f"{p.multi_processor_count} SMs")
+        try:
+            topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True,
+                                  timeout=20).stdout
+            print("NVLink topology (nvidia-smi topo -m):\n" + topo)
+        except Exception as exc:
+            print(f"NVLink topology: unavailable ({exc})")
+    else:
+        print("ranks: 4 CPU processes by default (trident demo --world-size N)")
+    _selector_info()
+    return 0
+
+
+def _selector_info() -> None:
+    """Which algorithm tables the collectives use at the default world size."""
+    from ..ccl import selector
+    world = 4
+    if not _env.INTERPRET:
+        world = max(torch.cuda.device_count(), 1)
+    print(f"collective selection at {world} ranks: {selector.describe(world)}")
