@@ -28,7 +28,7 @@ _pools: dict[int, RankPool] = {}
 
 def get_pool(world_size: int) -> RankPool:
     pool = _pools.get(world_size)
-    if pool is None or pool._procs is None:
+    if pool is None or pool.closed:
         heap = int(os.environ.get("TRIDENT_TEST_HEAP_SIZE", 1 << 30 if BACKEND == "cuda" else 64 << 20))
         pool = _pools[world_size] = RankPool(world_size, backend=BACKEND, heap_size=heap,
                                              timeout=60.0, run_timeout=900.0)

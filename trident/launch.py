@@ -196,6 +196,16 @@ class RankPool:
                     os.environ[k] = v
         self._collect(timeout=300.0, what="start-up")
 
+    @property
+    def closed(self) -> bool:
+        """True once the pool is closed (by close(), or after its ranks died or hung)."""
+        return self._procs is None
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the ranks, in rank order (empty once closed)."""
+        return [] if self._procs is None else [p.pid for p in self._procs]
+
     def run(self, fn, *args, timeout: float | None = None) -> list:
         """Run fn(ctx, *args) on every rank; return the results in rank order."""
         if self._procs is None:

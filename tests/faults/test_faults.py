@@ -3,7 +3,7 @@
 Every case must end within the context's timeout plus 10 s, with a message that names the
 rank and the op, and leave no rank process and no /dev/shm file of its job behind. Each
 case starts its own small pool (the process group does not survive a host-side timeout).
-The launcher's own faults (SIGINT, SIGTERM, SIGKILL) are in tests/test_launch_faults.py.
+The launcher's own faults (SIGINT, SIGTERM, SIGKILL) are in test_launcher_signals.py.
 """
 import glob
 import os
@@ -26,7 +26,7 @@ def _fault(fn, *args, debug: bool = False):
     """Run fn on 2 fresh ranks; return the exception it raised (with its notes joined into
     its text) after checking the time it took and that nothing is left behind."""
     pool = RankPool(2, backend="cpu", heap_size=4 << 20, timeout=TIMEOUT, run_timeout=120)
-    pids, job = [p.pid for p in pool._procs], pool.job
+    pids, job = pool.pids, pool.job
     t0 = time.monotonic()
     try:
         with pytest.raises(Exception) as info:

@@ -101,6 +101,8 @@ class ExpertParallel:
         self.num_local_experts = num_experts // world
         self.validate = bool(validate)
         self._id = next(_IDS)
+        from ..torch_ops import register_expert_parallel
+        self.name = register_expert_parallel(self)    # for trident::moe_dispatch/combine
         self.buf = B.Buffers(ctx, self.num_local_experts, experts_per_token, hidden_dim,
                              max_num_tokens, dtype)
         self.capacity = self.buf.cap
@@ -122,40 +124,7 @@ class ExpertParallel:
         return B.Buffers.heap_bytes(world_size, experts_per_token, hidden_dim, max_num_tokens,
                                     dtype) + 4096
 
-    # ------------------------------------------------------------------ checks
-    def _check_tokens(self, x: torch.Tensor, topk_idx: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor) or not isinstance(topk_idx, torch.Tensor):
-            raise TypeError("dispatch: x and topk_idx must be torch.Tensors")
-        H, k, M = self.hidden_dim, self.experts_per_token, self.max_num_tokens
-        if x.dim() != 2 or x.shape[1] != H:
-            raise ValueError(f"dispatch: x must be [T, {H}], got {list(x.shape)}")
-        if x.dtype != self.dtype:
-            raise TypeError(f"dispatch: x must be {self.dtype} (this ExpertParallel's dtype), "
-                            f"got {x.dtype}")
-        if x.shape[0] > M:
-            raise ValueError(f"dispatch: T = {x.shape[0]} tokens exceeds max_num_tokens = {M}")
-        if topk_idx.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"dispatch: topk_idx must be int32 or int64, got {topk_idx.dtype}")
-        if topk_idx.dim() != 2 or tuple(topk_idx.shape) != (x.shape[0], k):
-            raise ValueError(f"dispatch: topk_idx must be [T, experts_per_token] = "
-                             f"[{x.shape[0]}, {k}], got {list(topk_idx.shape)}")
-        for name, t in (("x", x), ("topk_idx", topk_idx)):
-            if t.device != self.ctx.device:
-                raise ValueError(f"dispatch: {name} must be on {self.ctx.device}, got {t.device}")
-        if x.stride(1) != 1:
-            raise ValueError("dispatch: x must have contiguous rows (x.stride(1) == 1)")
-
-    def _check_weights(self, w, T: int, op: str) -> None:
-        k = self.experts_per_token
-        if not isinstance(w, torch.Tensor) or tuple(w.shape) != (T, k):
-            got = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
-            raise ValueError(f"{op}: topk_weights must be [T, experts_per_token] = [{T}, {k}], "
-                             f"got {got}")
-        if w.dtype != torch.float32:
-            raise TypeError(f"{op}: topk_weights must be float32, got {w.dtype}")
-        if w.device != self.ctx.device:
-            raise ValueError(f"{op}: topk_weights must be on {self.ctx.device}, got {w.device}")
-
+    # ------------------------------------------------------------------ plans
     def _plan(self, key, build, *args):
         """The plan of `key` (trident/plans.py), built by `build(self, *args)` if new."""
         plan = self.ctx.plans.get(key)
@@ -239,32 +208,6 @@ class ExpertParallel:
         self._plan(("moe_combine_recv", self._id, T, ctx.capturing()), plans.combine_recv,
                    T, out)((out,))
         ctx.after_op()
-
-    def _check_combine(self, expert_y, d: Dispatched, topk_weights, out) -> int:
-        T, H = d.num_tokens, self.hidden_dim
-        shape = (self.num_local_experts, self.capacity, H)
-        if not isinstance(expert_y, torch.Tensor) or tuple(expert_y.shape) != shape:
-            got = list(expert_y.shape) if isinstance(expert_y, torch.Tensor) else type(expert_y)
-            raise ValueError(f"combine: expert_y must be [L, cap, H] = {list(shape)}, got {got}")
-        if expert_y.dtype != self.dtype:
-            raise TypeError(f"combine: expert_y must be {self.dtype}, got {expert_y.dtype}")
-        if topk_weights is None:
-            if not d.has_weights:
-                raise ValueError("combine: topk_weights is needed (dispatch was not given them)")
-        else:
-            self._check_weights(topk_weights, T, "combine")
-        if expert_y.device != self.ctx.device:
-            raise ValueError(f"combine: expert_y must be on {self.ctx.device}, "
-                             f"got {expert_y.device}")
-        if expert_y.stride(2) != 1:
-            raise ValueError(f"combine: expert_y must have contiguous rows (stride(2) == 1), "
-                             f"got strides {expert_y.stride()}")
-        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H)
-                or out.dtype != self.dtype or not out.is_contiguous()
-                or out.device != self.ctx.device):
-            raise ValueError(f"combine: out must be a contiguous [{T}, {H}] {self.dtype} tensor "
-                             f"on {self.ctx.device}")
-        return T
 
     # ------------------------------------------------------------------ lifetime
     def close(self) -> None:

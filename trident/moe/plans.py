@@ -13,6 +13,7 @@ receive half's plan (PART=RECV), which depends on nothing but the ExpertParallel
 """
 from __future__ import annotations
 
+import torch
 import triton
 
 from ..plans import Live, Plan
@@ -24,6 +25,71 @@ from .dispatch import dispatch_kernel
 BLOCK_T = 64      # tokens per step of combine's weight programs
 
 
+# ---------------------------------------------------------------------------- checks
+# Made once per signature, when the plan is built (a warm call does not repeat them).
+def _check_tokens(ep, x: torch.Tensor, topk_idx: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or not isinstance(topk_idx, torch.Tensor):
+        raise TypeError("dispatch: x and topk_idx must be torch.Tensors")
+    H, k, M = ep.hidden_dim, ep.experts_per_token, ep.max_num_tokens
+    if x.dim() != 2 or x.shape[1] != H:
+        raise ValueError(f"dispatch: x must be [T, {H}], got {list(x.shape)}")
+    if x.dtype != ep.dtype:
+        raise TypeError(f"dispatch: x must be {ep.dtype} (this ExpertParallel's dtype), "
+                        f"got {x.dtype}")
+    if x.shape[0] > M:
+        raise ValueError(f"dispatch: T = {x.shape[0]} tokens exceeds max_num_tokens = {M}")
+    if topk_idx.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"dispatch: topk_idx must be int32 or int64, got {topk_idx.dtype}")
+    if topk_idx.dim() != 2 or tuple(topk_idx.shape) != (x.shape[0], k):
+        raise ValueError(f"dispatch: topk_idx must be [T, experts_per_token] = "
+                         f"[{x.shape[0]}, {k}], got {list(topk_idx.shape)}")
+    for name, t in (("x", x), ("topk_idx", topk_idx)):
+        if t.device != ep.ctx.device:
+            raise ValueError(f"dispatch: {name} must be on {ep.ctx.device}, got {t.device}")
+    if x.stride(1) != 1:
+        raise ValueError("dispatch: x must have contiguous rows (x.stride(1) == 1)")
+
+
+def _check_weights(ep, w, T: int, op: str) -> None:
+    k = ep.experts_per_token
+    if not isinstance(w, torch.Tensor) or tuple(w.shape) != (T, k):
+        got = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"{op}: topk_weights must be [T, experts_per_token] = [{T}, {k}], "
+                         f"got {got}")
+    if w.dtype != torch.float32:
+        raise TypeError(f"{op}: topk_weights must be float32, got {w.dtype}")
+    if w.device != ep.ctx.device:
+        raise ValueError(f"{op}: topk_weights must be on {ep.ctx.device}, got {w.device}")
+
+
+def _check_combine(ep, expert_y, d, topk_weights, out) -> int:
+    T, H = d.num_tokens, ep.hidden_dim
+    shape = (ep.num_local_experts, ep.capacity, H)
+    if not isinstance(expert_y, torch.Tensor) or tuple(expert_y.shape) != shape:
+        got = list(expert_y.shape) if isinstance(expert_y, torch.Tensor) else type(expert_y)
+        raise ValueError(f"combine: expert_y must be [L, cap, H] = {list(shape)}, got {got}")
+    if expert_y.dtype != ep.dtype:
+        raise TypeError(f"combine: expert_y must be {ep.dtype}, got {expert_y.dtype}")
+    if topk_weights is None:
+        if not d.has_weights:
+            raise ValueError("combine: topk_weights is needed (dispatch was not given them)")
+    else:
+        _check_weights(ep, topk_weights, T, "combine")
+    if expert_y.device != ep.ctx.device:
+        raise ValueError(f"combine: expert_y must be on {ep.ctx.device}, "
+                         f"got {expert_y.device}")
+    if expert_y.stride(2) != 1:
+        raise ValueError(f"combine: expert_y must have contiguous rows (stride(2) == 1), "
+                         f"got strides {expert_y.stride()}")
+    if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H)
+            or out.dtype != ep.dtype or not out.is_contiguous()
+            or out.device != ep.ctx.device):
+        raise ValueError(f"combine: out must be a contiguous [{T}, {H}] {ep.dtype} tensor "
+                         f"on {ep.ctx.device}")
+    return T
+
+
+# ---------------------------------------------------------------------------- plans
 def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, args: dict,
             **constexprs) -> None:
     """Add a launch of `kernel` with every parameter taken by name from the ExpertParallel's
@@ -53,11 +119,11 @@ def _receivers(ep) -> int:
 
 
 def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool) -> Plan:
-    ep._check_tokens(x, topk_idx)
+    _check_tokens(ep, x, topk_idx)
     T = x.shape[0]
     has_w = topk_weights is not None
     if has_w:
-        ep._check_weights(topk_weights, T, "dispatch")
+        _check_weights(ep, topk_weights, T, "dispatch")
     w = topk_weights if has_w else ep.buf.dweights       # not read without weights
     senders = ep.programs(T)
     plan = Plan((), "moe_dispatch")
@@ -82,7 +148,7 @@ def dispatch_recv(ep) -> Plan:
 
 def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
     """`out` is the build call's output (tensor 0 of every call)."""
-    T = ep._check_combine(expert_y, d, topk_weights, out)
+    T = _check_combine(ep, expert_y, d, topk_weights, out)
     at_dispatch = topk_weights is None
     w = ep.buf.dweights if at_dispatch else topk_weights
     weight_programs = 0 if at_dispatch else \
