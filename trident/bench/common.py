@@ -1,8 +1,8 @@
 """What every `trident bench` suite shares: timing, floors, tables, JSON results, plots.
 
 Timing (`time_modes`) measures a call the two ways it is used, on this rank, then takes
-the maximum over ranks (METHOD.md: events around the region, warm-up first, median of
-repetitions):
+the maximum over ranks (docs/design.md, "Measuring": events around the region, warm-up
+first, median of repetitions):
   eager_us   `calls` calls queued back to back from Python after a device barrier, device
              time / calls: what ordinary PyTorch code sees, host launch cost included
   graph_us   the same calls captured in one CUDA graph and replayed, time / calls: the
@@ -29,9 +29,10 @@ import time
 import torch
 import torch.distributed as dist
 
-NVLINK_GBPS = 370.0      # usable one-way NVLink 4 bandwidth per H100/H200 (DESIGN.md floor)
-HBM_GBPS = 4300.0        # H200 device-to-device copy, read + write (KINDS.md)
-BF16_TFLOPS = 750.0      # dense bf16 matrix rate used for floors (DESIGN.md)
+# The rates behind the floors; docs/design.md ("Measuring") says where each comes from.
+NVLINK_GBPS = 370.0      # usable one-way NVLink 4 bandwidth per H100/H200
+HBM_GBPS = 4300.0        # H200 device-to-device copy, read + write
+BF16_TFLOPS = 750.0      # dense bf16 matrix rate
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "bench", "results")
