@@ -63,10 +63,12 @@ class Variant:
     num_warps: int = 4
     num_stages: int = 3
     types: dict = field(default_factory=dict)    # argument types that differ per variant
+    ptx_has: str = ""              # a PTX instruction the variant must contain (e.g.
+                                   # setmaxnreg: warp specialisation took effect)
 
 
-def V(vectors="", num_warps=4, num_stages=3, types=None, **constexprs) -> Variant:
-    return Variant(constexprs, vectors, num_warps, num_stages, types or {})
+def V(vectors="", num_warps=4, num_stages=3, types=None, ptx_has="", **constexprs) -> Variant:
+    return Variant(constexprs, vectors, num_warps, num_stages, types or {}, ptx_has)
 
 
 @dataclass
@@ -135,6 +137,8 @@ def compile_kernel(k: Kernel) -> list[str]:
             raise AssertionError(f"{k.label} {v.constexprs}: 16-byte accesses are back "
                                  f"({loads} ld.v4, {stores} st.v4): require them in its entry")
         note = f" [known: {KNOWN_SCALAR[v.vectors]}]" if v.vectors in KNOWN_SCALAR else ""
+        if v.ptx_has and v.ptx_has not in ptx:
+            raise AssertionError(f"{k.label} {v.constexprs}: no {v.ptx_has} in its PTX")
         lines.append(f"{k.label} {v.types or ''}{v.constexprs} warps={v.num_warps}: "
                      f"{loads} ld.v4, {stores} st.v4 ({time.perf_counter() - t0:.1f} s){note}")
     return lines
@@ -238,6 +242,32 @@ def _ops() -> list[Kernel]:
     ]
 
 
+def _gemm() -> list[Kernel]:
+    """trident/ops/gemm.py's persistent GEMM: every candidate config of its table on the
+    TMA path (bf16; warp-specialised ones must show setmaxnreg), fp16 and an fp32 bias
+    once, and the pointer path (unaligned tensors) at the large and the small tile."""
+    from trident.ops import gemm
+    ints = ("M", "N", "K", "stride_am", "stride_wn", "stride_om")
+    bf16 = dict(a=PBF16, w=PBF16, bias=PBF16, out=PBF16)
+    variants = []
+
+    def add(cfg, tma, types=bf16, even_k=True, bias=False):
+        variants.append(V(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                          types=types, ptx_has="setmaxnreg" if cfg["WARP_SPECIALIZE"] else "",
+                          NUM_PROGRAMS=132, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
+                          GROUP_M=cfg["GROUP_M"], TMA=tma,
+                          WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"] and tma, EVEN_K=even_k,
+                          HAS_BIAS=bias))
+
+    for cfg in gemm.CANDIDATES.values():
+        add(cfg, True)
+    big, small = gemm.CANDIDATES["128x256x64_s3_w8"], gemm.CANDIDATES["64x128x64_s4_w4"]
+    add(big, True, dict(a=PF16, w=PF16, bias=PF32, out=PF16), bias=True)
+    add(big, False, even_k=False, bias=True)
+    add(small, False, dict(a=PF16, w=PF16, bias=PF16, out=PF16), even_k=False)
+    return [Kernel("trident.ops.gemm", "_gemm_kernel", dict.fromkeys(ints, I32), variants)]
+
+
 def _moe() -> list[Kernel]:
     """Dispatch and combine, DeepSeek-V3's shape on 8 ranks (H 7168, top-8, 256 experts).
     PART=BOTH (the fused launch) holds both halves' code; the split launches (SEND, RECV)
@@ -319,7 +349,7 @@ def _language() -> list[Kernel]:
 
 
 def kernels() -> list[Kernel]:
-    return _ccl() + _ops() + _moe() + _trace_demo_bench() + _language()
+    return _ccl() + _ops() + _gemm() + _moe() + _trace_demo_bench() + _language()
 
 
 def main(argv: list[str]) -> int:

@@ -13,6 +13,8 @@ each three ways (common.time_modes): eager_us (calls back to back from Python), 
 (replayed from one CUDA graph), host_us (Python time per call), plus synced_us (one call
 after a device barrier). Beside them the floor = max(GEMM alone (cuBLAS), communication
 alone (NCCL)), both measured in the same run (graph time), plus the speed-of-light floor
+(and gemm_only: trident's GEMM core, trident/ops/gemm.py, on the same GEMM with no
+communication, against cuBLAS's gemm_us)
 from 750 TFLOP/s and NVLink. Max over ranks; bf16, no bias.
 Prints a table, writes JSON under bench/results/ and a PNG per op (speedup over plain
 against M, graph time). --update-crossover merges the measured fused/plain times, eager
@@ -116,7 +118,7 @@ def _comm_alone(ctx, op, a, n):
 
 
 def _bench(ctx, ops, ms, layer_names, timing):
-    from ..ops import selector
+    from ..ops import gemm, selector
     rows = []
     cases = [(op, layer, m) for op in ops for layer in _layers(ctx, op, layer_names) for m in ms]
     progress = common.Progress(len(cases), "ops", enabled=ctx.rank == 0)
@@ -135,6 +137,7 @@ def _bench(ctx, ops, ms, layer_names, timing):
         gemm_in = torch.empty(m, k, dtype=DTYPE, device=ctx.device).normal_() \
             if op == "all_gather_matmul" else a
         alone = {"gemm_us": lambda: torch.matmul(gemm_in, wt.t()),
+                 "gemm_only_us": lambda: gemm.matmul(gemm_in, wt),
                  "comm_us": _comm_alone(ctx, op, a, n)}
         unsynced = {**timing, "synced_iters": 0}
         alone = {key: common.device_us(common.time_modes_or_skip(ctx, f, **unsynced))
@@ -144,7 +147,8 @@ def _bench(ctx, ops, ms, layer_names, timing):
         choice = (f"{selector.choose(ctx, op, m, n, k, graph=False)} / "
                   f"{selector.choose(ctx, op, m, n, k, graph=True)}")
         base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, **alone, floor_us=floor,
-                    sol_us=sol)
+                    sol_us=sol, gemm_only_vs_cublas=common.ratio(alone["gemm_us"],
+                                                                 alone["gemm_only_us"]))
         case_rows = []
         for name, f in impls.items():
             t = common.time_modes_or_skip(ctx, f, **timing)
@@ -184,11 +188,14 @@ def _crossover_entries(ctx, rows):
 
 COLUMNS = ["op", "model", "layer", "M", "N", "K", "impl", "choice", "eager_us", "graph_us",
            "host_us", "synced_us", "eager_vs_plain", "graph_vs_plain", "floor_us", "vs_floor",
+           "gemm_us", "gemm_only_us", "gemm_only_vs_cublas",
            "sol_us", "tflops"]
 ABOUT = ("eager_us: calls queued back to back after a device barrier, device time per call; "
          "graph_us: the same calls replayed from one CUDA graph; host_us: Python time per call "
          "while queueing; synced_us: one call right after a device barrier (median); all max "
          "over ranks. floor_us = max(gemm_us: cuBLAS alone, comm_us: NCCL alone), graph time; "
+         "gemm_only_us: trident's GEMM core (trident/ops/gemm.py) alone on the same GEMM, no "
+         "communication, graph time; gemm_only_vs_cublas = gemm_us / gemm_only_us; "
          "sol_us = max(flops/750 TFLOP/s, bytes/NVLink); *_vs_plain = plain time / time in "
          "that mode; vs_floor and tflops from the graph time")
 
