@@ -14,6 +14,7 @@ only on work done by programs with a lower id (or by other ranks, or by earlier 
 because the interpreter runs a grid's programs one after another. The same rule keeps a
 GPU grid free of deadlock when it is larger than what fits on the chip at once.
 """
+from .epoch import last_program_out, launch_epoch
 from .rma import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or,
                   atomic_xchg, atomic_xor, get, load, put, store, translate)
 from .sync import (CTRL_WORDS, MAX_RANKS, backoff, barrier, load_acquire, signal,
@@ -22,4 +23,4 @@ from .sync import (CTRL_WORDS, MAX_RANKS, backoff, barrier, load_acquire, signal
 __all__ = ["translate", "load", "store", "get", "put", "atomic_add", "atomic_cas",
            "atomic_xchg", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor",
            "signal", "wait", "barrier", "timestamp", "backoff", "load_acquire",
-           "CTRL_WORDS", "MAX_RANKS"]
+           "launch_epoch", "last_program_out", "CTRL_WORDS", "MAX_RANKS"]

@@ -21,7 +21,8 @@ reset: a flag carries its epoch (dispatch flags: epoch << 32 | token count).
 Local buffers (not on the heap): epochs and per-kernel "programs done" counters in
 `state`, the slot counters, where each of our tokens went (`send_slot`), where each
 received token's rows are (`token_rows`), and the outputs expert_x / expert_num_tokens.
-Counters are zeroed by the last program of the kernel that used them, never by a memset.
+Counters are zeroed by the last program of the kernel that used them, never by a memset;
+epochs and "programs done" counters work as trident/language/epoch.py describes.
 """
 from __future__ import annotations
 
@@ -66,19 +67,6 @@ def senders(send_programs, PART: tl.constexpr):
     else:
         return send_programs
 
-
-
-@triton.jit
-def finished_last(counter, num_programs):
-    """Count this program as finished; True in the program that finishes last.
-
-    The acq_rel atomic at system scope after a program barrier releases every store the
-    program made (also those into peers' heaps) and, in the last program, acquires all of
-    them: a flag the last program then signals with release covers the whole kernel's data.
-    """
-    tl.debug_barrier()
-    done = tl.atomic_add(counter, 1, sem="acq_rel", scope="sys")
-    return done == num_programs - 1
 
 
 def block_h(hidden: int, largest: int = 2048) -> int:

@@ -36,7 +36,7 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
                  num_weight_programs, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                  WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
                  BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch = tl.load(state + B.COMBINE_SEND_EPOCH) + 1
+    epoch = tdl.launch_epoch(state + B.COMBINE_SEND_EPOCH)
     par = epoch % 2
     if WEIGHTS_AT_DISPATCH:     # `weights` is dweights: already here, in dispatch's half
         wpar = tl.load(state + B.DISPATCH_RECV_EPOCH) % 2
@@ -56,11 +56,10 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
                 row = (par * world + rank) * max_tokens + slot
                 tdl.store(weights + row[:, None] * KP + ks[None, :], w, rank, r, heap_bases,
                           mask=(slot >= 0)[:, None] & (ks[None, :] < KP))
-        if B.finished_last(state + B.WEIGHTS_DONE, num_weight_programs):
+        if tdl.last_program_out(state + B.WEIGHTS_DONE, num_weight_programs):
             for r in range(world):
                 tdl.signal(flags + (B.FLAG_WEIGHTS * 2 + par) * world + rank, epoch, rank, r,
                            heap_bases)
-            tl.store(state + B.WEIGHTS_DONE, 0)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     else:
         q = pid - num_weight_programs
@@ -94,11 +93,10 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
                               heap_bases, mask=m)
             start += n
         trd.end(trace_buf, t0, tags.COMBINE, rank, TRACE)
-    if B.finished_last(state + B.COMBINE_SEND_DONE, npid):
+    if tdl.last_program_out(state + B.COMBINE_SEND_DONE, npid):
         for r in range(world):
             tdl.signal(flags + (B.FLAG_COMBINE * 2 + par) * world + rank, epoch, rank, r,
                        heap_bases)
-        tl.store(state + B.COMBINE_SEND_DONE, 0)
         tl.store(state + B.COMBINE_SEND_EPOCH, epoch)
 
 
@@ -106,7 +104,7 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
 def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, state, ctrl,
                  heap_bases, trace_buf, rank, world, max_tokens,
                  H: tl.constexpr, WP: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch = tl.load(state + B.COMBINE_RECV_EPOCH) + 1
+    epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
     par = epoch % 2
     t0 = trd.begin(TRACE)
     for s in range(world):
@@ -127,8 +125,7 @@ def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, state, c
             acc = tl.sum(v.to(tl.float32), axis=0)
             tl.store(dst + c + cols, acc.to(out.dtype.element_ty), mask=m)
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
-    if B.finished_last(state + B.COMBINE_RECV_DONE, npid):
-        tl.store(state + B.COMBINE_RECV_DONE, 0)
+    if tdl.last_program_out(state + B.COMBINE_RECV_DONE, npid):
         tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
 
 

@@ -41,7 +41,7 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
                   H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                   HAS_WEIGHTS: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     t0 = trd.begin(TRACE)
-    epoch = tl.load(state + B.DISPATCH_SEND_EPOCH) + 1
+    epoch = tdl.launch_epoch(state + B.DISPATCH_SEND_EPOCH)
     par = epoch % 2
     ks = tl.arange(0, KP)
     rs = tl.arange(0, WP)
@@ -70,13 +70,12 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
                     v = tl.load(src + c + cols, mask=m)
                     tdl.store(tokens + row * H + c + cols, v, rank, r, heap_bases, mask=m)
     trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
-    if B.finished_last(state + B.DISPATCH_SEND_DONE, npid):
+    if tdl.last_program_out(state + B.DISPATCH_SEND_DONE, npid):
         for r in range(world):
             sent = tl.atomic_xchg(slot_counter + r, 0, sem="relaxed", scope="gpu")
             value = (epoch << B.COUNT_BITS) | sent.to(tl.int64)
             tdl.signal(flags + (B.FLAG_DISPATCH * 2 + par) * world + rank, value, rank, r,
                        heap_bases)
-        tl.store(state + B.DISPATCH_SEND_DONE, 0)
         tl.store(state + B.DISPATCH_SEND_EPOCH, epoch)
 
 
@@ -86,7 +85,7 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
                   world, max_tokens, experts_per_rank, cap,
                   H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                   BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch = tl.load(state + B.DISPATCH_RECV_EPOCH) + 1
+    epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
     par = epoch % 2
     my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
     t0 = trd.begin(TRACE)
@@ -120,7 +119,7 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
                          mask=local[:, None] & m[None, :])
         start += n
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
-    if B.finished_last(state + B.DISPATCH_RECV_DONE, npid):
+    if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
         rs = tl.arange(0, WP)
         counts = tl.load(my_flags + rs, mask=rs < world, other=0, volatile=True) & B.COUNT_MASK
         tl.store(recv_count + rs, counts.to(tl.int32))
@@ -129,7 +128,6 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
             lm = ls < experts_per_rank
             got = tl.atomic_xchg(expert_counter + ls, 0, mask=lm, sem="relaxed", scope="gpu")
             tl.store(expert_num_tokens + ls, tl.minimum(got, cap), mask=lm)
-        tl.store(state + B.DISPATCH_RECV_DONE, 0)
         tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
 
 

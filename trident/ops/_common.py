@@ -1,11 +1,11 @@
 """What the three fused ops share: input checks, tile sizes per backend, the workspace
 (heap buffers + epoch/ack words that make reuse safe without memsets), and the GEMM tile.
 
-Epochs. Every fused kernel reads its workspace's epoch word at the start (this call is
-epoch e = stored + 1) and waits for flags to reach e, so flags never need resetting. The
-last program of the grid to finish (a done-counter) stores e, rearms the counter and
-tells every peer "rank r is done with epoch e" through the ack words; a rank writes into
-a peer's buffers in epoch e only once that peer acked e - 1. All of it lives on the
+Epochs (trident/language/epoch.py). Every fused kernel reads its workspace's epoch word
+at the start (this call is epoch e = stored + 1) and waits for flags to reach e, so flags
+never need resetting. The last program of the grid to finish (a done-counter) stores e
+and tells every peer "rank r is done with epoch e" through the ack words; a rank writes
+into a peer's buffers in epoch e only once that peer acked e - 1. All of it lives on the
 device, so a call is one launch, needs no host synchronisation and can be captured in a
 CUDA graph.
 """
@@ -222,12 +222,6 @@ def store_tile(out_ptr, stride_om, tile, m0, n0, m_end, N, BM: tl.constexpr, BN:
 
 
 @triton.jit
-def epoch_of_call(sync):
-    """The epoch of the running call: one more than the last finished call's."""
-    return tl.load(sync + SYNC_EPOCH) + 1
-
-
-@triton.jit
 def wait_peers_done(sync, epoch, ctrl, rank, world_size, OP: tl.constexpr):
     """Wait until every rank finished the previous call on this workspace (their ack)."""
     for peer in range(world_size):
@@ -236,13 +230,9 @@ def wait_peers_done(sync, epoch, ctrl, rank, world_size, OP: tl.constexpr):
 
 @triton.jit
 def finish_program(sync, epoch, rank, world_size, heap_bases):
-    """Every program calls this last. The last one to arrive stores the epoch, rearms the
-    done-counter for the next call and acks the epoch to every rank."""
-    tl.debug_barrier()
-    total = tl.num_programs(0)
-    arrived = tl.atomic_add(sync + SYNC_DONE, 1, sem="acq_rel", scope="gpu")
-    if arrived == total - 1:
-        tl.store(sync + SYNC_DONE, 0)
+    """Every program calls this last. The last one out (tdl.last_program_out) stores the
+    epoch and acks it to every rank."""
+    if tdl.last_program_out(sync + SYNC_DONE, tl.num_programs(0)):
         tl.store(sync + SYNC_EPOCH, epoch)
         for peer in range(world_size):
             tdl.signal(sync + SYNC_ACK + rank, epoch, rank, peer, heap_bases)

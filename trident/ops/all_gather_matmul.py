@@ -30,7 +30,7 @@ from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import plain, selector
 from ..plans import Live, Plan
-from ._common import (SYNC_FLAGS, add_bias, check_inputs, epoch_of_call, finish_program,
+from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
                       gemm_config, gemm_tile, new_plan, run, store_tile, wait_peers_done,
                       workspace)
 
@@ -79,7 +79,7 @@ def _all_gather_matmul_kernel(
         EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, HAS_BIAS: tl.constexpr,
         TRACE: tl.constexpr):
     pid = tl.program_id(0)
-    epoch = epoch_of_call(sync)
+    epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
     flags = sync + SYNC_FLAGS
     num_mb = tl.cdiv(M, BM)
     if pid < NUM_PUSHERS:

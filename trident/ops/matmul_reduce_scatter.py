@@ -31,7 +31,7 @@ from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import plain, selector
 from ..plans import Live, Plan
-from ._common import (SYNC_ACK, SYNC_FLAGS, add_bias, check_inputs, epoch_of_call,
+from ._common import (SYNC_ACK, SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs,
                       finish_program, gemm_config, gemm_tile, new_plan, run, store_tile,
                       wait_peers_done, workspace)
 
@@ -65,7 +65,7 @@ def _matmul_reduce_kernel(
         HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr, OP: tl.constexpr,
         TRACE: tl.constexpr):
     pid = tl.program_id(0)
-    epoch = epoch_of_call(sync)
+    epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
     flags = sync + SYNC_FLAGS                 # [world, slots]: partial of rank s in slot
     ready = flags + world_size * slots        # [num_tiles]: reduced tile (all-reduce)
     offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
