@@ -16,7 +16,7 @@ def _choose(M, N=2048, K=8192, world=4, op="all_gather_matmul"):
     real = selector.device_name
     selector.device_name = lambda c: "NVIDIA H200"
     try:
-        return selector.choose(ctx, op, M, N, K, table=TABLE)
+        return selector.select(ctx, op, M, N, K, table=TABLE)
     finally:
         selector.device_name = real
 
@@ -49,7 +49,7 @@ def _choose_mode(M, graph=None, capturing=False):
     real = selector.device_name
     selector.device_name = lambda c: "NVIDIA H200"
     try:
-        return selector.choose(ctx, "matmul_all_reduce", M, 8192, 2048, table=GRAPH_TABLE,
+        return selector.select(ctx, "matmul_all_reduce", M, 8192, 2048, table=GRAPH_TABLE,
                                graph=graph)
     finally:
         selector.device_name = real

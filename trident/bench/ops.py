@@ -144,8 +144,8 @@ def _bench(ctx, ops, ms, layer_names, timing):
                  for key, f in alone.items()}
         floor = max(alone["gemm_us"] or 0.0, alone["comm_us"] or 0.0) or None
         sol = max(flops / ctx.world_size / (common.BF16_TFLOPS * 1e6), common.nvlink_floor_us(link))
-        choice = (f"{selector.choose(ctx, op, m, n, k, graph=False)} / "
-                  f"{selector.choose(ctx, op, m, n, k, graph=True)}")
+        choice = (f"{selector.select(ctx, op, m, n, k, graph=False)} / "
+                  f"{selector.select(ctx, op, m, n, k, graph=True)}")
         base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, **alone, floor_us=floor,
                     sol_us=sol, gemm_only_vs_cublas=common.ratio(alone["gemm_us"],
                                                                  alone["gemm_only_us"]))

@@ -2,11 +2,11 @@
 all_to_all, broadcast (called as ctx.all_gather(...) etc.).
 
 Every function runs a launch plan (trident/plans.py): built on the first call of a
-signature, it checks the inputs, picks an algorithm (`algorithm=` by name, else the
-selector by size, world size and whether a CUDA graph is being captured; "nccl" =
-torch.distributed) and packs one kernel launch, stream-ordered and CUDA-graph
-capturable. Later calls of that signature only launch. `block` and `programs` override the
-launch size (tests use them). In debug mode (ctx.debug) the ranks also check that they
+signature, it checks the inputs, picks an algorithm (`algorithm=` by name; "auto", the
+default, asks the selector, which goes by size, world size and whether a CUDA graph is
+being captured; "nccl" = torch.distributed) and packs one kernel launch, stream-ordered
+and CUDA-graph capturable. Later calls of that signature only launch. `block` and
+`programs` override the launch size (tests use them). In debug mode (ctx.debug) the ranks also check that they
 called with the same sizes, and every op is synchronised and checked for timeouts.
 """
 from __future__ import annotations
@@ -31,10 +31,13 @@ ALGORITHMS = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
 
 
 def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
-    name = algorithm or select(op, nbytes, ctx.world_size, graph=graph)
+    """The algorithm a call runs: `algorithm` by name, or the selector's choice for "auto"
+    (also None, the default of earlier versions)."""
+    auto = algorithm is None or algorithm == "auto"
+    name = select(op, nbytes, ctx.world_size, graph=graph) if auto else algorithm
     if name != "nccl" and name not in ALGORITHMS[op]:
         raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of "
-                         f"{sorted(ALGORITHMS[op]) + ['nccl']}")
+                         f"{['auto'] + sorted(ALGORITHMS[op]) + ['nccl']}")
     return name
 
 
@@ -74,7 +77,7 @@ def _run(ctx, key, build, tensors, *options):
             plan.debug_after(ctx, tensors)
 
 
-def all_reduce(ctx, t, op: str = "sum", algorithm: str | None = None, block=None, programs=None):
+def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, programs=None):
     """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
     key = ("all_reduce", tensor_key(t), op, algorithm, block, programs, ctx.capturing())
     plan = ctx.plans.get(key)
@@ -97,7 +100,7 @@ def _plan_all_reduce(ctx, t, op, algorithm, block, programs, graph) -> Plan:
     return plan
 
 
-def all_gather(ctx, out, inp, algorithm: str | None = None, block=None, programs=None):
+def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None):
     """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
     key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs,
            ctx.capturing())
@@ -131,7 +134,7 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs, graph) -> Plan:
     return plan
 
 
-def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str | None = None, block=None,
+def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", block=None,
                    programs=None):
     """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
     key = ("reduce_scatter", tensor_key(out), tensor_key(inp), op, algorithm, block, programs,
@@ -179,7 +182,7 @@ def _splits(ctx, t, splits, name: str) -> list[int]:
     return splits
 
 
-def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str | None = None,
+def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = "auto",
                block=None, programs=None):
     """Rank r sends rows in_splits[p] of inp (in order) to rank p, and receives
     out_splits[p] rows from rank p into out (in rank order). None = even splits."""
@@ -255,7 +258,7 @@ def _check_splits_matched(ctx) -> None:
                          "for it; the extra rows were dropped")
 
 
-def broadcast(ctx, t, src: int = 0, algorithm: str | None = None, block=None, programs=None):
+def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, programs=None):
     """t on every rank = t of rank `src`. Returns t."""
     key = ("broadcast", tensor_key(t), src, algorithm, block, programs, ctx.capturing())
     plan = ctx.plans.get(key)

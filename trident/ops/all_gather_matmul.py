@@ -150,7 +150,7 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
     """all_gather(a, dim 0) @ w.T + bias -> [world * a.shape[0], w.shape[0]].
 
     algorithm: "auto" (the selector's choice), "fused" (trident's kernel) or "plain"
-    (NCCL all-gather + cuBLAS through torch). options go to the fused kernel
+    (also "nccl": NCCL all-gather + cuBLAS through torch). options go to the fused kernel
     (num_pushers, config).
     """
     return run(ctx, "all_gather_matmul", _plan, a, w, bias, out, algorithm, options)

@@ -25,7 +25,8 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
                       **options) -> torch.Tensor:
     """all_reduce(a @ w.T) + bias -> [a.shape[0], w.shape[0]].
 
-    algorithm: "auto" (the selector), "fused" or "plain" (cuBLAS + NCCL all-reduce).
+    algorithm: "auto" (the selector), "fused" or "plain" (also "nccl": cuBLAS + NCCL
+    all-reduce).
     """
     return run(ctx, "matmul_all_reduce", _plan, a, w, bias, out, algorithm, options)
 

@@ -171,7 +171,7 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, algorithm: str = "auto
     """reduce_scatter(a @ w.T, dim 0) + bias -> [a.shape[0] // world, w.shape[0]].
 
     a.shape[0] must be divisible by the world size. algorithm: "auto" (the selector),
-    "fused" or "plain" (cuBLAS + NCCL reduce-scatter through torch).
+    "fused" or "plain" (also "nccl": cuBLAS + NCCL reduce-scatter through torch).
     """
     return run(ctx, "matmul_reduce_scatter", _plan, a, w, bias, out, algorithm, options)
 

@@ -11,6 +11,11 @@ K, and at most MAX_DISTANCE away -- measured the fused path faster.
 Anything unmeasured takes the plain path, so trident never picks a path measured slower
 than the baseline. On the CPU emulation there is nothing to measure: the fused path is
 the default there, so that the kernels are what the tests exercise.
+
+Vocabulary, shared with the collectives (trident/ccl/selector.py): `algorithm=` names
+the path, "auto" (the default) asks `select`, and "nccl" is the path through
+torch.distributed -- here cuBLAS + the NCCL collective, which this module and the
+crossover table call "plain" ("nccl" is accepted as its name).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import os
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crossover.json")
 MAX_DISTANCE = 1.0          # in log2 units per dimension (a factor of 2)
 ALGORITHMS = ("auto", "fused", "plain")
+ALIASES = {"nccl": "plain"}     # the collectives' name for the torch.distributed path
 
 _table: list[dict] | None = None
 _choices: dict = {}          # (op, device, world, M, N, K) -> choice, for the default table
@@ -58,7 +64,7 @@ def _times(entry: dict, graph: bool) -> tuple[float, float]:
     return entry["fused_us"], entry["plain_us"]
 
 
-def choose(ctx, op: str, M: int, N: int, K: int | None, table: list[dict] | None = None,
+def select(ctx, op: str, M: int, N: int, K: int | None, table: list[dict] | None = None,
            graph: bool | None = None) -> str:
     """'fused' or 'plain' for this call (see the module docstring); graph: whether the call
     is captured into a CUDA graph (default: whether the current stream is capturing).
@@ -89,10 +95,17 @@ def choose(ctx, op: str, M: int, N: int, K: int | None, table: list[dict] | None
     return choice
 
 
+choose = select                # the name of earlier versions
+
+
 def resolve(ctx, op: str, algorithm: str, M: int, N: int, K: int) -> str:
+    """The path a call takes: `algorithm` by name ("nccl" = "plain"), or select's choice
+    for "auto"."""
+    algorithm = ALIASES.get(algorithm, algorithm)
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"{op}: algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
-    return choose(ctx, op, M, N, K) if algorithm == "auto" else algorithm
+        raise ValueError(f"{op}: algorithm must be one of {ALGORITHMS + tuple(ALIASES)}, "
+                         f"got {algorithm!r}")
+    return select(ctx, op, M, N, K) if algorithm == "auto" else algorithm
 
 
 def update_table(entries: list[dict], path: str = TABLE_PATH) -> str:
