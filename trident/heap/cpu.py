@@ -63,6 +63,15 @@ class CpuHeap:
         self.local = torch.from_numpy(np.frombuffer(buf, dtype=np.uint8))
         self.bases = list(self._addrs)
 
+    def peer_view(self, peer: int, local: torch.Tensor, start: int, numel: int) -> torch.Tensor:
+        """A torch tensor over `peer`'s copy of local[start:start+numel] (its mapping here)."""
+        size = local.element_size()
+        if numel == 0:
+            return torch.empty(0, dtype=local.dtype)
+        offset = local.data_ptr() - self.local.data_ptr() + start * size
+        buf = (ctypes.c_uint8 * (numel * size)).from_address(self._addrs[peer] + offset)
+        return torch.frombuffer(buf, dtype=torch.uint8).view(local.dtype)
+
     def close(self) -> None:
         self.local = None
         for addr in self._addrs:
