@@ -2,6 +2,9 @@
 
 Under the Triton interpreter a kernel is plain Python, so `timestamp` and `backoff` are
 ordinary functions; `load_acquire` is an atomic read on the shared mapping.
+
+`yield_hook` is set while the race detector runs (trident/sanitize.py): a program that
+backs off in a wait hands the baton to another program of its launch.
 """
 import os
 import time
@@ -15,8 +18,13 @@ def timestamp():
     return time.monotonic_ns()
 
 
+yield_hook = None
+
+
 def backoff():
     """Give the core to another rank: the ranks share few CPU cores."""
+    if yield_hook is not None:
+        yield_hook()
     os.sched_yield()
     time.sleep(20e-6)
 
