@@ -96,6 +96,7 @@ def _ops():
 
 
 _ccl_module = _ops_module = None
+_CONTEXTS_MADE: dict[str, int] = {}     # contexts made per process group (Context.name)
 
 
 class _Building:
@@ -169,6 +170,17 @@ class Context:
         self._persistent.add(0)
         self.set_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
         self.barrier()
+        self._register_name()
+
+    def _register_name(self) -> None:
+        """`name`: how trident's torch custom ops (trident/torch_ops.py) find this context
+        in a compiled graph -- the group's name and the number of contexts made on it before
+        (the same on every rank, since every rank makes the same contexts in order)."""
+        from . import torch_ops
+        group = getattr(self.group, "group_name", "") or "world"
+        self.name = f"trident:{group}:{_CONTEXTS_MADE.get(group, 0)}"
+        _CONTEXTS_MADE[group] = _CONTEXTS_MADE.get(group, 0) + 1
+        torch_ops.register(self)
 
     def _job_id(self) -> str:
         job = [os.environ.get("TRIDENT_JOB_ID") or uuid.uuid4().hex[:12]]
@@ -594,6 +606,8 @@ class Context:
         finally:
             self._closed = True
             self.plans.clear()
+            from . import torch_ops
+            torch_ops.unregister(self)
             self.ctrl = self.heap_bases = None
             self._heap.close()
 
