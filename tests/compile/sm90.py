@@ -12,8 +12,9 @@ from the kernel itself: a kernel that gains an argument fails here until its ent
 the type, and a constexpr combination must name every constexpr. Alignment is what Triton
 assumes at a GPU launch when the value allows it: pointers 16-byte aligned, and the integer
 arguments listed in `aligned` divisible by 16 (sizes and strides of the common, aligned
-case). Each combination says which 16-byte accesses it must have (Variant.vectors); one
-whose data is not 16-byte aligned (all_to_all's odd rows) is only compiled.
+case). Each combination says which 16-byte accesses it must have (Variant.vectors, and
+how many where a scalar branch sits beside a vector one: Variant.v4); one whose data is
+not 16-byte aligned (all_to_all's odd rows) is only compiled.
 """
 from __future__ import annotations
 
@@ -58,17 +59,20 @@ class Variant:
     vectors: str = ""              # "all": every 8/16/32-bit global access is 16-byte;
                                    # "ld+st": 16-byte loads and stores (the kernel also has
                                    # scalar flags or a scalar branch); "": no requirement
-                                   # (no copy loop, or data not 16-byte aligned);
-                                   # a key of KNOWN_SCALAR: a known defect
+                                   # (no copy loop, or data not 16-byte aligned)
     num_warps: int = 4
     num_stages: int = 3
     types: dict = field(default_factory=dict)    # argument types that differ per variant
     ptx_has: str = ""              # a PTX instruction the variant must contain (e.g.
                                    # setmaxnreg: warp specialisation took effect)
+    v4: tuple = (0, 0)             # at least this many 16-byte loads and stores: a kernel
+                                   # with a scalar branch beside its vector one ("ld+st")
+                                   # says how many its vector branch has
 
 
-def V(vectors="", num_warps=4, num_stages=3, types=None, ptx_has="", **constexprs) -> Variant:
-    return Variant(constexprs, vectors, num_warps, num_stages, types or {}, ptx_has)
+def V(vectors="", num_warps=4, num_stages=3, types=None, ptx_has="", v4=(0, 0),
+      **constexprs) -> Variant:
+    return Variant(constexprs, vectors, num_warps, num_stages, types or {}, ptx_has, v4)
 
 
 @dataclass
@@ -82,19 +86,6 @@ class Kernel:
     @property
     def label(self) -> str:
         return f"{self.module}.{self.name}"
-
-
-# Copy loops that could have 16-byte accesses but do not: the pull kernels read a peer's
-# tensor at `ptr + peer_shift(...)` (ccl/device.py: heap tensors may lie at different
-# offsets on different ranks, since 9138222), a runtime value whose alignment the compiler
-# cannot know, so their remote loads -- and two_shot's remote stores -- are scalar ones
-# (before 9138222: 4 ld.v4 in pull all_gather, 8 ld.v4 + 4 st.v4 in two_shot). A kernel
-# fix would take the aligned case apart, as all_to_all/push.py does for its destination.
-# These entries fail once the accesses are 16-byte again, so that they get tightened.
-KNOWN_SCALAR = {
-    "st": "16-byte stores; the remote loads through peer_shift are scalar",
-    "none": "no 16-byte accesses: remote loads and stores through peer_shift are scalar",
-}
 
 
 def _vector_accesses(ptx: str) -> tuple[int, int, int]:
@@ -133,14 +124,14 @@ def compile_kernel(k: Kernel) -> list[str]:
         if lost or v.vectors == "all" and scalar:
             raise AssertionError(f"{k.label} {v.constexprs}: copy loops lost their 16-byte "
                                  f"accesses ({loads} ld.v4, {stores} st.v4, {scalar} scalar)")
-        if v.vectors in KNOWN_SCALAR and (loads if v.vectors == "st" else loads + stores):
-            raise AssertionError(f"{k.label} {v.constexprs}: 16-byte accesses are back "
-                                 f"({loads} ld.v4, {stores} st.v4): require them in its entry")
-        note = f" [known: {KNOWN_SCALAR[v.vectors]}]" if v.vectors in KNOWN_SCALAR else ""
+        if loads < v.v4[0] or stores < v.v4[1]:
+            raise AssertionError(f"{k.label} {v.constexprs}: {loads} ld.v4 and {stores} st.v4, "
+                                 f"expected at least {v.v4[0]} and {v.v4[1]}: a copy loop "
+                                 f"lost its 16-byte accesses")
         if v.ptx_has and v.ptx_has not in ptx:
             raise AssertionError(f"{k.label} {v.constexprs}: no {v.ptx_has} in its PTX")
         lines.append(f"{k.label} {v.types or ''}{v.constexprs} warps={v.num_warps}: "
-                     f"{loads} ld.v4, {stores} st.v4 ({time.perf_counter() - t0:.1f} s){note}")
+                     f"{loads} ld.v4, {stores} st.v4 ({time.perf_counter() - t0:.1f} s)")
     return lines
 
 
@@ -152,16 +143,33 @@ def _ccl() -> list[Kernel]:
     from trident.ccl.common import GPU_BLOCK_BYTES, GPU_NUM_WARPS, REDUCE_OPS
     w = GPU_NUM_WARPS
     word_block = GPU_BLOCK_BYTES // 4
+    from trident.ccl.all_gather.pull import GPU_BLOCK_BYTES as PULL_AG_BLOCK_BYTES
+    pull_ag_block = PULL_AG_BLOCK_BYTES // 4
+    from trident.ccl.reduce_scatter.pull import GPU_IN_FLIGHT_BYTES as PULL_IN_FLIGHT_BYTES
     reduce_types = {"*bf16": 2, "*fp16": 2, "*fp32": 4}
 
-    def reductions(*data_args, word=False, vectors="all"):
+    def reductions(*data_args, word=False, vectors="all", **more):
         out = []
         for dtype, size in reduce_types.items():
             for op in REDUCE_OPS.values():
                 extra = {"WORD": size} if word else {}
                 out.append(V(vectors, w, types=dict.fromkeys(data_args, dtype), OP=op,
                              BLOCK=GPU_BLOCK_BYTES // size, TRACE=op == 0 and size == 2,
-                             **extra))
+                             **extra, **more))
+        return out
+
+    def pulled_worlds(types, stores):
+        """The pull reductions (WORLD a constexpr, 4 above) at 2 and 8 ranks, bf16 sum, at
+        their block (reduce_scatter/pull.py: reduce_block, smaller at 8 ranks): one
+        16-byte load per rank per 8 elements a thread has, as many stores -- per rank
+        if the result goes to every rank (two-shot)."""
+        out = []
+        for world in (2, 8):
+            block = min(GPU_BLOCK_BYTES, PULL_IN_FLIGHT_BYTES // world) // 2
+            vecs = block // (w * 32 * 8)
+            out.append(V("ld+st", w, types=types,
+                         v4=(vecs * world, vecs * world if stores else vecs), OP=0,
+                         BLOCK=block, TRACE=False, WORD=2, WORLD=world))
         return out
 
     flags = dict(flags=P64, sync=P64)
@@ -174,18 +182,25 @@ def _ccl() -> list[Kernel]:
         Kernel("trident.ccl.all_gather.push", "_push_kernel", dict(out=P32, inp=P32, **push),
                copies, aligned=("n", "stride", "half")),
         Kernel("trident.ccl.all_gather.pull", "_pull_kernel", dict(out=P32, inp=P32, **pull),
-               [V("st", w, BLOCK=word_block, WORD=4, TRACE=t) for t in (False, True)],
+               [V("ld+st", w, v4=(8, 16), BLOCK=pull_ag_block, WORD=4, WORLD=world, TRACE=t)
+                for world, t in ((4, False), (4, True), (2, False), (8, False))]
+               + [V("", w, types=dict(out=P16, inp=P16), BLOCK=2 * pull_ag_block, WORD=2,
+                    WORLD=4, TRACE=False)],     # int16 words: an odd size, never 16-byte
                aligned=("n", "my_offset")),
         Kernel("trident.ccl.broadcast.push", "_push_kernel", dict(t=P32, src=I32, **push),
                copies, aligned=("n", "stride", "half")),
         Kernel("trident.ccl.reduce_scatter.push", "_push_kernel", dict(out=P32, inp=P32, **push),
                reductions("out", "inp", "scratch"), aligned=("n", "stride", "half")),
         Kernel("trident.ccl.reduce_scatter.pull", "_pull_kernel", dict(out=P32, inp=P32, **pull),
-               reductions("out", "inp", word=True, vectors="st"), aligned=("n", "my_offset")),
+               reductions("out", "inp", word=True, vectors="ld+st", WORLD=4, v4=(16, 8))
+               + pulled_worlds(dict(out=PBF16, inp=PBF16), stores=False),
+               aligned=("n", "my_offset")),
         Kernel("trident.ccl.all_reduce.one_shot", "_one_shot_kernel", dict(t=P32, **push),
                reductions("t", "scratch"), aligned=("n", "stride", "half")),
         Kernel("trident.ccl.all_reduce.two_shot", "_two_shot_kernel",
-               dict(t=P32, seg=I32, **pull), reductions("t", word=True, vectors="none"),
+               dict(t=P32, seg=I32, **pull),
+               reductions("t", word=True, vectors="ld+st", WORLD=4, v4=(16, 16))
+               + pulled_worlds(dict(t=PBF16), stores=True),
                aligned=("n", "seg", "my_offset")),
         # ALIGN = the rows' alignment in words (all_to_all/rows.py: alignment): 16 keeps
         # 16-byte accesses; odd rows (ALIGN 1, or int16/int8 words) cannot have them.

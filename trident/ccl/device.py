@@ -17,6 +17,19 @@ read or write a peer's copy of such a tensor (pull, two-shot) first publish its 
 offset on every peer (`publish_offset`, released by the ARRIVE notify that follows) and,
 after the ARRIVE wait, shift their pointers by the difference (`peer_shift`).
 
+Vector accesses. A shift read at run time has no alignment the compiler can see, so an
+access through it is split into scalar ones (a 16-byte vector needs a 16-byte-aligned
+address, known at compile time). In the common case every shift is 0 or a multiple of
+16 bytes, so the pull kernels check it on the device after the ARRIVE wait (`vec_aligned`,
+`peer_shifts`) and branch, once per program, into a copy of their loop compiled with
+VEC=True, where each shift is written `shift // V * V` (`vec_shift`, V = 16 bytes in
+elements): the compiler then knows the peer's pointer is as aligned as the local one and
+emits ld/st.global.v4. Otherwise the same loop runs with VEC=False (scalar, exact for any
+shift). The host cannot choose: it does not know the peers' offsets without a host
+exchange. The world size is a constexpr (WORLD) in these kernels, so that loops over
+ranks unroll: `peer_ptrs` translates every rank's pointer once per program, and
+`reduce_peers` issues the loads of all ranks before combining them.
+
 Scratch halves. Kernels that push into a peer's scratch buffer use half `epoch % 2`:
 the first or second half of the whole buffer, a fixed byte range whatever the op and its
 slot stride (ops of different sizes share a buffer; halves derived from a per-op stride
@@ -92,6 +105,49 @@ def shift_ok(shift):
 
 
 @triton.jit
+def vec_aligned(shift, WORD: tl.constexpr):
+    """Whether `shift` (from peer_shift) is a whole number of 16-byte vectors."""
+    return shift_ok(shift) & (shift % max(16 // WORD, 1) == 0)
+
+
+@triton.jit
+def vec_shift(shift, WORD: tl.constexpr):
+    """`shift`, known by vec_aligned to be whole 16-byte vectors, spelled so that the
+    compiler knows it too (x // V * V, not tl.multiple_of: see "Vector accesses")."""
+    return shift // max(16 // WORD, 1) * max(16 // WORD, 1)
+
+
+@triton.jit
+def peer_shifts(offsets, rank, my_offset, WORLD: tl.constexpr, WORD: tl.constexpr):
+    """peer_shift of every rank, as a tuple indexed by rank (read once per program, after
+    the ARRIVE wait), and whether every one of them is whole 16-byte vectors."""
+    shifts = ()
+    aligned = tl.full([], 1, tl.int1)
+    for src in tl.static_range(WORLD):
+        shift = peer_shift(offsets, src, rank, my_offset, WORD)
+        aligned = aligned & vec_aligned(shift, WORD)
+        shifts = shifts + (shift,)
+    return shifts, aligned
+
+
+@triton.jit
+def peer_ptrs(ptr, shifts, rank, heap_bases, WORLD: tl.constexpr, WORD: tl.constexpr,
+              VEC: tl.constexpr):
+    """(pointers, ok): every rank's copy of `ptr` (a tuple indexed by rank, translated once
+    per program rather than once per block), and whether it may be accessed (shift_ok).
+    VEC: the caller checked (peer_shifts) that every shift is whole 16-byte vectors."""
+    ptrs = ()
+    oks = ()
+    for src in tl.static_range(WORLD):
+        shift = shifts[src]
+        if VEC:
+            shift = vec_shift(shift, WORD)
+        ptrs = ptrs + (tdl.translate(ptr + shift, rank, src, heap_bases),)
+        oks = oks + (shift_ok(shift),)
+    return ptrs, oks
+
+
+@triton.jit
 def _flag(flags, phase, src):
     return flags + (phase * MAX_RANKS + src) * MAX_PROGRAMS + tl.program_id(0)
 
@@ -153,17 +209,23 @@ def reduce_slots(local, slots, stride, offs, mask, rank, world_size, OP: tl.cons
 
 
 @triton.jit
-def reduce_peers(ptr, offs, mask, offsets, my_offset, rank, world_size, heap_bases,
-                 OP: tl.constexpr, WORD: tl.constexpr):
-    """Reduce one block of `ptr` over every rank's copy of it (read over NVLink, each at
-    its own heap offset: see peer_shift), in rank order 0..world-1."""
-    shift = peer_shift(offsets, 0, rank, my_offset, WORD)
-    acc = tdl.load(ptr + shift + offs, rank, 0, heap_bases,
-                   mask=mask & shift_ok(shift)).to(tl.float32)
-    for src in range(1, world_size):
-        shift = peer_shift(offsets, src, rank, my_offset, WORD)
-        acc = combine(acc, tdl.load(ptr + shift + offs, rank, src, heap_bases,
-                                    mask=mask & shift_ok(shift)), OP)
+def reduce_peers(ptrs, oks, offs, mask, WORLD: tl.constexpr, OP: tl.constexpr,
+                 VEC: tl.constexpr):
+    """Reduce one block (`offs`, `mask`) over every rank's copy (`ptrs`, `oks` from
+    peer_ptrs) in rank order 0..world-1, so that every rank gets bit-identical results.
+    The loads of all ranks are issued before the first combine: a block costs one NVLink
+    round trip, not one per rank, and every link carries traffic at once. (The compiler
+    hoists independent loads above the combines anyway, so grouping them in the source
+    does not bound the registers they take: the host bounds WORLD x BLOCK instead.)"""
+    xs = ()
+    for src in tl.static_range(WORLD):
+        if VEC:
+            xs = xs + (tl.load(ptrs[src] + offs, mask=mask),)
+        else:
+            xs = xs + (tl.load(ptrs[src] + offs, mask=mask & oks[src]),)
+    acc = xs[0].to(tl.float32)
+    for src in tl.static_range(1, WORLD):
+        acc = combine(acc, xs[src], OP)
     return acc
 
 

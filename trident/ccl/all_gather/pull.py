@@ -4,6 +4,26 @@ No scratch and no local copy: each byte crosses NVLink once and lands in the out
 so this wins for large blocks; the ARRIVE handshake before reading and the DONE one
 before returning cost a round trip, so push wins for small blocks (see selector.py).
 The input must be on the heap (a plain tensor is staged); the output can be any tensor.
+
+Bandwidth (2026-11 rework; before it, 4x H200 busbw in a CUDA graph: 295 GB/s at 32 MiB
+and 317 at 512 MiB, NCCL 281 / 333; p2p pull from one peer 333, push 356):
+- 16-byte remote loads again. The loads went through a run-time shift (peers' copies may
+  lie at other heap offsets) and were scalar. Now each (program, peer) checks whether the
+  peer's shift is whole 16-byte vectors (device.py: "Vector accesses") and copies with
+  VEC=True (ld.global.v4) if so, VEC=False (scalar, any shift) if not -- per peer, so one
+  odd peer (e.g. an in-place input at an odd offset) does not slow the others.
+- Every peer read at once. All programs used to read peer rank+1, then rank+2, ...
+  together, so a rank pulled from one peer at a time (the single-peer pull rate, 333
+  GB/s). Program p now starts at peer rank+p: at any moment about 1/WORLD of the
+  programs read from each peer, every link carries traffic, and each rank's outgoing
+  reads are spread over all its peers as well.
+- 32 KiB per program step on GPUs (twice common.py's 16 KiB: each thread has eight
+  16-byte loads in flight, not four): a pull waits one NVLink round trip per step, so
+  the bytes in flight per program set its rate.
+- The peer's pointer is translated once per (program, peer), not per block.
+To measure: busbw at 2-512 MiB on 4 and 8 GPUs against the figures above and NCCL
+(target: >= NCCL from 32 MiB, >= 360 GB/s at 512 MiB), and block=4096 words (16 KiB,
+the old step) against the default, to confirm the larger step.
 """
 import triton
 import triton.language as tl
@@ -13,28 +33,43 @@ from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
 from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, peer_shift,
-                      publish_offset, shift_ok)
+                      publish_offset, shift_ok, vec_aligned, vec_shift)
+
+GPU_BLOCK_BYTES = 2 * common.GPU_BLOCK_BYTES      # see "32 KiB per program step" above
+
+
+@triton.jit
+def _copy(dst, src, n, ok, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """This program's blocks of `src` (a peer's input, already translated) into `dst`."""
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        if not VEC:
+            mask = mask & ok
+        tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
 
 
 @triton.jit
 def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
-                 world_size, n, WORD: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                 n, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
+                 TRACE: tl.constexpr):
     pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    publish_offset(offsets, my_offset, rank, world_size, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases,
+    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
              OP_ALL_GATHER, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
-    for i in range(world_size):
-        src = (rank + i) % world_size
+    for i in range(WORLD):
+        src = (rank + pid + i) % WORLD
         shift = peer_shift(offsets, src, rank, my_offset, WORD)
-        for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
-            offs = blk * BLOCK + tl.arange(0, BLOCK)
-            mask = (offs < n) & shift_ok(shift)
-            tdl.get(out + src * n + offs, inp + shift + offs, rank, src, heap_bases, mask=mask)
+        if vec_aligned(shift, WORD):
+            _copy(out + src * n, tdl.translate(inp + vec_shift(shift, WORD), rank, src,
+                                               heap_bases), n, True, BLOCK, True)
+        else:
+            _copy(out + src * n, tdl.translate(inp + shift, rank, src, heap_bases), n,
+                  shift_ok(shift), BLOCK, False)
     trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
+    exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
              OP_ALL_GATHER, trace_buf, TRACE)
 
 
@@ -43,9 +78,11 @@ def pull(ctx, plan, out, inp, block=None, programs=None):
     n = inp.numel()
     src = common.stage(ctx, plan, inp, 1, "stage.in")
     st = common.state(ctx)
+    if block is None and ctx.backend == "cuda":
+        block = GPU_BLOCK_BYTES // inp.element_size()
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _pull_kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, n,
+        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, WORLD=ctx.world_size,
         WORD=src.element_size(), BLOCK=block, TRACE=trace, **common.kernel_options(ctx))

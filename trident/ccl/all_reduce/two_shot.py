@@ -7,42 +7,78 @@ wins from a few hundred KiB up (crossover in selector.py); one-shot wins below.
 The tensor must be on the heap (a plain tensor is staged through a heap buffer).
 Handshakes per program: ARRIVE (peers' inputs are in place) before reading, DONE
 (peers finished with my tensor) before returning.
+
+Bandwidth (2026-11 rework; before it, 4x H200 busbw in a CUDA graph, bf16: 166 GB/s at
+8 MiB, 226 at 32 MiB, 261 at 128 MiB, 272 at 512 MiB, where NCCL had 183 / 277 / 324 /
+347 and torch symmetric-memory two-shot 312 at 512 MiB):
+- 16-byte remote loads and stores again. They went through a run-time shift (peers'
+  copies may lie at other heap offsets) and were all scalar. Every program now checks
+  after the ARRIVE wait whether all shifts are whole 16-byte vectors (device.py: "Vector
+  accesses") and runs `_blocks` with VEC=True (ld/st.global.v4) if so, VEC=False
+  (scalar, any shift) if not.
+- One round trip per block, not WORLD of them. The old per-block loop over ranks was a
+  runtime loop: it loaded from rank 0, waited, loaded from rank 1, ... (every program of
+  every rank starting at rank 0, so one rank's link served all the others at a time), and
+  before each load read the rank's shift (a volatile load) and its heap base. Now WORLD
+  is a constexpr, the loops over ranks unroll, pointers are translated once per program
+  (`peer_ptrs`), and `reduce_peers` issues all WORLD loads of a block before combining:
+  every link carries reads at once, and a program keeps WORLD x 16 KiB in flight.
+- The write-back is WORLD stores issued back to back (nothing waits on them), so they
+  drain while the next block's loads are issued and in flight: the two halves overlap
+  across blocks without a wait in between. (Which rank each program stores to first does
+  not matter: the WORLD stores leave within a few dozen cycles of each other, so every
+  link has a store of every program in flight; a per-program rotation was tried and
+  only cost registers.)
+- Above 4 ranks the block shrinks as in pull reduce-scatter (`reduce_block`: 8 KiB at 8
+  ranks, the same 64 KiB of loads per program as 4 x 16 KiB; 8 x 16 KiB spilled).
+To measure: busbw at 8-512 MiB (4 and 8 GPUs) against the figures above, NCCL and torch
+symmetric memory; at 8 ranks also block=8192 bf16 elements against the default 4096.
 """
 import triton
 import triton.language as tl
 
-import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_REDUCE, begin_epoch, exchange, peer_shift,
-                      publish_offset, reduce_peers, shift_ok)
+from ..device import (ARRIVE, DONE, OP_ALL_REDUCE, begin_epoch, exchange, peer_ptrs,
+                      peer_shifts, publish_offset, reduce_peers)
+from ..reduce_scatter.pull import reduce_block
+
+
+@triton.jit
+def _blocks(t, shifts, heap_bases, rank, n, seg, WORLD: tl.constexpr, OP: tl.constexpr,
+            WORD: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """This program's blocks of segment `rank`: reduce over every rank, store to every rank."""
+    ptrs, oks = peer_ptrs(t, shifts, rank, heap_bases, WORLD, WORD, VEC)
+    start = rank * seg
+    for blk in range(tl.program_id(0), tl.cdiv(seg, BLOCK), tl.num_programs(0)):
+        local = blk * BLOCK + tl.arange(0, BLOCK)
+        offs = start + local
+        mask = (local < seg) & (offs < n)
+        y = reduce_peers(ptrs, oks, offs, mask, WORLD, OP, VEC).to(t.dtype.element_ty)
+        for dst in tl.static_range(WORLD):
+            if VEC:
+                tl.store(ptrs[dst] + offs, y, mask=mask)
+            else:
+                tl.store(ptrs[dst] + offs, y, mask=mask & oks[dst])
 
 
 @triton.jit
 def _two_shot_kernel(t, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
-                     world_size, n, seg, OP: tl.constexpr, WORD: tl.constexpr,
+                     n, seg, WORLD: tl.constexpr, OP: tl.constexpr, WORD: tl.constexpr,
                      BLOCK: tl.constexpr, TRACE: tl.constexpr):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
-    publish_offset(offsets, my_offset, rank, world_size, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases,
+    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
              OP_ALL_REDUCE, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
-    start = rank * seg
-    for blk in range(pid, tl.cdiv(seg, BLOCK), nprog):
-        local = blk * BLOCK + tl.arange(0, BLOCK)
-        offs = start + local
-        mask = (local < seg) & (offs < n)
-        y = reduce_peers(t, offs, mask, offsets, my_offset, rank, world_size, heap_bases, OP,
-                         WORD).to(t.dtype.element_ty)
-        for i in range(world_size):
-            dst = (rank + i) % world_size
-            shift = peer_shift(offsets, dst, rank, my_offset, WORD)
-            tdl.store(t + shift + offs, y, rank, dst, heap_bases, mask=mask & shift_ok(shift))
+    shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
+    if aligned:
+        _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, True)
+    else:
+        _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
+    exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
              OP_ALL_REDUCE, trace_buf, TRACE)
 
 
@@ -52,11 +88,12 @@ def two_shot(ctx, plan, t, op_code: int, block=None, programs=None):
     seg = common.round_up(triton.cdiv(n, ctx.world_size))
     buf = common.stage(ctx, plan, t, 0, "stage.inout")
     st = common.state(ctx)
+    block = reduce_block(ctx, t.element_size(), block)
     block, grid = common.launch_size(ctx, seg, t.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _two_shot_kernel, (grid,), buf, st.offsets, common.heap_offset(ctx, buf), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, n, seg,
+        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, seg, WORLD=ctx.world_size,
         OP=op_code, WORD=buf.element_size(), BLOCK=block, TRACE=trace,
         **common.kernel_options(ctx))
     common.unstage(plan, 0, t, buf)

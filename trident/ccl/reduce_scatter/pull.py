@@ -4,6 +4,25 @@ and reduces it in fp32, in rank order.
 No scratch and no extra copy, so it wins for large blocks; the ARRIVE and DONE
 handshakes cost a round trip, so push wins for small blocks (see selector.py). The
 input must be on the heap (a plain tensor is staged); the output can be any tensor.
+
+Bandwidth (2026-11 rework; the GPU figures before it: 296 GB/s busbw at 32 MiB and 322
+at 512 MiB on 4x H200, NCCL 279 / 328):
+- 16-byte remote loads again. Since peers' copies may lie at other heap offsets, the
+  loads went through a run-time shift and were scalar. Now every program checks after
+  the ARRIVE wait whether all shifts are whole 16-byte vectors (device.py: "Vector
+  accesses") and runs `_blocks` with VEC=True (ld.global.v4) if so, VEC=False (scalar,
+  any shift) if not.
+- All ranks' loads of a block in flight at once. The world size is a constexpr (WORLD),
+  so the loop over ranks unrolls and `reduce_peers` issues the WORLD loads before it
+  combines them: every link carries traffic at every moment, and a block costs one
+  NVLink round trip rather than WORLD of them one after another (the old runtime loop
+  also sent every rank to rank 0 first, then all to rank 1, ...).
+- Peer pointers translated and shifts read once per program, not per block per rank
+  (each was a dependent scalar load in front of the remote loads).
+- Above 4 ranks the block shrinks (`reduce_block`: 8 KiB at 8 ranks) so that a program
+  holds the same 64 KiB of loads as at 4 ranks: 8 x 16 KiB spilled registers.
+To measure: busbw at 8-512 MiB, 4 and 8 GPUs, against the figures above and NCCL; at 8
+ranks also block=8192 bf16 elements (16 KiB, spills) against the default 8 KiB.
 """
 import triton
 import triton.language as tl
@@ -11,30 +30,54 @@ import triton.language as tl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_REDUCE_SCATTER, begin_epoch, exchange, publish_offset,
-                      reduce_peers)
+from ..device import (ARRIVE, DONE, OP_REDUCE_SCATTER, begin_epoch, exchange, peer_ptrs,
+                      peer_shifts, publish_offset, reduce_peers)
+
+
+@triton.jit
+def _blocks(out, inp, shifts, heap_bases, rank, n, WORLD: tl.constexpr, OP: tl.constexpr,
+            WORD: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """This program's blocks of my output: block `offs` of segment `rank` of every input."""
+    ptrs, oks = peer_ptrs(inp + rank * n, shifts, rank, heap_bases, WORLD, WORD, VEC)
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        acc = reduce_peers(ptrs, oks, offs, mask, WORLD, OP, VEC)
+        tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
-                 world_size, n, OP: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
-                 TRACE: tl.constexpr):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
+                 n, WORLD: tl.constexpr, OP: tl.constexpr, WORD: tl.constexpr,
+                 BLOCK: tl.constexpr, TRACE: tl.constexpr):
     epoch = begin_epoch(sync)
-    publish_offset(offsets, my_offset, rank, world_size, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases,
+    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
              OP_REDUCE_SCATTER, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
-    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        acc = reduce_peers(inp + rank * n, offs, mask, offsets, my_offset, rank, world_size,
-                           heap_bases, OP, WORD)
-        tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+    shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
+    if aligned:
+        _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, OP, WORD, BLOCK, True)
+    else:
+        _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, OP, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
+    exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
              OP_REDUCE_SCATTER, trace_buf, TRACE)
+
+
+# Bytes of all ranks' loads of one block that a program holds at once on GPUs
+# (device.reduce_peers issues them together): 4 ranks x 16 KiB take about 190 registers
+# per thread at 8 warps; 8 x 16 KiB spilled (255 registers and 44-316 bytes of spills).
+GPU_IN_FLIGHT_BYTES = 4 * common.GPU_BLOCK_BYTES
+
+
+def reduce_block(ctx, elem_size: int, block):
+    """The block (elements) of a pull reduction: common.py's, or smaller above 4 ranks so
+    that WORLD blocks stay within GPU_IN_FLIGHT_BYTES."""
+    if block is None and ctx.backend == "cuda":
+        block = min(common.GPU_BLOCK_BYTES,
+                    GPU_IN_FLIGHT_BYTES // ctx.world_size) // elem_size
+    return block
 
 
 def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None):
@@ -42,9 +85,11 @@ def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None):
     n = out.numel()
     src = common.stage(ctx, plan, inp, 1, "stage.in")
     st = common.state(ctx)
+    block = reduce_block(ctx, inp.element_size(), block)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _pull_kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, n, OP=op_code,
-        WORD=src.element_size(), BLOCK=block, TRACE=trace, **common.kernel_options(ctx))
+        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, WORLD=ctx.world_size,
+        OP=op_code, WORD=src.element_size(), BLOCK=block, TRACE=trace,
+        **common.kernel_options(ctx))
