@@ -120,7 +120,9 @@ class Context:
 
     Attributes: rank, world_size, device, backend ("cuda" or "cpu"), heap_size,
     heap_bases (int64 tensor on `device`: where each rank's heap lives in this process),
-    ctrl (this rank's control block: error word, timeout, barrier epoch and flags).
+    ctrl (this rank's control block: error word, timeout, barrier epoch and flags),
+    trace_buffer (the event buffer of the active `ctx.trace(...)` session, else None: set
+    by trident.trace, read by ops through trident.trace.kernel_args).
     """
 
     def __init__(self, heap_size: int | None = None, group=None, timeout: float | None = None,
@@ -153,6 +155,7 @@ class Context:
         self._closed = False
         self._host_step = 0          # host-side collectives made since init / reset
         self._calling = None         # the public op running now (for error messages)
+        self.trace_buffer = None     # set while a trace session is active (trident/trace)
         # launch plans of this context's calls (trident/plans.py), and whether the current
         # stream is being captured into a CUDA graph (selection differs there)
         self.capturing = (torch.cuda.is_current_stream_capturing if self.backend == "cuda"
@@ -236,11 +239,27 @@ class Context:
         return (t.untyped_storage().data_ptr() == self._heap_ptr
                 and self._heap_ptr <= t.data_ptr() < self._heap_ptr + self.heap_size)
 
+    def heap_offset(self, t: torch.Tensor) -> int:
+        """Byte offset of heap tensor `t` from this rank's heap base: where its copy lies in
+        every peer's heap too (translate: peer base + offset)."""
+        return t.data_ptr() - self._heap_ptr
+
+    def peer_view(self, peer: int, t: torch.Tensor) -> torch.Tensor:
+        """A torch tensor over `peer`'s copy of heap tensor `t` (same offset, shape and
+        dtype; `t` contiguous). On GPUs, torch copies into it go over NVLink on the copy
+        engines (the baseline for the kernels' own transfers)."""
+        self.check_symmetric(t, "peer_view: t")
+        if not t.is_contiguous():
+            raise ValueError("peer_view: t must be contiguous")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"peer_view: peer must be in [0, {self.world_size}), got {peer}")
+        return self._heap.peer_view(peer, t.view(-1), 0, t.numel()).view(t.shape)
+
     def free(self, t: torch.Tensor) -> None:
         """Return `t`'s block to the heap. Every rank must free the same tensors in the same order."""
         if not self.is_symmetric(t):
             raise ValueError("ctx.free: tensor is not on this context's symmetric heap")
-        offset = t.data_ptr() - self._heap_ptr
+        offset = self.heap_offset(t)
         if self.allocator.is_free(offset):
             raise ValueError(f"ctx.free: the tensor at heap offset {offset} was freed already "
                              f"(double free)")
@@ -544,7 +563,7 @@ class Context:
         self._host_step = 0
 
     # ------------------------------------------------------------------ collectives
-    # Each method hands over to its package (imported on first use); see DESIGN.md.
+    # Each method hands over to its package (imported on first use); see docs/design.md.
     def building(self, name: str):
         """Context manager around a plan's build: names the op in the errors of the host
         collectives it makes (a workspace that does not fit, a rank that skipped the op's

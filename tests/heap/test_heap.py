@@ -35,6 +35,24 @@ def test_symmetric_offsets_and_reuse(pool):
     assert all(o == offs[0] for o in offs)
 
 
+def _peer_views(ctx):
+    t = ctx.full(6, -1.0, dtype=torch.float32)
+    ctx.barrier()
+    nxt = (ctx.rank + 1) % ctx.world_size
+    ctx.peer_view(nxt, t[2:4]).copy_(torch.full((2,), float(ctx.rank)).to(ctx.device))
+    ctx.barrier()
+    assert ctx.heap_offset(t[2:4]) == ctx.heap_offset(t) + 8
+    with pytest.raises(ValueError, match="symmetric heap"):
+        ctx.peer_view(nxt, torch.zeros(2, device=ctx.device))
+    return t.tolist()
+
+
+def test_peer_view_writes_the_peers_copy(pool):
+    w = pool.world_size
+    got = pool.run(_peer_views)
+    assert got == [[-1.0, -1.0] + [float((r - 1) % w)] * 2 + [-1.0, -1.0] for r in range(w)]
+
+
 def _mismatch(ctx):
     ctx.empty(100 + (ctx.rank == 1) * 8, dtype=torch.uint8)
     ctx.barrier()

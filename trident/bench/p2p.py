@@ -65,8 +65,8 @@ def _run(ctx, size: int, grids: list[int], iters: int):
         if r != ctx.rank and not torch.equal(got[r], everyone[r]):
             raise RuntimeError(f"rank {ctx.rank}: p2p data from rank {r} is wrong")
     if ctx.backend == "cuda":
-        peers = [ctx._heap.peer_view(p, dst, ctx.rank * n, n) for p in range(ctx.world_size)
-                 if p != ctx.rank]
+        mine = dst[ctx.rank * n:(ctx.rank + 1) * n]
+        peers = [ctx.peer_view(p, mine) for p in range(ctx.world_size) if p != ctx.rank]
 
         def copy_engines():
             for view in peers:

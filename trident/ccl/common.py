@@ -94,8 +94,8 @@ def unstage(plan, index: int, t: torch.Tensor, staged: torch.Tensor) -> None:
 
 
 def heap_offset(ctx, t: torch.Tensor) -> int:
-    """Byte offset of heap tensor `t` from this rank's heap base."""
-    return t.data_ptr() - ctx._heap_ptr
+    """Byte offset of heap tensor `t` from this rank's heap base (Context.heap_offset)."""
+    return ctx.heap_offset(t)
 
 
 def check_tensor(ctx, t, name: str) -> None:

@@ -44,7 +44,7 @@ Read it: open the file in https://ui.perfetto.dev (or chrome://tracing).
 
 def kernel_args(ctx):
     """(buffer, enabled) to pass as a kernel's trace_buf and TRACE arguments."""
-    buf = getattr(ctx, "_trace_buffer", None)
+    buf = ctx.trace_buffer
     if buf is None:
         return ctx.ctrl, False          # any int64 tensor: never touched when TRACE is off
     return buf, True

@@ -54,19 +54,19 @@ class TraceSession:
 
     def __enter__(self) -> "TraceSession":
         ctx = self.ctx
-        if getattr(ctx, "_trace_buffer", None) is not None:
+        if ctx.trace_buffer is not None:
             raise RuntimeError("a trace session is already active on this context; "
                                "trace sessions do not nest")
         self.buffer = ctx.zeros(_HEADER + _WORDS * self.capacity, dtype=torch.int64)
         self.buffer[2] = self.capacity
         ctx.barrier()                # every rank's buffer is ready before any traced op
-        ctx._trace_buffer = self.buffer
+        ctx.trace_buffer = self.buffer
         ctx.plans.clear()            # plans launch with the trace switch they were built with
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         ctx = self.ctx
-        ctx._trace_buffer = None
+        ctx.trace_buffer = None
         ctx.plans.clear()
         if exc_type is not None:
             # Another rank may not fail here: do nothing collective, just let go of the
