@@ -38,13 +38,15 @@ CASES = [("even", torch.float32, (3,), "plain"), ("uneven", torch.bfloat16, (3,)
          ("uneven", torch.float32, (8,), "odd")]
 
 
-def _all_to_all_cases(ctx, algorithms):
+def _all_to_all_cases(ctx, algorithms, cases=CASES, scale=1, programs=None):
+    """`scale` multiplies every split (rows over several blocks); `programs` caps the
+    launch size (the pairs' programs: all_to_all/rows.py)."""
     w, r = ctx.world_size, ctx.rank
     checks, buffers = [], []
     for algorithm in algorithms:
-        for i, (kind, dtype, row, where) in enumerate(CASES):     # back to back, no sync
-            splits = _split_matrix(kind, w)
-            xs = rank_inputs(w, (16 * w, *row), dtype, seed=i)
+        for i, (kind, dtype, row, where) in enumerate(cases):     # back to back, no sync
+            splits = [[scale * c for c in line] for line in _split_matrix(kind, w)]
+            xs = rank_inputs(w, (16 * w * scale, *row), dtype, seed=i)
             xs = [x[:sum(splits[s])] for s, x in enumerate(xs)]
             in_splits, out_splits = splits[r], [splits[s][r] for s in range(w)]
             n = sum(out_splits)
@@ -52,13 +54,14 @@ def _all_to_all_cases(ctx, algorithms):
             if where == "plain":
                 out = init
             else:                     # same allocation everywhere, a rank-dependent view
-                big = ctx.empty(16 * w + w, *row, dtype=dtype)
+                big = ctx.empty(16 * w * scale + w, *row, dtype=dtype)
                 buffers.append(big)
                 out = big[r:r + n] if where == "heap" else \
                     big.view(-1)[r + 1:r + 1 + init.numel()].view(init.shape)
                 out.copy_(init)
             kw = {} if kind == "even" else {"out_splits": out_splits, "in_splits": in_splits}
-            ctx.all_to_all(out, xs[r].to(ctx.device), algorithm=algorithm, block=16, **kw)
+            ctx.all_to_all(out, xs[r].to(ctx.device), algorithm=algorithm, block=16,
+                           programs=programs, **kw)
             expected = torch.cat([xs[s].split(splits[s])[r] for s in range(w)])
             checks.append((out, expected, f"{algorithm} {kind} {dtype} {row} {where}"))
     ctx.sync()
@@ -70,6 +73,30 @@ def _all_to_all_cases(ctx, algorithms):
 
 def test_all_to_all(pool):
     pool.run(_all_to_all_cases, ALGORITHMS)
+
+
+def test_all_to_all_many_programs(pool):
+    """Rows over up to 7 blocks per peer and 7 programs: one_shot's pairs get several
+    programs each (the ones after the first wait for the count that the first carries),
+    push's pair sections overlap and wrap around the grid."""
+    pool.run(_all_to_all_cases, ALGORITHMS, CASES[:2] + CASES[5:], 8, 7)
+
+
+def _race_free(ctx, seed):
+    from trident import sanitize
+    with sanitize.sanitizing(ctx, seed):
+        _all_to_all_cases(ctx, ALGORITHMS, CASES[1:3], 8, 7)
+        ctx.barrier()
+    return True
+
+
+def test_all_to_all_race_free(pool):
+    """The pairs' flags order every access (the race detector, trident/sanitize.py, with
+    programs of a launch run in a seeded order): several programs per pair, zero-row
+    ranks, uneven splits."""
+    if pool.backend != "cpu" or pool.world_size > 3:
+        pytest.skip("the sanitizer runs on the CPU emulation; world 2 and 3 suffice")
+    assert all(pool.run(_race_free, 3))
 
 
 def _zero_row_output(ctx):
@@ -157,35 +184,40 @@ def _bad_inputs(ctx, algorithm):
         ctx.debug = False
 
 
+def _fewer_rows_than_expected(ctx, algorithm):
+    """Rank 0 sends rank 1 one row where 9 (over 5 blocks and programs) are expected, and
+    keeps the other 8 itself: an error in debug mode on every rank, not a hang (rank 1's
+    programs learn from the count that travels with the rows which flags will come)."""
+    w, r = ctx.world_size, ctx.rank
+    in_splits = [9] * w
+    if r == 0:
+        in_splits[0], in_splits[1] = 17, 1
+    out = torch.zeros(9 * w, 8, device=ctx.device)
+    ctx.debug = True
+    try:
+        with pytest.raises(ValueError, match="differs from rank p's out_splits"):
+            ctx.all_to_all(out, torch.ones(9 * w, 8, device=ctx.device), out_splits=[9] * w,
+                           in_splits=in_splits, algorithm=algorithm, block=16, programs=7)
+    finally:
+        ctx.debug = False
+    assert ctx.ctrl[0].item() == 0, "a wait timed out"
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_all_to_all_bad_inputs(pool, algorithm):
     pool.run(_bad_inputs, algorithm)
+    pool.run(_fewer_rows_than_expected, algorithm)
 
 
-def compile_sm90(compile_ptx) -> None:
-    """Both kernels compile for sm_90, and their copies keep 16-byte accesses (push's copy
-    into an output that is not 16-byte aligned may not). Run by the test below in a
-    process of its own, after tests.language.compile_sm90 has switched the interpreter off."""
-    import re
-    from trident.ccl.all_to_all import one_shot as _  # noqa: F401
-    kernels = {n: sys.modules[f"trident.ccl.all_to_all.{n}"] for n in ALGORITHMS}
-    shared = dict(check="*i64", flags="*i64", sync="*i64", ctrl="*i64", heap_bases="*i64",
-                  trace_buf="*i64", rank="i32", world_size="i32")
-    signatures = {
-        "push": (kernels["push"]._push_kernel,
-                 dict(anchor="*i32", inp="*i32", splits="*i64", meta="*i64", **shared), 2),
-        "one_shot": (kernels["one_shot"]._one_shot_kernel,
-                     dict(out="*i32", inp="*i32", splits="*i64", slots="*i32", counts="*i64",
-                          **shared, half="i32", counts_half="i32", stride="i32"), 3)}
-    for name, (kernel, sig, aligned_copies) in signatures.items():
-        sig.update(BLOCK="constexpr", ALIGN="constexpr", TRACE="constexpr")
-        aligned = [a for a in sig if sig[a].startswith("*") or a in ("half", "counts_half",
-                                                                       "stride")]
-        ptx = compile_ptx(kernel, sig, {"BLOCK": 4096, "ALIGN": 16, "TRACE": False},
-                          aligned=aligned, num_warps=8)
-        stores = len(re.findall(r"st\.global\.v4\.b32", ptx))
-        assert stores == 4 * aligned_copies and "ld.global.b32" not in ptx, \
-            f"{name}: a copy lost its 16-byte accesses ({stores} vector stores)"
+def compile_sm90() -> None:
+    """Both kernels compile for sm_90 at every constexpr combination they are launched
+    with, and their copies keep 16-byte accesses where the rows allow (tests/compile/sm90.py
+    holds the list). Run by the test below in a process of its own (no interpreter)."""
+    from tests.compile import sm90
+    for k in sm90.kernels():
+        if ".all_to_all." in k.label:
+            for line in sm90.compile_kernel(k):
+                print(line)
     print("ok")
 
 
@@ -194,8 +226,8 @@ def test_kernels_compile_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRIDENT_BACKEND")}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"),
                PYTHONPATH=root + os.pathsep + env.get("PYTHONPATH", ""))
-    code = ("import tests.language.compile_sm90 as c, tests.ccl.test_all_to_all as t; "
-            "t.compile_sm90(c.compile_ptx)")
+    code = ("import tests.compile.sm90, tests.ccl.test_all_to_all as t; "
+            "t.compile_sm90()")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]

@@ -211,15 +211,17 @@ def _ccl() -> list[Kernel]:
                 V("", w, BLOCK=word_block, ALIGN=1, TRACE=False),
                 V("", w, types=dict(anchor=P8, inp=P8), BLOCK=GPU_BLOCK_BYTES, ALIGN=1,
                   TRACE=False)]),
+        # EVEN: every pair count of the rank the same (offsets computed, no split table)
         Kernel("trident.ccl.all_to_all.one_shot", "_one_shot_kernel",
-               dict(out=P32, inp=P32, slots=P32, counts=P64, half=I32, counts_half=I32,
-                    stride=I32, **a2a),
-               [V("all", w, BLOCK=word_block, ALIGN=16, TRACE=False),
-                V("all", w, BLOCK=word_block, ALIGN=16, TRACE=True),
-                V("", w, BLOCK=word_block, ALIGN=1, TRACE=False),
-                V("", w, types=dict(out=P16, inp=P16, slots=P16), BLOCK=GPU_BLOCK_BYTES // 2,
-                  ALIGN=1, TRACE=False)],
-               aligned=("half", "counts_half", "stride")),
+               dict(out=P32, inp=P32, slots=P32, counts=P64, n=I32, half=I32, counts_half=I32,
+                    stride=I32, cap=I32, **a2a),
+               [V("all", w, BLOCK=word_block, ALIGN=16, EVEN=even, TRACE=t)
+                for even in (True, False) for t in (False, True)]
+               + [V("", w, BLOCK=word_block, ALIGN=1, EVEN=even, TRACE=False)
+                  for even in (True, False)]
+               + [V("", w, types=dict(out=P16, inp=P16, slots=P16), BLOCK=GPU_BLOCK_BYTES // 2,
+                    ALIGN=1, EVEN=even, TRACE=False) for even in (True, False)],
+               aligned=("half", "counts_half", "stride", "n")),
     ]
 
 

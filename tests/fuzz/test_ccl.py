@@ -172,8 +172,10 @@ def _all_to_all(ctx, seed):
     if KNOWN_BUG_NCCL_EMPTY and algorithm == "nccl" and not (all(sends) and all(receives)):
         algorithm = "push"       # see test_all_to_all_nccl_zero_rows
     kw = {} if even else {"out_splits": [splits[s][r] for s in range(w)], "in_splits": splits[r]}
-    what = f"all_to_all {algorithm} {dtype} splits={splits} tail={tail} out={where} inp={in_where} block={block}"
-    ctx.all_to_all(out, inp, algorithm=algorithm, block=block, **kw)
+    programs = g.choice([None, None, 3, 7])     # several programs per pair (all_to_all/rows.py)
+    what = (f"all_to_all {algorithm} {dtype} splits={splits} tail={tail} out={where} "
+            f"inp={in_where} block={block} programs={programs}")
+    ctx.all_to_all(out, inp, algorithm=algorithm, block=block, programs=programs, **kw)
     expected = torch.cat([xs[s].split(splits[s])[r] for s in range(w)])
     return [(out, expected, what, _tol(dtype))]
 

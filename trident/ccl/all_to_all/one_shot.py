@@ -2,21 +2,41 @@
 rows it has for peer p into its own slot of p's scratch, then each rank copies the slots
 into its output.
 
-One NVLink hop and one round trip (push needs two: it must learn where each peer's
-output is and that the peer entered the call). No handshake before sending: slot s of
+One NVLink hop and one signal per (pair, program), no handshake before sending: slot s of
 this launch's scratch half is reserved for sender s (see "Scratch halves" in device.py),
 and every rank knows where the rows it receives go (out_splits). The data moves twice,
-over NVLink and then through a local copy, so push wins for large messages. Estimate
-(not yet measured): the round trip saved is worth the 13.4 vs 5.1 us that push
-all_to_all and push all_gather take at 1 KiB in a graph (2x H200); the copy costs two
-bytes of HBM traffic per byte received, about 0.7 us per MiB, so one_shot should win up
-to about 1 MiB per rank (the all_gather push/pull crossover), which its 1 MiB slots hold.
-Works on any tensors, nothing is staged.
+over NVLink and then through a local copy, so push wins for large messages. Works on any
+tensors, nothing is staged; one kernel launch per call.
 
-A slot holds SLOT_BYTES (less its count header); per-peer messages larger than that are
-clipped and the ranks that sent or expected them raise ValueError after the launch (the
-other ranks' results are right). Each slot's header carries the count the sender sent;
-one that differs from the receiver's out_splits is clipped and flagged, as in push.
+Programs (rows.py, "Pairs and programs"). Program q serves one distance k = q % (w-1) + 1:
+it sends to rank + k and receives from rank - k, as the pair's program v = q // (w-1).
+So the w-1 peers are served by different programs in parallel (no program walks the peers
+one after another), and the grid is what the rows need: w-1 programs for messages up to
+one block per peer (the shape of all_gather's push at small sizes), up to
+(w-1) * cap programs (cap = the launch size's program limit / (w-1)). Each rank sizes
+its own grid from its own splits; the ranks need not agree on it.
+
+The count travels with the data: the pair's program 0 writes the number of elements it
+sent into a header word of the peer's scratch half before its flag. The receiver's
+programs of that pair wait for that flag, read the count, and from it know which of the
+sender's programs carry blocks (and so which flags to wait for): a count that differs
+from out_splits is clipped and flagged (ValueError in debug mode), never a hang. A slot
+holds SLOT_BYTES; per-peer messages larger than that are clipped and the ranks that sent
+or expected them raise ValueError after the launch (the other ranks' results are right).
+
+Even splits (every pair count of this rank the same: EVEN) read no split table: offsets
+are peer * n, so the first loads of the kernel are the data.
+
+Changed (2026-11, not yet measured on GPUs). Before: a fixed grid of 128 programs (the
+splits are known only locally, and every program of a rank signalled and waited for the
+same program of every peer), each storing a count word and a flag on every peer and
+waiting for every peer: at 4 ranks, 384 count stores + 384 release flags + 384 waits per
+rank for a 2 KiB call that one program could move, each program walking the peers in
+turn. Now: w-1 programs at small sizes, one count word per pair and one flag per (pair,
+program with rows), offsets without table loads for even splits. To measure (`trident bench ccl --ops all_to_all` on
+4x and 2x H200, graph and eager): one_shot at 1 KiB..1 MiB against push and NCCL (was
+18.8 / 21.5 us graph at 2 / 32 KiB on 4 ranks, NCCL 12.9 / 13.8; all_gather push, the same
+bytes, 9.5 us at 2 KiB), and where the one_shot/push crossover now lies.
 """
 import torch
 import triton
@@ -26,62 +46,84 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (DATA, MAX_PROGRAMS, OP_ALL_TO_ALL, begin_epoch, notify_all, scratch_half,
-                      wait_all)
-from .rows import alignment, check_no_overlap, copy_rows, matched, splits_tensor
+from ..device import DATA, MAX_RANKS, OP_ALL_TO_ALL, begin_epoch, scratch_half
+from .rows import (alignment, check_no_overlap, copy_rows, even_count, matched, pair_flag,
+                   pair_programs, programs_for, splits_tensor)
 
 # Scratch per peer and launch: as large as the messages the selector gives one_shot
 # (GPU); small on the CPU emulation so that tests reach the limit.
 GPU_SLOT_BYTES, CPU_SLOT_BYTES = 1 << 20, 1 << 16
-HEADER_BYTES = int(MAX_PROGRAMS) * 8      # per slot: one int64 count per program
-
-
-@triton.jit
-def _place(out, src, count, splits, src_rank, check, rank, world_size, heap_bases,
-           BLOCK: tl.constexpr, ALIGN: tl.constexpr):
-    """Copy `count` elements from local `src` to where out_splits puts the rows of
-    `src_rank` in `out` (clipped to, and checked against, the count expected)."""
-    count = matched(count, tl.load(splits + 3 * world_size + src_rank), check)
-    dst = out + tl.multiple_of(tl.load(splits + 2 * world_size + src_rank), ALIGN)
-    copy_rows(dst, src, count, rank, rank, heap_bases, BLOCK, ALIGN, False)
+HEADER_BYTES = int(MAX_RANKS) * 8        # per scratch half: one int64 count per sender
 
 
 @triton.jit
 def _one_shot_kernel(out, inp, splits, slots, counts, check, flags, sync, ctrl, heap_bases,
-                     trace_buf, rank, world_size, half, counts_half, stride,
-                     BLOCK: tl.constexpr, ALIGN: tl.constexpr, TRACE: tl.constexpr):
-    """splits (int64, in elements): [in_offsets | in_counts | out_offsets | out_counts].
-    In this launch's scratch half, sender s's rows sit at slots + s * stride (at most
-    `stride` elements) and counts[s * MAX_PROGRAMS + program] is how many it sent: each
-    program of the sender writes the count that the same program of the receiver reads."""
+                     trace_buf, rank, world_size, n, half, counts_half, stride, cap,
+                     BLOCK: tl.constexpr, ALIGN: tl.constexpr, EVEN: tl.constexpr,
+                     TRACE: tl.constexpr):
+    """splits (int64, in elements): [in_offsets | in_counts | out_offsets | out_counts],
+    unused when EVEN (then every pair moves `n` elements). In this launch's scratch half,
+    sender s's rows sit at slots + s * stride (at most `stride` elements) and counts[s] is
+    how many it sent. `cap`: most programs per pair."""
     pid = tl.program_id(0)
+    lanes = world_size - 1
+    k = pid % lanes + 1                  # this program's distance: to rank+k, from rank-k
+    v = pid // lanes                     # its index among the pair's programs
     epoch = begin_epoch(sync)
     slots = scratch_half(slots, epoch, half)
     counts = scratch_half(counts, epoch, counts_half)
     t0 = trd.begin(TRACE)
-    for i in range(1, world_size):
-        peer = (rank + i) % world_size
+    # send: rows for rank+k, then the count (program 0 of the pair) and the flag
+    peer = (rank + k) % world_size
+    if EVEN:
+        count = n
+        src = inp + peer * n
+    else:
         count = tl.load(splits + world_size + peer)
         src = inp + tl.multiple_of(tl.load(splits + peer), ALIGN)
-        copy_rows(slots + rank * stride, src, tl.minimum(count, stride), rank, peer,
-                  heap_bases, BLOCK, ALIGN, True)
-        tdl.store(counts + rank * MAX_PROGRAMS + pid, count, rank, peer, heap_bases)
-    notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
-    # own rows, while the peers' are in flight
-    _place(out, inp + tl.multiple_of(tl.load(splits + rank), ALIGN),
-           tl.load(splits + world_size + rank), splits, rank, check, rank, world_size,
-           heap_bases, BLOCK, ALIGN)
+    sent = tl.minimum(count, stride)
+    senders = pair_programs(sent, BLOCK, cap)
+    if v < senders:
+        copy_rows(slots + rank * stride, src, sent, v, senders, rank, peer, heap_bases, BLOCK,
+                  ALIGN, True)
+        if v == 0:
+            tdl.store(counts + rank, count, rank, peer, heap_bases)
+        tdl.signal(pair_flag(flags, DATA, rank, pid), epoch, rank, peer, heap_bases)
+    # own rows, every program, while the peers' are in flight
+    if EVEN:
+        copy_rows(out + rank * n, inp + rank * n, n, pid, tl.num_programs(0), rank, rank,
+                  heap_bases, BLOCK, ALIGN, False)
+    else:
+        own = matched(tl.load(splits + world_size + rank),
+                      tl.load(splits + 3 * world_size + rank), check)
+        copy_rows(out + tl.multiple_of(tl.load(splits + 2 * world_size + rank), ALIGN),
+                  inp + tl.multiple_of(tl.load(splits + rank), ALIGN), own, pid,
+                  tl.num_programs(0), rank, rank, heap_bases, BLOCK, ALIGN, False)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    wait_all(flags, DATA, epoch, ctrl, rank, world_size, OP_ALL_TO_ALL)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    for i in range(1, world_size):
-        src_rank = (rank + i) % world_size
-        count = tl.load(counts + src_rank * MAX_PROGRAMS + pid, volatile=True)
-        _place(out, slots + src_rank * stride, tl.minimum(count, stride), splits, src_rank,
-               check, rank, world_size, heap_bases, BLOCK, ALIGN)
-    trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
+    # receive from rank-k: this program's blocks of its slot, once their flag is set
+    src_rank = (rank + world_size - k) % world_size
+    if EVEN:
+        expect = n
+        dst = out + src_rank * n
+    else:
+        expect = tl.load(splits + 3 * world_size + src_rank)
+        dst = out + tl.multiple_of(tl.load(splits + 2 * world_size + src_rank), ALIGN)
+    if v < pair_programs(tl.minimum(expect, stride), BLOCK, cap):
+        t0 = trd.begin(TRACE)
+        tdl.wait(pair_flag(flags, DATA, src_rank, k - 1), epoch, ctrl, rank, src_rank,
+                 OP_ALL_TO_ALL)
+        got = tl.load(counts + src_rank, volatile=True)
+        used = pair_programs(tl.minimum(got, stride), BLOCK, cap)    # the sender's programs
+        got = tl.minimum(matched(got, expect, check), stride)
+        if (v > 0) & (v < used):
+            tdl.wait(pair_flag(flags, DATA, src_rank, pid), epoch, ctrl, rank, src_rank,
+                     OP_ALL_TO_ALL)
+        trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+        t0 = trd.begin(TRACE)
+        if v < used:
+            copy_rows(dst, slots + src_rank * stride, got, v, used, rank, rank, heap_bases,
+                      BLOCK, ALIGN, False)
+        trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
 
 
 def slot_bytes(ctx) -> int:
@@ -96,24 +138,38 @@ def _too_large(nbytes: int, limit: int):
     return step
 
 
+def grid_size(rank, world, sends, receives, stride, block, cap) -> int:
+    """Programs this rank launches: enough for every pair's programs (rows.py), sends
+    (elements to rank+k) and receives (from rank-k) alike; at least w-1."""
+    lanes, grid = world - 1, world - 1
+    for k in range(1, world):
+        for count in (sends[(rank + k) % world], receives[(rank - k) % world]):
+            grid = max(grid, (programs_for(min(count, stride), block, cap) - 1) * lanes + k)
+    return grid
+
+
 def one_shot(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=None):
     """out, inp: flat word views; splits in rows of `row` words (checked by the caller)."""
     check_no_overlap(out, inp)
     w, word = ctx.world_size, out.element_size()
     buf = common.scratch(ctx, 2 * w * slot_bytes(ctx), torch.uint8)
     half_bytes = buf.numel() // 2
-    header = w * HEADER_BYTES                 # the counts come first in each half
-    slots = buf[header:].view(out.dtype)
-    stride = (half_bytes - header) // w // 64 * 64 // word        # 64-byte aligned slots
+    slots = buf[HEADER_BYTES:].view(out.dtype)          # the counts come first in each half
+    stride = (half_bytes - HEADER_BYTES) // w // 64 * 64 // word    # 64-byte aligned slots
     st = common.state(ctx)
+    n = even_count(in_splits, out_splits, row)
     splits = splits_tensor(ctx, in_splits, out_splits, row)
-    block, grid = common.launch_size(ctx, 1 << 62, inp.element_size(), block, programs)
+    block, limit = common.launch_size(ctx, 1 << 62, inp.element_size(), block, programs)
+    cap = max(1, limit // (w - 1))
+    grid = grid_size(ctx.rank, w, [c * row for c in in_splits], [c * row for c in out_splits],
+                     stride, block, cap)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(_one_shot_kernel, (grid,), out, inp, splits, slots, buf.view(torch.int64),
                 st.a2a_check, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, w,
-                half_bytes // word, half_bytes // 8, stride, BLOCK=block,
-                ALIGN=alignment(row), TRACE=trace, **common.kernel_options(ctx))
-    largest = max((n * row * word for p, n in enumerate(in_splits + out_splits)
+                n or 0, half_bytes // word, half_bytes // 8, stride, cap, BLOCK=block,
+                ALIGN=alignment(row), EVEN=n is not None, TRACE=trace,
+                **common.kernel_options(ctx))
+    largest = max((c * row * word for p, c in enumerate(in_splits + out_splits)
                    if p % w != ctx.rank), default=0)
     if largest > stride * word:           # after the launch: the peers are not left waiting
         plan.add(_too_large(largest, stride * word), graphable=False)

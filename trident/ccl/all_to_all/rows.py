@@ -1,10 +1,29 @@
 """What the all_to_all algorithms share: the split table the kernels read, the check that
-out and inp do not overlap, and the loop that moves a run of rows."""
+out and inp do not overlap, the loop that moves a run of rows, and how the programs of a
+launch are shared out among the (sender, receiver) pairs.
+
+Pairs and programs. The rows that rank s sends to rank d (a "pair") are cut into blocks
+of BLOCK elements, handed to `pair_programs(count)` programs of the launch: the pair's
+program v (0 <= v < U) moves blocks v, v + U, v + 2U, ... and then sets one flag on d,
+(DATA, s, its program id), that d's program of the same id waits for. U depends only on
+the pair's row count, which both ends know (the sender from in_splits, the receiver from
+out_splits or from a count that travels with the data), so no program waits for a flag
+that no program sets, and programs that have nothing to move for a pair neither signal
+nor wait. Program v = 0 of every pair signals even when the pair has no rows: each rank
+waits for at least one signal of each peer per launch (the rule "Scratch halves" in
+ccl/device.py relies on).
+
+Flags are the collectives' flags (ccl/device.py: per phase, source rank and program);
+`pair_flag` names one of another program of the same launch, which device.notify and
+wait_for (always the caller's own program) cannot.
+"""
 import torch
 import triton
 import triton.language as tl
 
 import trident.language as tdl
+
+from ..device import MAX_PROGRAMS, MAX_RANKS
 
 
 def check_no_overlap(out: torch.Tensor, inp: torch.Tensor) -> None:
@@ -39,6 +58,31 @@ def alignment(row: int) -> int:
     return min(16, row & -row) if row else 1
 
 
+def even_count(in_splits, out_splits, row: int):
+    """Elements per peer if every rank-pair count of this rank is the same (the kernels
+    then compute offsets instead of reading the split table), else None."""
+    counts = set(in_splits) | set(out_splits)
+    return counts.pop() * row if len(counts) == 1 else None
+
+
+def programs_for(count: int, block: int, cap: int) -> int:
+    """Host twin of `pair_programs`."""
+    return max(1, min(cap, triton.cdiv(count, block)))
+
+
+@triton.jit
+def pair_programs(count, BLOCK: tl.constexpr, cap):
+    """Programs that move a pair's `count` elements: one per block, at most `cap`, at
+    least one (the pair's handshake)."""
+    return tl.maximum(1, tl.minimum(cap, tl.cdiv(count, BLOCK)))
+
+
+@triton.jit
+def pair_flag(flags, phase: tl.constexpr, src, program):
+    """Flag (phase, src, program) of ccl/device.py's layout (device._flag for any program)."""
+    return flags + (phase * MAX_RANKS + src) * MAX_PROGRAMS + program
+
+
 @triton.jit
 def matched(count, expect, check):
     """`count` clipped to what the receiver expects; a mismatch sets `check` (raised as
@@ -49,15 +93,15 @@ def matched(count, expect, check):
 
 
 @triton.jit
-def copy_rows(dst, src, count, rank, peer, heap_bases, BLOCK: tl.constexpr,
+def copy_rows(dst, src, count, first, step, rank, peer, heap_bases, BLOCK: tl.constexpr,
               ALIGN: tl.constexpr, REMOTE: tl.constexpr):
-    """This program's blocks (program id, + number of programs, ...) of `count` elements
-    (whole rows: a multiple of ALIGN) from local `src` to `dst`: `peer`'s copy of it when
-    REMOTE, else the local one. Callers hint the pointers' offsets with tl.multiple_of
-    on the loaded value itself: a hint on a function argument, a call's result or an
+    """Blocks first, first + step, ... of `count` elements (whole rows: a multiple of
+    ALIGN) from local `src` to `dst`: `peer`'s copy of it when REMOTE, else the local one.
+    Callers hint the pointers' offsets with tl.multiple_of on the loaded value itself (or
+    spell them x // ALIGN * ALIGN): a hint on a function argument, a call's result or an
     if's result is lost, and with it the 16-byte accesses."""
     count = count // ALIGN * ALIGN        # unchanged; tells the compiler, where a hint can't
-    for blk in range(tl.program_id(0), tl.cdiv(count, BLOCK), tl.num_programs(0)):
+    for blk in range(first, tl.cdiv(count, BLOCK), step):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < count
         x = tl.load(src + offs, mask=mask)
