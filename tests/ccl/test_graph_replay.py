@@ -17,6 +17,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
     a2a_out = torch.empty_like(a2a_in)
     a2a_one_shot = torch.empty_like(a2a_in)
     bc = torch.empty(n, dtype=torch.float32, device=ctx.device)
+    bc_relay = torch.empty(n, dtype=torch.float32, device=ctx.device)
     ar = torch.empty(n, dtype=torch.float32, device=ctx.device)
 
     def ops():
@@ -27,6 +28,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
         ctx.all_to_all(a2a_out, a2a_in, algorithm="push")
         ctx.all_to_all(a2a_one_shot, a2a_in, algorithm="one_shot")
         ctx.broadcast(bc, src=w - 1, algorithm="push")
+        ctx.broadcast(bc_relay, src=0, algorithm="relay")
 
     ops()                                  # warm-up: workspaces are created outside capture
     ctx.barrier()
@@ -43,6 +45,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
         rs_in.copy_(rss[ctx.rank])
         a2a_in.copy_(a2as[ctx.rank])
         bc.copy_(bcs[ctx.rank])
+        bc_relay.copy_(bcs[(ctx.rank + 1) % w])
         graph.replay()
         ctx.sync()
         assert_equal(ar, reduce_ref([t.float() for t in xs], "sum"), f"all_reduce replay {i}")
@@ -51,6 +54,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
         assert_equal(a2a_out, torch.cat([t.chunk(w)[ctx.rank] for t in a2as]), f"all_to_all {i}")
         assert_equal(a2a_one_shot, a2a_out, f"all_to_all one_shot {i}")
         assert_equal(bc, bcs[w - 1], f"broadcast replay {i}")
+        assert_equal(bc_relay, bcs[1 % w], f"broadcast relay replay {i}")
         ctx.barrier()     # the next round's inputs are written by the host
 
 

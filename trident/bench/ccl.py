@@ -28,6 +28,8 @@ from . import common
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 SCRATCH_LIMIT = 64 << 20     # push/one-shot algorithms keep 2*world*size of scratch
+NO_SCRATCH = {"all_reduce": ("two_shot",), "all_gather": ("pull",),   # timed at every size
+              "reduce_scatter": ("pull",), "broadcast": ("relay",)}
 DTYPE = torch.bfloat16
 
 
@@ -103,7 +105,7 @@ def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
     and torch's symmetric-memory ops."""
     from ..ccl import ALGORITHMS
     impls = {f"trident_{name}": _call(ctx, op, sym, algorithm=name) for name in ALGORITHMS[op]
-             if size <= SCRATCH_LIMIT or name in ("two_shot", "pull") or op == "all_to_all"}
+             if size <= SCRATCH_LIMIT or name in NO_SCRATCH.get(op, ()) or op == "all_to_all"}
     if full:
         impls["trident_auto"] = _call(ctx, op, sym)
     impls["nccl"] = _nccl(ctx, op, plain)

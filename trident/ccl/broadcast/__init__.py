@@ -1,4 +1,5 @@
 """Broadcast algorithms, one per file; `ALGORITHMS` maps their names to them."""
 from .push import push
+from .relay import relay
 
-ALGORITHMS = {"push": push}
+ALGORITHMS = {"push": push, "relay": relay}
