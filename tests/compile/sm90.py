@@ -189,16 +189,14 @@ def _ccl() -> list[Kernel]:
                aligned=("n", "my_offset")),
         Kernel("trident.ccl.broadcast.push", "_push_kernel", dict(t=P32, src=I32, **push),
                copies, aligned=("n", "stride", "half")),
-        # relay: int32 words, and int16/int8 ones (tensors of an odd number of 2-byte
-        # elements or of bytes). Its branch for a peer shift that is not whole 16-byte
-        # vectors is scalar, so "ld+st". int8 words: 16-byte loads, but byte stores even
-        # in the aligned branch (not understood yet), so only compiled.
+        # relay: a vector branch and a scalar one (peers' copies at any heap offset).
+        # int16/int8 words come from an odd size, never 16-byte: only compiled.
         Kernel("trident.ccl.broadcast.relay", "_relay_kernel",
                dict(t=P32, src=I32, chunk_flags=P64, chunk=I32, **pull),
-               [V("ld+st", w, BLOCK=word_block, WORD=4, TRACE=t) for t in (False, True)]
-               + [V("ld+st", w, types=dict(t=P16), BLOCK=GPU_BLOCK_BYTES // 2, WORD=2,
-                    TRACE=False),
-                  V("", w, types=dict(t=P8), BLOCK=GPU_BLOCK_BYTES, WORD=1, TRACE=False)],
+               [V("ld+st", w, v4=(16, 8), BLOCK=word_block, WORD=4, TRACE=t)
+                for t in (False, True)]
+               + [V("", w, types=dict(t=ty), BLOCK=GPU_BLOCK_BYTES // size, WORD=size,
+                    TRACE=False) for ty, size in ((P16, 2), (P8, 1))],
                aligned=("n", "my_offset", "chunk")),
         Kernel("trident.ccl.reduce_scatter.push", "_push_kernel", dict(out=P32, inp=P32, **push),
                reductions("out", "inp", "scratch"), aligned=("n", "stride", "half")),

@@ -50,7 +50,7 @@ from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
 from ..device import (ARRIVE, DONE, MAX_PROGRAMS, MAX_RANKS, OP_BROADCAST, begin_epoch,
-                      exchange, peer_shift, publish_offset, shift_ok)
+                      exchange, peer_shift, publish_offset, shift_ok, vec_aligned, vec_shift)
 
 ITER_BITS = tl.constexpr(32)    # flag = epoch << ITER_BITS + iteration + 1
 # Default chunk: about DEPTH chunks per program (so that the relay's hop overlaps the
@@ -74,26 +74,27 @@ class ChunkFlags:
 
 
 @triton.jit
-def _store_blocks(dst, t, lo, n, ok, rank, peer, heap_bases, CHUNK_BLOCKS,
-                  BLOCK: tl.constexpr):
+def _store_blocks(dst, t, lo, n, ok, CHUNK_BLOCKS, BLOCK: tl.constexpr):
+    """My t[lo : lo + CHUNK_BLOCKS * BLOCK] (clipped at n) into `dst` (a peer's tensor,
+    translated and shifted)."""
     for b in range(CHUNK_BLOCKS):
         offs = lo + b * BLOCK + tl.arange(0, BLOCK)
         mask = (offs < n) & ok
-        tdl.store(dst + offs, tl.load(t + offs, mask=mask), rank, peer, heap_bases, mask=mask)
+        tl.store(dst + offs, tl.load(t + offs, mask=mask), mask=mask)
 
 
 @triton.jit
-def _put_chunk(t, lo, n, shift, rank, peer, heap_bases, CHUNK_BLOCKS, BLOCK: tl.constexpr,
-               VEC: tl.constexpr):
-    """Store my t[lo : lo + CHUNK_BLOCKS*BLOCK] (clipped at n) into `peer`'s tensor, which
-    lies `shift` elements from mine (peer_shift). A shift of whole 16-byte vectors (VEC
-    elements) is spelled so that the compiler sees it and keeps vector accesses."""
-    if shift % VEC == 0:
-        _store_blocks(t + shift // VEC * VEC, t, lo, n, shift_ok(shift), rank, peer, heap_bases,
-                      CHUNK_BLOCKS, BLOCK)
+def _put_chunk(t, lo, n, offsets, my_offset, rank, peer, heap_bases, CHUNK_BLOCKS,
+               WORD: tl.constexpr, BLOCK: tl.constexpr):
+    """Store a chunk of my tensor into `peer`'s, wherever it lies on the peer's heap:
+    16-byte accesses when the shift allows (device.py: "Vector accesses")."""
+    shift = peer_shift(offsets, peer, rank, my_offset, WORD)
+    if vec_aligned(shift, WORD):
+        _store_blocks(tdl.translate(t + vec_shift(shift, WORD), rank, peer, heap_bases), t, lo,
+                      n, True, CHUNK_BLOCKS, BLOCK)
     else:
-        _store_blocks(t + shift, t, lo, n, shift_ok(shift), rank, peer, heap_bases,
-                      CHUNK_BLOCKS, BLOCK)
+        _store_blocks(tdl.translate(t + shift, rank, peer, heap_bases), t, lo, n,
+                      shift_ok(shift), CHUNK_BLOCKS, BLOCK)
 
 
 @triton.jit
@@ -118,16 +119,16 @@ def _relay_kernel(t, offsets, my_offset, chunk_flags, flags, sync, ctrl, heap_ba
         relay = (src + 1 + j) % world_size
         lo = c * chunk
         if rank == src:
-            _put_chunk(t, lo, n, peer_shift(offsets, relay, rank, my_offset, WORD), rank, relay,
-                       heap_bases, chunk_blocks, BLOCK, 16 // WORD)
+            _put_chunk(t, lo, n, offsets, my_offset, rank, relay, heap_bases, chunk_blocks,
+                       WORD, BLOCK)
             if relays > 1:
                 tdl.signal(flag, ready, rank, relay, heap_bases)
         elif (rank == relay) & (relays > 1):
             tdl.wait(flag, ready, ctrl, rank, src, OP_BROADCAST)
             for i in range(1, relays):
                 peer = (src + 1 + (j + i) % relays) % world_size
-                _put_chunk(t, lo, n, peer_shift(offsets, peer, rank, my_offset, WORD), rank,
-                           peer, heap_bases, chunk_blocks, BLOCK, 16 // WORD)
+                _put_chunk(t, lo, n, offsets, my_offset, rank, peer, heap_bases, chunk_blocks,
+                           WORD, BLOCK)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
              OP_BROADCAST, trace_buf, TRACE)
