@@ -25,9 +25,11 @@ def skip_unless_fuzzed_world(pool) -> None:
 
 
 def run_cases(ctx, run_one, seeds) -> dict:
-    """run_one(ctx, seed) -> list of (got, expected, what) to compare once the device
+    """run_one(ctx, seed) -> list of (got, expected, what, tol) to compare once the device
     work of the whole batch is done (cases run back to back, without a sync), or the
-    string 'rejected: ...'. Returns {'failures': [...], 'rejected': [...], 'cases': n}."""
+    string 'rejected: ...'. tol is a tolerance (torch.testing.assert_close's rtol and
+    atol), or a function check(got_on_cpu, expected) that raises AssertionError.
+    Returns {'failures': [...], 'rejected': [...], 'cases': n}."""
     import torch
     failures, rejected, checks = [], [], []
     for seed in seeds:
@@ -44,7 +46,9 @@ def run_cases(ctx, run_one, seeds) -> dict:
     for seed, got, expected, what, tol in checks:
         got = got.detach().cpu()
         try:
-            if got.dtype.is_floating_point:
+            if callable(tol):
+                tol(got, expected)
+            elif got.dtype.is_floating_point:
                 torch.testing.assert_close(got.float(), expected.float(), rtol=tol, atol=tol)
             else:
                 assert torch.equal(got, expected), "values differ"
@@ -54,11 +58,12 @@ def run_cases(ctx, run_one, seeds) -> dict:
     return {"failures": failures, "rejected": rejected, "cases": len(list(seeds))}
 
 
-def run_family(pool, fn, n: int, *args) -> dict:
-    """Seeds 0..n-1 in batches; asserts that no check failed; returns the rejections."""
+def run_family(pool, fn, n: int, *args, batch: int = BATCH) -> dict:
+    """Seeds 0..n-1 in batches of `batch` (one pool.run each); asserts that no check
+    failed; returns the rejections."""
     failures, rejected = [], set()
-    for start in range(0, n, BATCH):
-        seeds = range(start, min(n, start + BATCH))
+    for start in range(0, n, batch):
+        seeds = range(start, min(n, start + batch))
         for result in pool.run(fn, list(seeds), *args):
             failures += result["failures"]
             rejected.update(result["rejected"])

@@ -1,0 +1,376 @@
+"""Soak: many back-to-back collectives of random sizes, each checked against NCCL.
+
+    python -m trident.bench.soak --ops 100000            # every visible GPU (2 or more)
+    python -m trident.bench.soak --ops 200 --backend cpu --world 2     # CPU emulation
+
+Every rank draws the same sequence of ops from one seed: all_reduce, all_gather,
+reduce_scatter, all_to_all (uneven splits, ranks that send or receive nothing) and
+broadcast, each with one of its algorithms or "auto" (the selector), a random size from a
+fixed set (log-spaced, odd sizes included, up to --max-numel elements per rank), dtype
+and reduction. Each op runs twice on the same inputs: through trident, and through
+torch.distributed (NCCL on GPUs, gloo on the CPU emulation) as the reference.
+
+The check of each op runs on the device, without a host synchronisation: the number of
+elements where trident's output differs from NCCL's (bitwise; the inputs of sums are
+small integers, so every summation order gives the same exact result) goes into that
+op's own slot of a device tensor; trident's output is poisoned (NaN, or a sentinel for
+integers) before the op, so an output it never wrote cannot pass. The host reads the
+slots every --check-every ops (also checking the ranks' error words through
+ctx.sync(), so a timed-out wait is reported, not hung on).
+
+Two ways of issuing ops, half the ops each on GPUs:
+- eager: ops queued back to back from Python;
+- graph: a CUDA graph of --graph-ops ops (inputs drawn inside the graph, so every replay
+  checks new data) replayed --replays times, then a new graph with new ops.
+The CPU emulation runs the eager half only.
+
+Prints a summary (ops per kind and algorithm, mismatches, time) and writes the same to a
+log (--log, default bench/results/soak-<backend>-<world>x-<date>.log). Exit status 1 if
+any op mismatched or failed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import random
+import sys
+import time
+from collections import Counter
+
+import torch
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+REDUCE_OPS = ("sum", "sum", "sum", "max", "min")
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+MOVE_DTYPES = FLOAT_DTYPES + (torch.int32,)
+
+
+# ---------------------------------------------------------------------------- the op list
+def sizes(max_numel: int, seed: int) -> list[int]:
+    """A fixed set of per-rank element counts (so launch plans are reused): 1, a few
+    small odd ones, then about four per power of two up to max_numel, half of them odd."""
+    g = random.Random(seed ^ 0x5EED)
+    out = {1, 3, 7, 31}
+    e = 5.0
+    while 2 ** e <= max_numel:
+        n = int(2 ** e)
+        out.add(n | 1 if g.random() < 0.5 else n)
+        e += 0.25 + 0.5 * g.random()
+    return sorted(s for s in out if s <= max_numel)
+
+
+def draw(g: random.Random, world: int, size_set: list[int], algorithms: dict) -> dict:
+    """One op, the same on every rank: op, algorithm (None = auto), numel per rank,
+    dtype, reduction, root, all_to_all splits (rows of `cols` elements)."""
+    op = g.choice(OPS)
+    algos = sorted(algorithms[op])
+    algorithm = g.choice(algos + [None])
+    spec = {"op": op, "algorithm": algorithm, "numel": g.choice(size_set)}
+    if op in ("all_reduce", "reduce_scatter"):
+        spec["dtype"] = g.choice(FLOAT_DTYPES)
+        spec["reduce"] = g.choice(REDUCE_OPS)
+    else:
+        spec["dtype"] = g.choice(MOVE_DTYPES)
+    if op == "broadcast":
+        spec["src"] = g.randrange(world)
+    if op == "all_to_all":
+        cols = g.choice([1, 2, 8, 64])
+        rows_max = max(1, spec["numel"] // cols // world)
+        spec["cols"] = cols
+        spec["splits"] = [[g.choice([0, rows_max, g.randint(0, rows_max)]) for _ in range(world)]
+                          for _ in range(world)]
+    spec["plain_input"] = g.random() < 0.1       # not on the heap: trident stages it
+    return spec
+
+
+def describe(spec: dict) -> str:
+    parts = [spec["op"], spec["algorithm"] or "auto", f"n={spec['numel']}",
+             str(spec["dtype"]).replace("torch.", "")]
+    if "reduce" in spec:
+        parts.append(spec["reduce"])
+    if "src" in spec:
+        parts.append(f"src={spec['src']}")
+    if "splits" in spec:
+        parts.append(f"splits={spec['splits']}x{spec['cols']}")
+    if spec["plain_input"]:
+        parts.append("plain input")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------------------- one rank
+class Buffers:
+    """Heap and reference buffers of the largest size, viewed per op at the same address
+    (so a signature repeats and its plan is reused)."""
+
+    def __init__(self, ctx, max_numel: int):
+        w = ctx.world_size
+        nbytes = 4 * w * max_numel
+        self.heap_in = ctx.empty(nbytes, dtype=torch.uint8)
+        self.heap_out = ctx.empty(nbytes, dtype=torch.uint8)
+        dev = ctx.device
+        self.plain_in = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        self.ref_in = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+        self.ref_out = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+
+    @staticmethod
+    def view(buf, dtype, *shape):
+        n = math.prod(shape)
+        return buf[:n * dtype.itemsize].view(dtype).view(*shape)
+
+
+def _fill(t: torch.Tensor, spec: dict) -> None:
+    """Random inputs, drawn on the device (inside a graph too: each replay draws anew)."""
+    if t.numel() == 0:
+        return
+    if not t.dtype.is_floating_point:
+        t.random_(-1000, 1000)
+    elif spec.get("reduce") == "sum":
+        t.random_(-8, 8)              # small integers: every order of summation is exact
+    else:
+        t.normal_()
+
+
+def _poison(t: torch.Tensor) -> None:
+    if t.numel():
+        t.fill_(float("nan") if t.dtype.is_floating_point else -(1 << 30))
+
+
+def issue(ctx, spec: dict, bufs: Buffers, slot: torch.Tensor, nccl) -> None:
+    """Queue one op through trident and through torch.distributed on the same inputs,
+    and the count of differing elements into `slot` (a 0-dim int64 device tensor)."""
+    op, dtype, n, w, r = spec["op"], spec["dtype"], spec["numel"], ctx.world_size, ctx.rank
+    algo = {"algorithm": spec["algorithm"]} if spec["algorithm"] else {}
+    src_buf = bufs.plain_in if spec["plain_input"] else bufs.heap_in
+    V = Buffers.view
+    if op in ("all_reduce", "broadcast"):              # in place
+        got, ref = V(src_buf, dtype, n), V(bufs.ref_out, dtype, n)
+        _fill(got, spec)
+        ref.copy_(got)
+        if op == "all_reduce":
+            ctx.all_reduce(got, op=spec["reduce"], **algo)
+            nccl.all_reduce(ctx, ref, spec["reduce"])
+        else:
+            ctx.broadcast(got, src=spec["src"], **algo)
+            nccl.broadcast(ctx, ref, spec["src"])
+    else:
+        if op == "all_to_all":
+            S, c = spec["splits"], spec["cols"]
+            ins, outs = S[r], [S[s][r] for s in range(w)]
+            in_shape, out_shape = (sum(ins), c), (sum(outs), c)
+        else:
+            in_shape, out_shape = ((n,), (w * n,)) if op == "all_gather" else ((w * n,), (n,))
+        inp, ref_in = V(src_buf, dtype, *in_shape), V(bufs.ref_in, dtype, *in_shape)
+        got, ref = V(bufs.heap_out, dtype, *out_shape), V(bufs.ref_out, dtype, *out_shape)
+        _fill(inp, spec)
+        ref_in.copy_(inp)
+        _poison(got)
+        if op == "all_gather":
+            ctx.all_gather(got, inp, **algo)
+            nccl.all_gather(ctx, ref, ref_in)
+        elif op == "reduce_scatter":
+            ctx.reduce_scatter(got, inp, op=spec["reduce"], **algo)
+            nccl.reduce_scatter(ctx, ref, ref_in, spec["reduce"])
+        else:
+            ctx.all_to_all(got, inp, out_splits=outs, in_splits=ins, **algo)
+            nccl.all_to_all(ctx, ref, ref_in, outs, ins)
+    if spec.get("corrupt") and got.numel():            # --inject: proves the check bites
+        got.view(-1)[:1].add_(1)
+    torch.sum(torch.ne(got, ref).view(-1), dim=0, out=slot)
+
+
+def run_rank(ctx, args) -> dict:
+    """One rank's soak (every rank runs it); returns its counts, times and mismatches."""
+    timeout = ctx.timeout_s
+    ctx.set_timeout(args.timeout)
+    try:
+        return _soak(ctx, args)
+    finally:
+        ctx.set_timeout(timeout)
+
+
+def _soak(ctx, args) -> dict:
+    from ..ccl import ALGORITHMS, nccl
+    g = random.Random(args.seed)
+    size_set = sizes(args.max_numel, args.seed)
+    bufs = Buffers(ctx, args.max_numel)
+    graph = ctx.backend == "cuda" and not args.no_graph
+    n_eager = args.ops if not graph else args.ops - args.ops // 2
+    n_graph = args.ops - n_eager
+    errs = torch.zeros(args.ops, dtype=torch.int64, device=ctx.device)
+    specs: list[dict] = []
+    counts: Counter = Counter()
+    log: list[str] = []
+    checked = [0]
+
+    def say(line: str) -> None:
+        log.append(line)
+        if ctx.rank == 0:
+            print(line, flush=True)
+
+    def spec_at(i: int) -> dict:
+        spec = draw(g, ctx.world_size, size_set, ALGORITHMS)
+        spec["corrupt"] = i == args.inject and ctx.rank == 0
+        specs.append(spec)
+        return spec
+
+    def checkpoint(upto: int, mode: str, t0: float) -> None:
+        ctx.sync()
+        bad = int((errs[checked[0]:upto] != 0).sum())
+        checked[0] = upto
+        say(f"  {mode}: {upto} ops issued, {time.perf_counter() - t0:7.1f} s, "
+            f"mismatching ops so far on rank {ctx.rank}: {int((errs[:upto] != 0).sum())}"
+            + (f" (+{bad})" if bad else ""))
+
+    ctx.barrier()
+    # ---- eager: ops back to back from Python
+    t0 = time.perf_counter()
+    for i in range(n_eager):
+        spec = spec_at(i)
+        issue(ctx, spec, bufs, errs[i], nccl)
+        counts[("eager", spec["op"], spec["algorithm"] or "auto")] += 1
+        if (i + 1) % args.check_every == 0 or i + 1 == n_eager:
+            checkpoint(i + 1, "eager", t0)
+    ctx.sync()
+    t_eager = time.perf_counter() - t0
+    # ---- graph: a graph of graph_ops ops, replayed; then the next graph
+    t0 = time.perf_counter()
+    i, graphs, captures_s = n_eager, 0, 0.0
+    while i < args.ops:
+        k = min(args.graph_ops, args.ops - i)
+        reps = max(1, min(args.replays, (args.ops - i) // k))
+        batch = [spec_at(i + j) for j in range(k)]
+        slots = torch.zeros(k, dtype=torch.int64, device=ctx.device)
+        tc = time.perf_counter()
+        graph_obj = _capture(ctx, batch, bufs, slots, nccl)
+        captures_s += time.perf_counter() - tc
+        graphs += 1
+        for rep in range(reps):
+            graph_obj.replay()
+            errs[i:i + k].copy_(slots)
+            if rep + 1 < reps:         # the next replay's ops: the same specs again
+                specs.extend(batch)
+            for spec in batch:
+                counts[("graph", spec["op"], spec["algorithm"] or "auto")] += 1
+            i += k
+            if i // args.check_every != (i - k) // args.check_every or i == args.ops:
+                checkpoint(i, "graph", t0)
+        ctx.sync()
+        del graph_obj
+    t_graph = time.perf_counter() - t0
+    ctx.sync()
+    bad = (errs != 0).nonzero().flatten().tolist()
+    return {"rank": ctx.rank, "counts": dict(counts), "eager_ops": n_eager,
+            "graph_ops": args.ops - n_eager, "t_eager": t_eager, "t_graph": t_graph,
+            "graphs": graphs, "captures_s": captures_s,
+            "mismatches": [(j, int(errs[j]), describe(specs[j])) for j in bad[:100]],
+            "num_mismatches": len(bad), "sizes": size_set, "log": log}
+
+
+def _capture(ctx, batch, bufs, slots, nccl):
+    """One CUDA graph of the batch's ops. Warm-up first on a side stream, with the plans a
+    capture uses (workspaces are made there: a capture may not allocate on the heap)."""
+    from .common import _graph_plans
+    side = torch.cuda.Stream(device=ctx.device)
+    side.wait_stream(torch.cuda.current_stream(ctx.device))
+    with torch.cuda.stream(side), _graph_plans(ctx):
+        for j, spec in enumerate(batch):
+            issue(ctx, spec, bufs, slots[j], nccl)
+    torch.cuda.current_stream(ctx.device).wait_stream(side)
+    ctx.sync()
+    ctx.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for j, spec in enumerate(batch):
+            issue(ctx, spec, bufs, slots[j], nccl)
+    ctx.barrier()
+    return graph
+
+
+# ---------------------------------------------------------------------------- the launcher
+def summary(args, results, wall: float) -> tuple[str, int]:
+    """(the summary's text, the number of mismatching ops over all ranks)."""
+    r0, world, backend = results[0], len(results), args.backend
+    lines = [f"trident soak: {args.ops} ops, world {world}, backend {backend}, seed {args.seed}, "
+             f"max {args.max_numel} elements per rank",
+             f"sizes per rank: {r0['sizes']}",
+             f"eager: {r0['eager_ops']} ops in {r0['t_eager']:.1f} s; graph: {r0['graph_ops']} "
+             f"ops in {r0['t_graph']:.1f} s ({r0['graphs']} graphs, capture {r0['captures_s']:.1f} s)"
+             + ("" if backend == "cuda" and not args.no_graph else " (graph mode: GPUs only)"),
+             "", f"{'mode':6} {'op':15} {'algorithm':10} {'ops':>8}"]
+    for (mode, op, algo), n in sorted(r0["counts"].items()):
+        lines.append(f"{mode:6} {op:15} {algo:10} {n:8d}")
+    total_bad = 0
+    lines.append("")
+    for r in results:
+        total_bad += r["num_mismatches"]
+        lines.append(f"rank {r['rank']}: {r['num_mismatches']} mismatching ops")
+        for j, n, what in r["mismatches"]:
+            lines.append(f"  op {j}: {n} elements differ: {what}")
+    lines.append(f"mismatches: {total_bad} (ops checked: {args.ops} on each of {world} ranks); "
+                 f"wall time {wall:.1f} s")
+    return "\n".join(lines), total_bad
+
+
+def parse(argv=None) -> argparse.Namespace:
+    """The options, with the defaults that depend on the backend filled in."""
+    p = argparse.ArgumentParser(prog="python -m trident.bench.soak",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--ops", type=int, default=100_000, help="ops in all (default 100000)")
+    p.add_argument("--world", type=int, default=None, help="ranks (default: every GPU; 2 on the CPU)")
+    p.add_argument("--backend", choices=("cuda", "cpu"), default=None)
+    p.add_argument("--max-numel", type=int, default=None,
+                   help="largest size per rank in elements (default 1M on GPUs, 512 on the CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check-every", type=int, default=2000, help="host check every K ops")
+    p.add_argument("--graph-ops", type=int, default=64, help="ops per CUDA graph")
+    p.add_argument("--replays", type=int, default=16, help="replays of each CUDA graph")
+    p.add_argument("--no-graph", action="store_true", help="eager ops only")
+    p.add_argument("--timeout", type=float, default=60.0, help="device wait limit, s")
+    p.add_argument("--heap-size", type=int, default=None)
+    p.add_argument("--log", default=None, help="log file (default bench/results/soak-*.log)")
+    p.add_argument("--inject", type=int, default=-1, help=argparse.SUPPRESS)  # corrupt op N (tests)
+    args = p.parse_args(argv)
+    from ..launch import default_backend, default_world_size
+    args.backend = args.backend or default_backend()
+    args.world = args.world or (default_world_size("cuda") if args.backend == "cuda" else 2)
+    if args.max_numel is None:
+        args.max_numel = (1 << 20) if args.backend == "cuda" else 512
+    args.heap_size = args.heap_size or ((2 << 30) if args.backend == "cuda" else 64 << 20)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    from ..launch import launch
+    backend, world = args.backend, args.world
+    os.environ.setdefault("TRIDENT_PLAN_CACHE", "8192")    # every signature keeps its plan
+    t0 = time.perf_counter()
+    results = launch(run_rank, world, args, backend=backend, heap_size=args.heap_size,
+                     timeout=args.timeout, run_timeout=3600.0)
+    wall = time.perf_counter() - t0
+    text, bad = summary(args, results, wall)
+    print(text)
+    path = args.log or os.path.join(
+        "bench", "results",
+        f"soak-{backend}-{world}x-{datetime.date.today().isoformat()}.log")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"command: python -m trident.bench.soak {' '.join(args.argv)}\n")
+        f.write(f"torch {torch.__version__}")
+        try:
+            import triton
+            f.write(f", triton {triton.__version__}")
+        except ImportError:
+            pass
+        if backend == "cuda":
+            f.write(f", {torch.cuda.get_device_name(0)} x{world}")
+        f.write("\n\nprogress (rank 0):\n" + "\n".join(results[0]["log"]) + "\n\n" + text + "\n")
+    print(f"log: {path}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
