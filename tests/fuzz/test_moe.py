@@ -7,7 +7,8 @@ then .wait()), the weights with dispatch or with combine, x plain, strided or on
 heap, expert_y strided, combine's out given (plain or heap) or not.
 
 A case is one ExpertParallel and two rounds on it (dispatch, the experts, combine), back
-to back: four op calls, each checked. Every rank draws the same case from the seed and
+to back: four op calls, each checked; in one case in four a second ExpertParallel runs
+its rounds interleaved with the first's (two micro-batches in flight). Every rank draws the same case from the seed and
 builds every rank's inputs; it checks the rows its experts received (as a multiset: the
 order of arrival is free) and its combined output against torch.
 """
@@ -95,90 +96,106 @@ def _combine_check(dtype):
     return check
 
 
+def _dispatch_half(ctx, g, gen, ep, what, keep, checks):
+    """Draw one round's inputs (every rank's) and options, dispatch, queue the dispatch
+    check; returns the combine half (a function of no arguments)."""
+    world, r = ctx.world_size, ctx.rank
+    E, k, H, M, dtype = (ep.num_experts, ep.experts_per_token, ep.hidden_dim,
+                         ep.max_num_tokens, ep.dtype)
+    L, cap = ep.num_local_experts, ep.capacity
+    counts = [g.choice([0, 0, 1, M, M, int(g.random() * (M + 1))]) for _ in range(world)]
+    mode = g.choice(["uniform", "uniform", "one expert", "one rank"])
+    idx_dtype = g.choice([torch.int64, torch.int32])
+    split, early = g.random() < 0.4, g.random() < 0.4
+    weights_again = early and g.random() < 0.3
+    bad = not ep.validate and g.random() < 0.3
+    x_where = g.choice(["plain", "plain", "strided", "heap"])
+    ey_where = g.choice(["plain", "strided"])
+    out_where = g.choice(["none", "none", "plain", "heap"])
+    ranks = []
+    for T in counts:
+        x = (torch.randn(T, H, generator=gen) + 0.5).to(dtype)
+        idx = _routing(gen, g, T, E, k, L, world, mode)
+        if bad:
+            idx = _plant_bad(gen, idx, E)
+        idx = idx.to(idx_dtype).long()        # what the kernels see (int32 wraps)
+        w = torch.rand(T, k, generator=gen) + 0.1
+        ranks.append((T, x, idx, w))
+    a = torch.rand(E, generator=gen) + 0.5
+    b = torch.randn(E, generator=gen) * 0.1
+    T, x, idx, w = ranks[r]
+    what = (f"{what} E={E} k={k} H={H} M={M} {dtype} validate={ep.validate}: tokens per "
+            f"rank={counts} routing={mode} ids={idx_dtype} bad_ids={bad} split={split} "
+            f"weights_with_dispatch={early} weights_again={weights_again} x={x_where} "
+            f"expert_y={ey_where} out={out_where}")
+    if x_where == "strided":
+        xd = torch.empty(T, H + 3, dtype=dtype, device=ctx.device)[:, 1:H + 1]
+    elif x_where == "heap":
+        big = ctx.empty(M * H, dtype=dtype)           # same size on every rank
+        keep.append(big)
+        xd = big[:T * H].view(T, H)
+    else:
+        xd = torch.empty(T, H, dtype=dtype, device=ctx.device)
+    xd.copy_(x)
+    idx_d = idx.to(idx_dtype).to(ctx.device)
+    w_d = w.to(ctx.device)
+    pending = ep.dispatch(xd, idx_d, wait=not split, topk_weights=w_d if early else None)
+
+    def combine_half():
+        d = pending.wait() if split else pending
+        checks.append((d.expert_num_tokens.clone(), None, f"{what}: dispatch",
+                       _dispatch_check(d.expert_x.clone(), _expected_rows(ranks, E, r, L), L)))
+        # the experts: y = x * a[e] + b[e] over every row (padding rows unused)
+        if ey_where == "strided":
+            ey = torch.empty(L, cap + 2, H, dtype=dtype, device=ctx.device)[:, 2:]
+        else:
+            ey = torch.empty(L, cap, H, dtype=dtype, device=ctx.device)
+        for le in range(L):
+            ey[le] = _expert_fn(d.expert_x[le], r * L + le, a, b, dtype)
+        out = None
+        if out_where == "plain":
+            out = torch.full((T, H), float("nan"), dtype=dtype, device=ctx.device)
+        elif out_where == "heap":
+            big = ctx.empty(M * H, dtype=dtype)
+            keep.append(big)
+            out = big[:T * H].view(T, H).fill_(float("nan"))
+        cw = w_d if (not early or weights_again) else None
+        y = ep.combine(ey, d, cw, wait=not split, out=out)
+        y = y.wait() if split else y
+        if out is not None:
+            assert y is out, f"{what}: combine did not return the out it was given"
+        ref = _reference_combine(T, x, *_kept(idx, w, E), a, b, dtype)
+        checks.append((y.clone(), ref, f"{what}: combine", _combine_check(dtype)))
+    return combine_half
+
+
 def _case(ctx, seed):
+    """One ExpertParallel, ROUNDS rounds; in one case in four a second ExpertParallel of
+    the same shape whose rounds interleave with the first's (dispatch 1, dispatch 2,
+    combine 1, combine 2: two micro-batches in flight)."""
     g = random.Random(f"moe-{seed}")
     gen = torch.Generator().manual_seed(g.randrange(1 << 30))
-    world, r = ctx.world_size, ctx.rank
     L = g.choice([1, 1, 2, 3])
-    E = L * world
-    k = g.choice([1, 2, 2, 3, 4])
-    k = min(k, E)
+    E = L * ctx.world_size
+    k = min(g.choice([1, 2, 2, 3, 4]), E)
     H, M = g.choice(HIDDEN), g.choice([1, 2, 3, 5, 8])
     dtype = g.choice(DTYPES)
     validate = g.random() < 0.6
-    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype, validate=validate)
-    cap = ep.capacity
+    eps = [td.ExpertParallel(ctx, E, k, H, M, dtype=dtype, validate=validate)]
+    if g.random() < 0.25:
+        eps.append(td.ExpertParallel(ctx, E, k, H, M, dtype=dtype, validate=not validate))
     keep, checks = [], []
     try:
         for rnd in range(ROUNDS):
-            counts = [g.choice([0, 0, 1, M, M, int(g.random() * (M + 1))]) for _ in range(world)]
-            mode = g.choice(["uniform", "uniform", "one expert", "one rank"])
-            idx_dtype = g.choice([torch.int64, torch.int32])
-            split, early = g.random() < 0.4, g.random() < 0.4
-            weights_again = early and g.random() < 0.3
-            bad = not validate and g.random() < 0.3
-            x_where = g.choice(["plain", "plain", "strided", "heap"])
-            ey_where = g.choice(["plain", "strided"])
-            out_where = g.choice(["none", "none", "plain", "heap"])
-            ranks = []
-            for T in counts:
-                x = (torch.randn(T, H, generator=gen) + 0.5).to(dtype)
-                idx = _routing(gen, g, T, E, k, L, world, mode)
-                if bad:
-                    idx = _plant_bad(gen, idx, E)
-                idx = idx.to(idx_dtype).long()        # what the kernels see (int32 wraps)
-                w = torch.rand(T, k, generator=gen) + 0.1
-                ranks.append((T, x, idx, w))
-            a = torch.rand(E, generator=gen) + 0.5
-            b = torch.randn(E, generator=gen) * 0.1
-            T, x, idx, w = ranks[r]
-            what = (f"moe seed {seed} round {rnd}: world={world} E={E} k={k} H={H} M={M} "
-                    f"{dtype} tokens per rank={counts} routing={mode} ids={idx_dtype} "
-                    f"validate={validate} bad_ids={bad} split={split} weights_with_dispatch="
-                    f"{early} weights_again={weights_again} x={x_where} expert_y={ey_where} "
-                    f"out={out_where}")
-            if x_where == "strided":
-                xd = torch.empty(T, H + 3, dtype=dtype, device=ctx.device)[:, 1:H + 1]
-            elif x_where == "heap":
-                big = ctx.empty(M * H, dtype=dtype)           # same size on every rank
-                keep.append(big)
-                xd = big[:T * H].view(T, H)
-            else:
-                xd = torch.empty(T, H, dtype=dtype, device=ctx.device)
-            xd.copy_(x)
-            idx_d = idx.to(idx_dtype).to(ctx.device)
-            w_d = w.to(ctx.device)
-            # ---- dispatch
-            pending = ep.dispatch(xd, idx_d, wait=not split, topk_weights=w_d if early else None)
-            d = pending.wait() if split else pending
-            want = _expected_rows(ranks, E, r, L)
-            checks.append((d.expert_num_tokens.clone(), None, f"{what}: dispatch",
-                           _dispatch_check(d.expert_x.clone(), want, L)))
-            # ---- the experts: y = x * a[e] + b[e] over every row (padding rows unused)
-            if ey_where == "strided":
-                ey = torch.empty(L, cap + 2, H, dtype=dtype, device=ctx.device)[:, 2:]
-            else:
-                ey = torch.empty(L, cap, H, dtype=dtype, device=ctx.device)
-            for le in range(L):
-                ey[le] = _expert_fn(d.expert_x[le], r * L + le, a, b, dtype)
-            # ---- combine
-            out = None
-            if out_where == "plain":
-                out = torch.full((T, H), float("nan"), dtype=dtype, device=ctx.device)
-            elif out_where == "heap":
-                big = ctx.empty(M * H, dtype=dtype)
-                keep.append(big)
-                out = big[:T * H].view(T, H).fill_(float("nan"))
-            cw = w_d if (not early or weights_again) else None
-            y = ep.combine(ey, d, cw, wait=not split, out=out)
-            y = y.wait() if split else y
-            if out is not None:
-                assert y is out, f"{what}: combine did not return the out it was given"
-            ref = _reference_combine(T, x, *_kept(idx, w, E), a, b, dtype)
-            checks.append((y.clone(), ref, f"{what}: combine", _combine_check(dtype)))
+            halves = [_dispatch_half(ctx, g, gen, ep, f"moe seed {seed} round {rnd} ep {i} "
+                                     f"of {len(eps)}: world={ctx.world_size}", keep, checks)
+                      for i, ep in enumerate(eps)]
+            for combine_half in halves:
+                combine_half()
         ctx.barrier()
     finally:
-        ep.close()
+        for ep in eps:
+            ep.close()
     return checks
 
 
@@ -187,8 +204,9 @@ def _batch(ctx, seeds):
 
 
 def test_fuzz_expert_parallel(pool, request):
-    """75 cases per fuzzed world size in CI (over world sizes 2 and 3: 150 cases, 300
-    rounds, 600 checked op calls); --cases N for more. One pool.run per world size."""
+    """75 cases per fuzzed world size in CI (over world sizes 2 and 3: 150 cases, over
+    300 rounds, over 600 checked op calls); --cases N for more. One pool.run per world
+    size."""
     skip_unless_fuzzed_world(pool)
     n = num_cases(request, 75)
     run_family(pool, _batch, n, batch=n)

@@ -183,14 +183,21 @@ OPS = {
 }
 
 
+def _mixed(ctx, seed):
+    """The three ops interleaved back to back (their workspaces and epochs side by side)."""
+    op = sorted(OPS)[random.Random(f"mixed-{seed}").randrange(len(OPS))]
+    return OPS[op](ctx, 1_000_000 + seed)
+
+
 def _batch(ctx, seeds, op):
-    return run_cases(ctx, OPS[op], seeds)
+    return run_cases(ctx, _mixed if op == "mixed" else OPS[op], seeds)
 
 
-@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("op", list(OPS) + ["mixed"])
 def test_fuzz_fused_op(pool, request, op):
     """150 cases per op and fuzzed world size in CI (300 per op over world sizes 2 and 3,
-    common.WORLD_SIZES), --cases N for more. One pool.run per world size."""
+    common.WORLD_SIZES), 50 of the ops mixed; --cases N for more. One pool.run per world
+    size."""
     skip_unless_fuzzed_world(pool)
-    n = num_cases(request, 150)
+    n = num_cases(request, 50 if op == "mixed" else 150)
     run_family(pool, _batch, n, op, batch=n)

@@ -61,6 +61,20 @@ def sizes(max_numel: int, seed: int) -> list[int]:
     return sorted(s for s in out if s <= max_numel)
 
 
+SPLIT_PATTERNS = 4
+
+
+def splits(world: int, rows_max: int, pattern: int) -> list[list[int]]:
+    """all_to_all rows from rank s to rank d: even (pattern 0), or one of a few fixed
+    uneven patterns with zeros (ranks that send or receive nothing). A few patterns per
+    size keep the number of launch plans (one per splits) bounded."""
+    if pattern == 0:
+        return [[rows_max] * world for _ in range(world)]
+    g = random.Random(f"{world}-{rows_max}-{pattern}")
+    return [[g.choice([0, rows_max, g.randint(0, rows_max)]) for _ in range(world)]
+            for _ in range(world)]
+
+
 def draw(g: random.Random, world: int, size_set: list[int], algorithms: dict) -> dict:
     """One op, the same on every rank: op, algorithm (None = auto), numel per rank,
     dtype, reduction, root, all_to_all splits (rows of `cols` elements)."""
@@ -77,10 +91,9 @@ def draw(g: random.Random, world: int, size_set: list[int], algorithms: dict) ->
         spec["src"] = g.randrange(world)
     if op == "all_to_all":
         cols = g.choice([1, 2, 8, 64])
-        rows_max = max(1, spec["numel"] // cols // world)
         spec["cols"] = cols
-        spec["splits"] = [[g.choice([0, rows_max, g.randint(0, rows_max)]) for _ in range(world)]
-                          for _ in range(world)]
+        spec["splits"] = splits(world, max(1, spec["numel"] // cols // world),
+                                g.randrange(SPLIT_PATTERNS))
     spec["plain_input"] = g.random() < 0.1       # not on the heap: trident stages it
     return spec
 
@@ -346,7 +359,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     from ..launch import launch
     backend, world = args.backend, args.world
-    os.environ.setdefault("TRIDENT_PLAN_CACHE", "8192")    # every signature keeps its plan
+    os.environ.setdefault("TRIDENT_PLAN_CACHE", "32768")   # every signature keeps its plan
     t0 = time.perf_counter()
     results = launch(run_rank, world, args, backend=backend, heap_size=args.heap_size,
                      timeout=args.timeout, run_timeout=3600.0)
