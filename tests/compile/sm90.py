@@ -309,7 +309,8 @@ def _moe() -> list[Kernel]:
     dispatch = dict(x=PBF16, stride_x=I32, topk_idx=P64, stride_it=I32, stride_ik=I32,
                     topk_weights=PF32, stride_wt=I32, stride_wk=I32, num_tokens=I32,
                     tokens=PBF16, meta=P32, dweights=PF32, slot_counter=P32,
-                    expert_counter=P32, expert_x=PBF16, expert_num_tokens=P32,
+                    expert_counter=P32, expert_x=PBF16, expert_x_scale=P32,
+                    expert_num_tokens=P32,
                     experts_per_rank=I32, num_experts=I32, check_ids=I32, **buffers)
     combine = dict(expert_y=PBF16, stride_ye=I32, stride_yr=I32, topk_weights=PF32,
                    stride_wt=I32, stride_wk=I32, out=PBF16, num_tokens=I32, weights=PF32,
@@ -317,13 +318,19 @@ def _moe() -> list[Kernel]:
     return [
         Kernel("trident.moe.dispatch", "dispatch_kernel", dispatch,
                [V("ld+st", **shape, PART=B.BOTH.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
-                  TRACE=False),
+                  FP8=False, TRACE=False),
                 V("ld+st", types=dict(topk_idx=P32), **shape, PART=B.BOTH.value,
-                  HAS_WEIGHTS=False, BLOCK_L=block_l, TRACE=True),
+                  HAS_WEIGHTS=False, BLOCK_L=block_l, FP8=False, TRACE=True),
                 V("ld+st", **shape, PART=B.SEND.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
-                  TRACE=False),
+                  FP8=False, TRACE=False),
                 V("ld+st", **shape, PART=B.RECV.value, HAS_WEIGHTS=False, BLOCK_L=block_l,
-                  TRACE=False)],
+                  FP8=False, TRACE=False)]
+               # fp8 (dispatch(..., fp8=True)): the receive buffer and expert_x as int32
+               # words, quantised in the send half, words copied in the receive half
+               + [V(vec, types=dict(tokens=P32, expert_x=P32), **shape, PART=part.value,
+                    HAS_WEIGHTS=w, BLOCK_L=block_l, FP8=True, TRACE=False)
+                  for vec, part, w in (("ld+st", B.BOTH, False), ("ld+st", B.BOTH, True),
+                                       ("ld+st", B.SEND, False), ("ld+st", B.RECV, False))],
                aligned=("stride_x",)),
         Kernel("trident.moe.combine", "combine_kernel", combine,
                [V("ld+st", **shape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=False,

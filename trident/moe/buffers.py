@@ -4,6 +4,7 @@ Receive buffers on the symmetric heap (peers write into them), each in two halve
 by the parity of the op's epoch:
 
     tokens   [2, world, M, H]   dispatch: token i that rank s sent here, at [par, s, i]
+                                 (fp8 dispatch: e4m3 bytes and scales, see fp8_outputs)
     meta     [2, world, M, KP]  its top-k expert ids (int32, -1 padding)
     weights  [2, world, M, KP]  combine: the token's top-k weights (fp32), same rows
     dweights [2, world, M, KP]  the same, when the weights came with dispatch instead
@@ -108,6 +109,23 @@ class Buffers:
         self.recv_count = torch.zeros(self.wp, dtype=torch.int32, device=dev)
         self.expert_x = torch.empty(num_local_experts, self.cap, H, dtype=dtype, device=dev)
         self.expert_num_tokens = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
+        # fp8 dispatch's outputs: made by the first fp8 dispatch (fp8_outputs)
+        self.expert_x_fp8 = self.expert_x_scale = None
+        self._local_shape = (num_local_experts, self.cap, H)
+
+    def fp8_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """expert_x [L, cap, H] float8_e4m3fn and expert_x_scale [L, cap, H/128] fp32 of
+        fp8 dispatch (local memory, allocated once). The e4m3 payload and its scales
+        travel in the `tokens` receive buffer, seen as int32 words: H/4 words of bytes
+        per row, then the scales after all rows (dispatch.fp8_scale_base); that fits in
+        the bf16/fp16/fp32 rows it replaces, so fp8 costs no heap memory."""
+        if self.expert_x_fp8 is None:
+            L, cap, H = self._local_shape
+            dev = self.expert_x.device
+            self.expert_x_fp8 = torch.empty(L, cap, H, dtype=torch.float8_e4m3fn, device=dev)
+            self.expert_x_scale = torch.empty(L, cap, H // 128, dtype=torch.float32,
+                                              device=dev)
+        return self.expert_x_fp8, self.expert_x_scale
 
     @staticmethod
     def heap_bytes(world: int, experts_per_token: int, hidden: int, max_num_tokens: int,

@@ -17,6 +17,11 @@ row claimed from a per-expert counter. The last program publishes the counts and
 the counters for the next epoch. The copy is local (HBM), the NVLink traffic is only the
 deduplicated push.
 
+FP8 (dispatch(..., fp8=True); fp8.py): the send half quantises each token row to e4m3
+with one fp32 scale per 128 channels and pushes the bytes (as int32 words) and the
+scales into the same receive buffer, seen as words (`fp8_scale_base`); the receive half
+copies them into expert_x (float8_e4m3fn, passed as int32 words) and expert_x_scale.
+
 `dispatch_kernel` runs one half (PART = SEND or RECV: split mode, whose .wait() launches
 the receive half) or both in one launch (PART = BOTH): programs [0, send_programs) send,
 the others receive. The receivers wait only for the senders (lower program ids) and for
@@ -30,7 +35,28 @@ from .. import language as tdl
 from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
+from . import fp8
 from .routing import expert_ids
+
+
+@triton.jit
+def fp8_scale_base(world, max_tokens, H: tl.constexpr):
+    """fp8 dispatch reuses the receive buffer `tokens` (seen as int32 words): the e4m3
+    rows first ([2, world, M, H/4] words), then the scales ([2, world, M, H/128] fp32)."""
+    return tl.cast(2 * world, tl.int64) * max_tokens * (H // 4)
+
+
+@triton.jit
+def copy_rows(dst_rows, src, rows_mask, n: tl.constexpr, KP: tl.constexpr,
+              BLOCK: tl.constexpr):
+    """Copy n words at `src` into each row of `dst_rows` ([KP, 1] pointers) where
+    `rows_mask` is set."""
+    cols = tl.arange(0, BLOCK)
+    for c in tl.static_range(0, n, BLOCK):
+        m = c + cols < n
+        v = tl.load(src + c + cols, mask=m)
+        tl.store(dst_rows + c + cols[None, :], tl.broadcast_to(v[None, :], (KP, BLOCK)),
+                 mask=rows_mask[:, None] & m[None, :])
 
 
 @triton.jit
@@ -39,13 +65,21 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
                   slot_counter, send_slot, ctrl, heap_bases, trace_buf, rank, world,
                   max_tokens, experts_per_rank, num_experts, check_ids,
                   H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                  HAS_WEIGHTS: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                  HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr, BLOCK_H: tl.constexpr,
+                  TRACE: tl.constexpr):
     t0 = trd.begin(TRACE)
     epoch = tdl.launch_epoch(state + B.DISPATCH_SEND_EPOCH)
     par = epoch % 2
     ks = tl.arange(0, KP)
     rs = tl.arange(0, WP)
     cols = tl.arange(0, BLOCK_H)
+    if FP8:
+        G: tl.constexpr = 2 * BLOCK_H // fp8.GROUP      # scale groups per step
+        GW: tl.constexpr = fp8.GROUP // 4               # int32 words per group
+        groups = tl.arange(0, G)
+        chan = tl.arange(0, fp8.GROUP)
+        wcols = tl.arange(0, GW)
+        scales = tokens + fp8_scale_base(world, max_tokens, H)
     for t in range(pid, num_tokens, npid):
         e = expert_ids(topk_idx, t, stride_it, stride_ik, num_experts, ctrl, check_ids, K, KP)
         dest = tl.where(e >= 0, e // experts_per_rank, -1)
@@ -65,10 +99,26 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
                     w = tl.load(topk_weights + t * stride_wt + ks * stride_wk, mask=ks < K,
                                 other=0.0)
                     tdl.store(dweights + row * KP + ks, w, rank, r, heap_bases)
-                for c in tl.static_range(0, H, BLOCK_H):
-                    m = c + cols < H
-                    v = tl.load(src + c + cols, mask=m)
-                    tdl.store(tokens + row * H + c + cols, v, rank, r, heap_bases, mask=m)
+                if FP8:
+                    # quantised again per destination (values in registers cannot be kept
+                    # across the loop over ranks). Steps of 2 * BLOCK_H channels: the
+                    # e4m3 bytes are as many as BLOCK_H bf16 values, 16 per thread
+                    for c in tl.static_range(0, H, 2 * BLOCK_H):
+                        gm = c // fp8.GROUP + groups < H // fp8.GROUP
+                        v = tl.load(src + c + groups[:, None] * fp8.GROUP + chan[None, :],
+                                    mask=gm[:, None], other=0.0)
+                        words, scale = fp8.quantize_groups(v.to(tl.float32), G)
+                        tdl.store(tokens + row * (H // 4) + c // 4 + groups[:, None] * GW
+                                  + wcols[None, :], words, rank, r, heap_bases,
+                                  mask=gm[:, None])
+                        tdl.store(scales + row * (H // fp8.GROUP) + c // fp8.GROUP + groups,
+                                  scale.to(tl.int32, bitcast=True), rank, r, heap_bases,
+                                  mask=gm)
+                else:
+                    for c in tl.static_range(0, H, BLOCK_H):
+                        m = c + cols < H
+                        v = tl.load(src + c + cols, mask=m)
+                        tdl.store(tokens + row * H + c + cols, v, rank, r, heap_bases, mask=m)
     trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
     if tdl.last_program_out(state + B.DISPATCH_SEND_DONE, npid):
         for r in range(world):
@@ -81,9 +131,9 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
 
 @triton.jit
 def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_rows,
-                  recv_count, expert_x, expert_num_tokens, ctrl, heap_bases, trace_buf, rank,
-                  world, max_tokens, experts_per_rank, cap,
-                  H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                  recv_count, expert_x, expert_x_scale, expert_num_tokens, ctrl, heap_bases,
+                  trace_buf, rank, world, max_tokens, experts_per_rank, cap,
+                  H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
     par = epoch % 2
@@ -95,6 +145,8 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
     t0 = trd.begin(TRACE)
     ks = tl.arange(0, KP)
     cols = tl.arange(0, BLOCK_H)
+    if FP8:
+        scales = tokens + fp8_scale_base(world, max_tokens, H)
     first_expert = rank * experts_per_rank
     start = 0
     for s in range(world):
@@ -110,13 +162,22 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
             local = local & (slot < cap)
             dst = tl.where(local, le * cap + slot, -1)
             tl.store(token_rows + (s * max_tokens + i) * KP + ks, dst)
-            dst_ptr = expert_x + dst.to(tl.int64)[:, None] * H
-            src = tokens + tl.cast(row, tl.int64) * H
-            for c in tl.static_range(0, H, BLOCK_H):
-                m = c + cols < H
-                v = tl.load(src + c + cols, mask=m)
-                tl.store(dst_ptr + c + cols[None, :], tl.broadcast_to(v[None, :], (KP, BLOCK_H)),
-                         mask=local[:, None] & m[None, :])
+            if FP8:     # the e4m3 bytes as int32 words, then the scales (fp32 bits)
+                copy_rows(expert_x + dst.to(tl.int64)[:, None] * (H // 4),
+                          tokens + tl.cast(row, tl.int64) * (H // 4), local, H // 4,
+                          KP, BLOCK_H // 2)
+                copy_rows(expert_x_scale + dst.to(tl.int64)[:, None] * (H // fp8.GROUP),
+                          scales + tl.cast(row, tl.int64) * (H // fp8.GROUP), local,
+                          H // fp8.GROUP, KP, fp8.SCALE_BLOCK)
+            else:
+                dst_ptr = expert_x + dst.to(tl.int64)[:, None] * H
+                src = tokens + tl.cast(row, tl.int64) * H
+                for c in tl.static_range(0, H, BLOCK_H):
+                    m = c + cols < H
+                    v = tl.load(src + c + cols, mask=m)
+                    tl.store(dst_ptr + c + cols[None, :],
+                             tl.broadcast_to(v[None, :], (KP, BLOCK_H)),
+                             mask=local[:, None] & m[None, :])
         start += n
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
     if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
@@ -135,11 +196,12 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
 def dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, stride_wt,
                     stride_wk, num_tokens, tokens, meta, dweights, flags, state, slot_counter,
                     send_slot, expert_counter, token_rows, recv_count, expert_x,
-                    expert_num_tokens, ctrl, heap_bases, trace_buf, rank, world, max_tokens,
-                    experts_per_rank, num_experts, cap, check_ids, send_programs,
-                    PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                    WP: tl.constexpr, HAS_WEIGHTS: tl.constexpr, BLOCK_L: tl.constexpr,
-                    BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                    expert_x_scale, expert_num_tokens, ctrl, heap_bases, trace_buf, rank,
+                    world, max_tokens, experts_per_rank, num_experts, cap, check_ids,
+                    send_programs, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                    KP: tl.constexpr, WP: tl.constexpr, HAS_WEIGHTS: tl.constexpr,
+                    FP8: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr,
+                    TRACE: tl.constexpr):
     pid = tl.program_id(0)
     n_send = B.senders(send_programs, PART)
     if pid < n_send:
@@ -148,11 +210,11 @@ def dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, s
                           topk_weights, stride_wt, stride_wk, num_tokens, tokens, meta,
                           dweights, flags, state, slot_counter, send_slot, ctrl, heap_bases,
                           trace_buf, rank, world, max_tokens, experts_per_rank, num_experts,
-                          check_ids, H, K, KP, WP, HAS_WEIGHTS, BLOCK_H, TRACE)
+                          check_ids, H, K, KP, WP, HAS_WEIGHTS, FP8, BLOCK_H, TRACE)
     else:
         if PART != B.SEND:
             dispatch_recv(pid - n_send, tl.num_programs(0) - n_send, tokens, meta, flags,
                           state, expert_counter, token_rows, recv_count, expert_x,
-                          expert_num_tokens, ctrl, heap_bases, trace_buf, rank, world,
-                          max_tokens, experts_per_rank, cap, H, KP, WP, BLOCK_L, BLOCK_H,
-                          TRACE)
+                          expert_x_scale, expert_num_tokens, ctrl, heap_bases, trace_buf,
+                          rank, world, max_tokens, experts_per_rank, cap, H, KP, WP, FP8,
+                          BLOCK_L, BLOCK_H, TRACE)

@@ -3,6 +3,7 @@
     ep = td.ExpertParallel(ctx, num_experts, experts_per_token, hidden_dim, max_num_tokens)
     d = ep.dispatch(x, topk_idx)              # d.expert_x [L, cap, H], d.expert_num_tokens [L]
     y = ep.combine(expert_y, d, topk_weights) # [T, H]
+    d = ep.dispatch(x, topk_idx, fp8=True)    # e4m3 d.expert_x, d.expert_x_scale [L, cap, H/128]
 
 Rank r owns experts [r*L, (r+1)*L). Each call is one kernel launch (send and receive
 halves in one grid) through a launch plan (plans.py): the first call with a signature
@@ -37,10 +38,13 @@ _IDS = itertools.count()      # names an ExpertParallel in plan keys (id() can b
 class Dispatched:
     """What dispatch returns: the experts' inputs, and what combine needs to route back."""
     expert_x: torch.Tensor           # [L, cap, H]: rows [0, expert_num_tokens[e]) are valid
+                                     # (float8_e4m3fn after dispatch(..., fp8=True))
     expert_num_tokens: torch.Tensor  # [L] int32, on the device
     num_tokens: int                  # T of this rank's dispatch
     has_weights: bool = False        # topk_weights travelled with the tokens
     _seq: int = 0
+    expert_x_scale: torch.Tensor | None = None   # fp8: [L, cap, H/128] fp32; a row's
+                                     # values are expert_x[e, i, j] * expert_x_scale[e, i, j // 128]
 
 
 class PendingDispatch:
@@ -51,7 +55,7 @@ class PendingDispatch:
 
     def wait(self) -> Dispatched:
         if not self._done:
-            self._ep._dispatch_recv()
+            self._ep._dispatch_recv(self._result.expert_x_scale is not None)
             self._done = True
         return self._result
 
@@ -145,23 +149,40 @@ class ExpertParallel:
         self._seq += 1
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, wait: bool = True,
-                 validate: bool | None = None, topk_weights: torch.Tensor | None = None):
+                 validate: bool | None = None, topk_weights: torch.Tensor | None = None,
+                 fp8: bool = False):
         """Send every token to the ranks owning its experts; returns a Dispatched (or, with
         wait=False, a PendingDispatch whose .wait() returns it).
 
         topk_weights [T, k] float32, optional: send the weights with the tokens (32 bytes
         per token and rank); combine may then be called without them, and its send half
         waits for nothing.
+
+        fp8=True: the send kernel quantises each token to float8_e4m3fn with one fp32
+        scale per 128 channels (the DeepEP/pplx layout; hidden_dim must be a multiple of
+        128) and sends that, about half the bytes of bf16. Then d.expert_x is
+        [L, cap, H] float8_e4m3fn and d.expert_x_scale [L, cap, H/128] fp32, ready for an
+        fp8 grouped GEMM; trident.moe.fp8.dequantize(d.expert_x, d.expert_x_scale) gives
+        the values, equal to trident.moe.fp8.quantize of the sender's token, dequantised.
+        combine is unchanged (expert_y in this object's dtype). Both outputs are this
+        object's buffers, separate from the non-fp8 ones, overwritten by the next fp8
+        dispatch.
         """
         ctx = self.ctx
         has_w = topk_weights is not None
         check = self.validate if validate is None else bool(validate)
         key = ("moe_dispatch", self._id, tensor_key(x), tensor_key(topk_idx),
-               tensor_key(topk_weights) if has_w else None, wait, check, ctx.capturing())
-        self._plan(key, plans.dispatch, x, topk_idx, topk_weights, wait, check)()
+               tensor_key(topk_weights) if has_w else None, wait, check, ctx.capturing(),
+               fp8)
+        self._plan(key, plans.dispatch, x, topk_idx, topk_weights, wait, check, bool(fp8))()
         self._seq += 1
         b = self.buf
-        self._result = Dispatched(b.expert_x, b.expert_num_tokens, x.shape[0], has_w, self._seq)
+        if fp8:
+            self._result = Dispatched(b.expert_x_fp8, b.expert_num_tokens, x.shape[0], has_w,
+                                      self._seq, b.expert_x_scale)
+        else:
+            self._result = Dispatched(b.expert_x, b.expert_num_tokens, x.shape[0], has_w,
+                                      self._seq)
         if not wait:
             # checked in debug mode after the receive half: the send half never waits, and a
             # bad id raised between the halves would leave this rank's receive epoch behind
@@ -169,9 +190,10 @@ class ExpertParallel:
         ctx.after_op()
         return self._result
 
-    def _dispatch_recv(self) -> None:
+    def _dispatch_recv(self, fp8: bool = False) -> None:
         ctx = self.ctx
-        self._plan(("moe_dispatch_recv", self._id, ctx.capturing()), plans.dispatch_recv)()
+        self._plan(("moe_dispatch_recv", self._id, ctx.capturing(), fp8), plans.dispatch_recv,
+                   fp8)()
         ctx.after_op()
 
     # ------------------------------------------------------------------ combine

@@ -9,7 +9,8 @@ per call unless the caller gives one.
 
 With wait=True a call is one launch (PART=BOTH: the send and receive halves in one
 grid); with wait=False the plan holds the send half and the handle's .wait() runs the
-receive half's plan (PART=RECV), which depends on nothing but the ExpertParallel and T.
+receive half's plan (PART=RECV), which depends on nothing but the ExpertParallel and T
+(and, for dispatch, fp8).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import triton
 from ..plans import Live, Plan
 from ..trace import kernel_args
 from . import buffers as B
+from . import fp8
 from .combine import combine_kernel
 from .dispatch import dispatch_kernel
 
@@ -100,7 +102,8 @@ def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, arg
         tokens=b.tokens, meta=b.meta, dweights=b.dweights, partial=b.partial, flags=b.flags,
         state=b.state, slot_counter=b.slot_counter, send_slot=b.send_slot,
         expert_counter=b.expert_counter, token_rows=b.token_rows, recv_count=b.recv_count,
-        expert_x=b.expert_x, expert_num_tokens=b.expert_num_tokens, ctrl=ctx.ctrl,
+        expert_x=b.expert_x, expert_x_scale=b.recv_count,    # the latter read by fp8 only
+        expert_num_tokens=b.expert_num_tokens, ctrl=ctx.ctrl,
         heap_bases=ctx.heap_bases, trace_buf=trace_buf, rank=ctx.rank, world=ctx.world_size,
         max_tokens=ep.max_num_tokens, experts_per_rank=ep.num_local_experts,
         num_experts=ep.num_experts, cap=ep.capacity, send_programs=send_programs, PART=part,
@@ -118,7 +121,18 @@ def _receivers(ep) -> int:
     return ep.programs(ep.max_num_tokens * ep.ctx.world_size)
 
 
-def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool) -> Plan:
+def _fp8_args(ep) -> dict:
+    """fp8 dispatch's views: the receive buffer and expert_x as int32 words (four e4m3
+    bytes each), expert_x_scale's fp32 bits as int32 (the kernel copies bits)."""
+    fp8.check_hidden(ep.hidden_dim)
+    qx, scale = ep.buf.fp8_outputs()
+    return dict(tokens=ep.buf.tokens.view(torch.int32), expert_x=qx.view(torch.int32),
+                expert_x_scale=scale.view(torch.int32))
+
+
+def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bool) -> Plan:
+    if use_fp8:
+        fp8.check_hidden(ep.hidden_dim)
     _check_tokens(ep, x, topk_idx)
     T = x.shape[0]
     has_w = topk_weights is not None
@@ -131,18 +145,24 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool) -> Plan:
                 stride_ik=topk_idx.stride(1), topk_weights=w,
                 stride_wt=w.stride(0) if has_w else 0, stride_wk=w.stride(1) if has_w else 0,
                 num_tokens=T, check_ids=int(check))
+    if use_fp8:
+        args.update(_fp8_args(ep))
     part, programs = (B.BOTH, senders + _receivers(ep)) if wait else (B.SEND, senders)
-    _launch(ep, plan, dispatch_kernel, part, senders, programs, args, HAS_WEIGHTS=has_w)
+    _launch(ep, plan, dispatch_kernel, part, senders, programs, args, HAS_WEIGHTS=has_w,
+            FP8=use_fp8)
     return plan
 
 
-def dispatch_recv(ep) -> Plan:
+def dispatch_recv(ep, use_fp8: bool) -> Plan:
     """The receive half alone (split mode); the send half's tensors are not read."""
     b = ep.buf
     plan = Plan((), "moe_dispatch_recv")
     args = dict(x=b.tokens, stride_x=0, topk_idx=b.meta, stride_it=0, stride_ik=0,
                 topk_weights=b.dweights, stride_wt=0, stride_wk=0, num_tokens=0, check_ids=0)
-    _launch(ep, plan, dispatch_kernel, B.RECV, 0, _receivers(ep), args, HAS_WEIGHTS=False)
+    if use_fp8:
+        args.update(_fp8_args(ep))
+    _launch(ep, plan, dispatch_kernel, B.RECV, 0, _receivers(ep), args, HAS_WEIGHTS=False,
+            FP8=use_fp8)
     return plan
 
 
