@@ -14,11 +14,12 @@ from trident import torch_ops as T
 
 T_ROWS, HID, FFN = 12, 32, 24          # divisible by world sizes 2, 3 and 4
 BACKEND = "aot_eager"
+DEVICE = ["cpu"]                       # this rank's device, set by each check (GPU runs)
 
 
 def _full(shape, seed, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(*shape, generator=g).to(dtype)
+    return torch.randn(*shape, generator=g).to(dtype).to(DEVICE[0])
 
 
 def _close(got, want, what, tol=1e-5):
@@ -35,9 +36,9 @@ def _eager_calls(ctx, x, a, w, wk):
     world = ctx.world_size
     t = x * 2
     ctx.all_reduce(t)
-    g = torch.empty(world * x.shape[0], x.shape[1])
+    g = x.new_empty(world * x.shape[0], x.shape[1])
     ctx.all_gather(g, x)
-    rs = torch.empty(x.shape[0] // world, x.shape[1])
+    rs = x.new_empty(x.shape[0] // world, x.shape[1])
     ctx.reduce_scatter(rs, x + 1)
     a2a = torch.empty_like(x)
     ctx.all_to_all(a2a, x - 1)
@@ -50,6 +51,7 @@ def _eager_calls(ctx, x, a, w, wk):
 
 
 def _check_eager_calls(ctx):
+    DEVICE[0] = ctx.device
     r = ctx.rank
     x = _full((T_ROWS, 8), 10 + r)
     a = _full((T_ROWS, 32), 20 + r, torch.bfloat16)       # row-parallel: [M, K_local]
@@ -120,6 +122,7 @@ def _grads(fn, ctx, inputs, coefs):
 
 
 def _check_mlp(ctx):
+    DEVICE[0] = ctx.device
     r, world = ctx.rank, ctx.world_size
     fs = FFN // world
     cols = slice(r * fs, (r + 1) * fs)
@@ -182,6 +185,7 @@ def test_tp_mlp_compiled_and_grads(pool):
 
 # ---------------------------------------------------------------------------- opcheck
 def _check_opcheck(ctx):
+    DEVICE[0] = ctx.device
     from torch.library import opcheck
     r, world, name = ctx.rank, ctx.world_size, ctx.name
     x = _full((2 * world, 4), 50 + r)
@@ -213,9 +217,9 @@ def _check_opcheck(ctx):
                            max_num_tokens=8, dtype=torch.float32)
     try:
         g = torch.Generator().manual_seed(r)
-        tokens = torch.randn(6, 16, generator=g)
+        tokens = torch.randn(6, 16, generator=g).to(ctx.device)
         idx = torch.stack([torch.randperm(2 * world, generator=g)[:2] for _ in range(6)])
-        weights = torch.rand(6, 2, generator=g)
+        idx, weights = idx.to(ctx.device), torch.rand(6, 2, generator=g).to(ctx.device)
         opcheck(ops.moe_dispatch, (tokens, idx, weights, ep.name))
         expert_x, counts = ops.moe_dispatch(tokens, idx, weights, ep.name)
         opcheck(ops.moe_combine, (expert_x, None, ep.name, 6))
