@@ -231,8 +231,8 @@ def _nccl_zero_rows(ctx):
     w, r = ctx.world_size, ctx.rank
     splits = [[0] * w for _ in range(w)]
     splits[0][1 % w] = 2                     # rank 0 sends 2 rows; the others send nothing
-    out = torch.empty(sum(splits[s][r] for s in range(w)), 3)
-    inp = torch.randn(sum(splits[r]), 3)
+    out = torch.empty(sum(splits[s][r] for s in range(w)), 3, device=ctx.device)
+    inp = torch.randn(sum(splits[r]), 3, device=ctx.device)
     ctx.all_to_all(out, inp, out_splits=[splits[s][r] for s in range(w)], in_splits=splits[r],
                    algorithm="nccl")
 
