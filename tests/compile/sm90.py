@@ -24,6 +24,7 @@ os.environ["TRITON_INTERPRET"] = "0"          # before trident/triton pick their
 os.environ["TRIDENT_BACKEND"] = "cuda"
 
 import importlib  # noqa: E402
+import json  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -234,36 +235,58 @@ def _ccl() -> list[Kernel]:
     ]
 
 
-# trident/ops/_common.py: gemm_config's three choices on Hopper
+# trident/ops/_common.py: gemm_config's three choices on Hopper (the "classic" GEMM core)
 GEMM_CONFIGS = [dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=3),
                 dict(BM=128, BN=128, BK=64, num_warps=8, num_stages=4),
                 dict(BM=64, BN=128, BK=64, num_warps=4, num_stages=4)]
 
 
 def _ops() -> list[Kernel]:
-    """The fused GEMM + communication kernels at each GEMM config, bf16 and fp16, with and
-    without bias (fp32 bias in one), K a multiple of BK or not."""
+    """The fused GEMM + communication kernels. Classic core (TRIDENT_GEMM=classic): each
+    gemm_config choice, one tile per program, pointer loads. TMA core (TRIDENT_GEMM=tma):
+    every config gemm_table.json uses, persistent programs, TMA loads of A/W (the PTX must
+    hold cp.async.bulk.tensor), and the persistent pointer path once per kernel (tensors
+    TMA cannot address). bf16 and fp16, with and without bias (fp32 bias in one), K a
+    multiple of BK or not. The pushers' and the partials' copies keep 16-byte accesses."""
     from trident.errors import OP_CODES
+    from trident.ops import gemm
     ints = ("M", "N", "K", "m_local", "stride_am", "stride_wn", "stride_om")
     ag, rs = [], []
-    for i, cfg in enumerate(GEMM_CONFIGS):
+
+    def add(i, cfg, persistent, tma, all_reduces=(False, True)):
         cfg = dict(cfg)
         opts = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
+        cfg.pop("WARP_SPECIALIZE", None)
+        group_m = cfg.pop("GROUP_M", 8)
         dt = PBF16 if i != 1 else PF16
         types = dict(a=dt, w=dt, out=dt, bias=PF32 if i == 2 else dt)
-        ag.append(V("ld+st", **opts, types=dict(types, gathered=dt), **cfg, NUM_PUSHERS=16,
-                    GROUP_M=8, COPY_M=32, COPY_K=256, EVEN_K=i != 2, ALIGNED=i != 1,
-                    HAS_BIAS=i != 0, TRACE=i == 1))
-        for all_reduce in (False, True):
+        has = "cp.async.bulk.tensor" if tma else ""
+        core = dict(PERSISTENT=persistent, TMA=tma)
+        ag.append(V("ld+st", **opts, types=dict(types, gathered=dt), ptx_has=has, **cfg,
+                    NUM_PUSHERS=16, GROUP_M=group_m, COPY_M=32, COPY_K=256,
+                    EVEN_K=i != 2, ALIGNED=i != 1, HAS_BIAS=i != 0, TRACE=i == 1, **core))
+        for all_reduce in all_reduces:
             op = OP_CODES["matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"]
-            rs.append(V("ld+st", **opts, types=dict(types, partials=dt, result=dt), **cfg,
+            rs.append(V("ld+st", **opts, types=dict(types, partials=dt, result=dt),
+                        ptx_has=has, **cfg, GROUP_M=group_m if persistent else 1,
                         EVEN_K=i != 2, HAS_BIAS=i != 0, ALL_REDUCE=all_reduce, OP=op,
-                        TRACE=i == 1))
+                        TRACE=i == 1, **core))
+
+    for i, cfg in enumerate(GEMM_CONFIGS):
+        add(i, cfg, False, False)
+    with open(gemm.TABLE_PATH) as f:
+        used = sorted({e["config"] for e in json.load(f)["classes"].values()
+                       if isinstance(e["config"], str)})
+    for i, name in enumerate(used):
+        add(i % 3, gemm.CANDIDATES[name], True, True, (i % 2 == 1,))
+    add(2, gemm.CANDIDATES["64x128x64_s4_w4"], True, False)
+    add(0, gemm.CANDIDATES["128x256x64_s3_w8"], True, True, (True,))
     return [
         Kernel("trident.ops.all_gather_matmul", "_all_gather_matmul_kernel",
                dict(sync=P32, **dict.fromkeys(ints, I32)), ag, aligned=ints),
         Kernel("trident.ops.matmul_reduce_scatter", "_matmul_reduce_kernel",
-               dict(sync=P32, num_tiles=I32, slots=I32, **dict.fromkeys(ints, I32)), rs,
+               dict(sync=P32, num_tiles=I32, slots=I32, num_gemm=I32,
+                    **dict.fromkeys(ints, I32)), rs,
                aligned=ints),
     ]
 

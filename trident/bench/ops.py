@@ -17,7 +17,8 @@ alone (NCCL)), both measured in the same run (graph time), plus the speed-of-lig
 communication, against cuBLAS's gemm_us)
 from 750 TFLOP/s and NVLink. Max over ranks; bf16, no bias.
 Prints a table, writes JSON under bench/results/ and a PNG per op (speedup over plain
-against M, graph time). --update-crossover merges the measured fused/plain times, eager
+against M, graph time). The fused kernels' GEMM core is env TRIDENT_GEMM's (classic or
+tma; recorded as trident_gemm in the JSON). --update-crossover merges the measured fused/plain times, eager
 and graph, into the selector's table.
 
     trident bench ops                                   # every GPU, all layers, M 64..16384
@@ -207,8 +208,10 @@ def _run(ctx, ops, ms, layer_names, timing, out_dir, update):
     if ctx.backend != "cuda":
         print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
     common.print_table(rows, COLUMNS)
+    from ..ops._common import GEMM_MODE
+    print(f"fused GEMM core: {GEMM_MODE} (env TRIDENT_GEMM)")
     extra = {"dtype": str(DTYPE), "marked": "cpu-emulation" if ctx.backend != "cuda" else None,
-             "columns": ABOUT}
+             "trident_gemm": GEMM_MODE, "columns": ABOUT}
     path = common.write_results(ctx, "ops", rows, extra, out_dir=out_dir)
     stem = path[:-len(".json")]
     for op in ops:

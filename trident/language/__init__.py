@@ -17,10 +17,11 @@ GPU grid free of deadlock when it is larger than what fits on the chip at once.
 from .epoch import last_program_out, launch_epoch
 from .rma import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or,
                   atomic_xchg, atomic_xor, get, load, put, store, translate)
-from .sync import (CTRL_WORDS, MAX_RANKS, backoff, barrier, load_acquire, signal,
-                   timestamp, wait)
+from .sync import (CTRL_WORDS, MAX_RANKS, backoff, barrier, fence_async_proxy, load_acquire,
+                   signal, timestamp, wait)
 
 __all__ = ["translate", "load", "store", "get", "put", "atomic_add", "atomic_cas",
            "atomic_xchg", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor",
            "signal", "wait", "barrier", "timestamp", "backoff", "load_acquire",
+           "fence_async_proxy",
            "launch_epoch", "last_program_out", "CTRL_WORDS", "MAX_RANKS"]

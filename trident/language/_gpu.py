@@ -26,3 +26,11 @@ def load_acquire(ptr):
     else:
         return tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [ptr],
                                          dtype=ptr.dtype.element_ty, is_pure=False, pack=1)
+
+
+@triton.jit
+def fence_async_proxy():
+    """Order this thread's generic-proxy view of global memory (e.g. data a flag acquired)
+    before its later async-proxy accesses (TMA loads): fence.proxy.async.global."""
+    tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)

@@ -19,9 +19,9 @@ from .._env import INTERPRET
 from .rma import translate
 
 if INTERPRET:
-    from ._cpu import backoff, load_acquire, timestamp
+    from ._cpu import backoff, fence_async_proxy, load_acquire, timestamp
 else:
-    from ._gpu import backoff, load_acquire, timestamp
+    from ._gpu import backoff, fence_async_proxy, load_acquire, timestamp
 
 # Layout of the per-rank control block (int64 words, the first allocation of the heap).
 CTRL_ERROR = tl.constexpr(0)        # 0, or the first timeout's encode_timeout(...)

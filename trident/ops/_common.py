@@ -1,5 +1,17 @@
 """What the three fused ops share: input checks, tile sizes per backend, the workspace
-(heap buffers + epoch/ack words that make reuse safe without memsets), and the GEMM tile.
+(heap buffers + epoch/ack words that make reuse safe without memsets), the GEMM tile, and
+the switch between the two GEMM cores.
+
+The GEMM core (env TRIDENT_GEMM, read once at import; a call's `gemm=` option overrides
+it and is part of the plan key like every option):
+- "classic" (the default until measured on 2 GPUs): one output tile per GEMM program,
+  pointer loads (gemm_tile), tile sizes from gemm_config.
+- "tma": trident/ops/gemm.py's core inside the fused kernels -- persistent GEMM programs,
+  one per SM at most, that take output tiles from a queue word of the workspace (an
+  atomic counter, in the op's tile order, rearmed by the last program), TMA loads of A
+  and W where gemm.tma_compatible allows (the pointer path otherwise, same kernel), tile
+  configs from gemm_table.json by shape class (gemm.config_for; warp specialisation is
+  not used: the tile loop waits on flags).
 
 Epochs (trident/language/epoch.py). Every fused kernel reads its workspace's epoch word
 at the start (this call is epoch e = stored + 1) and waits for flags to reach e, so flags
@@ -10,6 +22,8 @@ device, so a call is one launch, needs no host synchronisation and can be captur
 CUDA graph.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -24,6 +38,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 # Sync words of a workspace (int32): [EPOCH, DONE, pad..., ACK(world) ..., FLAGS ...]
 SYNC_EPOCH = tl.constexpr(0)
 SYNC_DONE = tl.constexpr(1)
+SYNC_QUEUE = tl.constexpr(2)     # next output tile of the persistent GEMM programs ("tma")
 SYNC_ACK = tl.constexpr(8)
 SYNC_FLAGS = tl.constexpr(8 + 64)
 
@@ -137,6 +152,41 @@ def gemm_config(ctx, m: int, n: int, k: int) -> dict:
     return dict(BM=bm, BN=128, BK=64, num_warps=4 if bm == 64 else 8, num_stages=4)
 
 
+GEMM_MODES = ("classic", "tma")
+GEMM_MODE = os.environ.get("TRIDENT_GEMM", "classic").strip().lower() or "classic"
+
+
+def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dict | None,
+                      group_m: int) -> dict:
+    """The GEMM side of a fused launch: tile sizes, launch options, GROUP_M and PERSISTENT
+    (True on the "tma" core). gemm: "classic" or "tma" (None: TRIDENT_GEMM's value);
+    config: overrides (an option of the call); group_m: the classic core's GROUP_M."""
+    mode = GEMM_MODE if gemm is None else gemm
+    if mode not in GEMM_MODES:
+        raise ValueError(f"the fused ops' GEMM core must be one of {GEMM_MODES} (env "
+                         f"TRIDENT_GEMM or the gemm= option), got {mode!r}")
+    if mode == "classic":
+        cfg = dict(GROUP_M=group_m, **gemm_config(ctx, M, N, K))
+    else:
+        from . import gemm as core
+        cfg = core.config_for(M, N, K)
+    cfg.update(config or {})
+    cfg.pop("WARP_SPECIALIZE", None)
+    cfg["PERSISTENT"] = mode == "tma"
+    return cfg
+
+
+def gemm_programs(ctx, cfg: dict, num_tiles: int, tma: bool) -> int:
+    """How many GEMM programs a fused launch starts: one per tile (classic), or one per SM
+    at most (persistent). Sets up Triton's allocator for in-kernel TMA descriptors."""
+    if not cfg["PERSISTENT"]:
+        return num_tiles
+    from . import gemm as core
+    if tma and ctx.backend == "cuda":
+        core.ensure_allocator()
+    return max(1, min(num_tiles, core.num_sms(ctx.device)))
+
+
 def num_sms(ctx) -> int:
     if ctx.backend != "cuda":
         return 4
@@ -222,6 +272,17 @@ def store_tile(out_ptr, stride_om, tile, m0, n0, m_end, N, BM: tl.constexpr, BN:
 
 
 @triton.jit
+def take_tile(sync, otherwise, PERSISTENT: tl.constexpr):
+    """A GEMM program's next output tile: the queue's next (persistent), else `otherwise`
+    (classic: the program's own tile first, then num_tiles, i.e. none)."""
+    if PERSISTENT:
+        t = tl.atomic_add(sync + SYNC_QUEUE, 1, sem="relaxed", scope="gpu")
+    else:
+        t = otherwise
+    return t
+
+
+@triton.jit
 def wait_peers_done(sync, epoch, ctrl, rank, world_size, OP: tl.constexpr):
     """Wait until every rank finished the previous call on this workspace (their ack)."""
     for peer in range(world_size):
@@ -230,9 +291,10 @@ def wait_peers_done(sync, epoch, ctrl, rank, world_size, OP: tl.constexpr):
 
 @triton.jit
 def finish_program(sync, epoch, rank, world_size, heap_bases):
-    """Every program calls this last. The last one out (tdl.last_program_out) stores the
-    epoch and acks it to every rank."""
+    """Every program calls this last. The last one out (tdl.last_program_out) rearms the
+    tile queue, stores the epoch and acks it to every rank."""
     if tdl.last_program_out(sync + SYNC_DONE, tl.num_programs(0)):
+        tl.store(sync + SYNC_QUEUE, 0)
         tl.store(sync + SYNC_EPOCH, epoch)
         for peer in range(world_size):
             tdl.signal(sync + SYNC_ACK + rank, epoch, rank, peer, heap_bases)

@@ -13,6 +13,21 @@ block, and so on -- the GEMM on local rows hides the first transfer, and the GEM
 block hides the transfer of the next. Pushing (not pulling) means `a` can be any tensor:
 it need not be on the symmetric heap, and nothing is copied before the launch.
 
+The GEMM programs run one of two cores (_common: env TRIDENT_GEMM, or the gemm= option):
+- "classic": one output tile per program (a grid of pushers + every tile), pointer loads.
+- "tma": persistent GEMM programs, at most one per SM, take the tiles in the same arrival
+  order from a queue word (so a program that starts late, after a pusher left its SM,
+  just takes fewer tiles); for each tile they wait for its row block's flags, fence the
+  async proxy (the rows came through generic stores, TMA reads through the async proxy),
+  then load A from the gathered buffer and W through in-kernel TMA descriptors, pipelined
+  over K (num_stages). TMA needs K % 8 == 0 (16-byte rows of the gathered buffer) and a
+  16-byte aligned w; otherwise the same persistent programs use pointer loads. Tile
+  configs come from gemm_table.json by the class of (M total, N_local, K). The epilogue
+  (bias, masked store into `out`) is the classic one.
+To be measured on 2 GPUs (`trident bench ops`, TRIDENT_GEMM=tma against classic): the
+fused time per shape, and whether 16 pushers beside one GEMM program per SM is the
+right split now that the GEMM programs are persistent.
+
 When it wins: the communication is M*K*2*(world-1)/world bytes into each GPU against a
 GEMM of 2*M*N_local*K flops, so fusion pays where the all-gather is a sizeable share of
 the plain path (large K, modest N_local). The crossover per shape is measured by
@@ -31,8 +46,9 @@ from ..trace import kernel_args, tags
 from . import plain, selector
 from ..plans import Live, Plan
 from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
-                      gemm_config, gemm_tile, new_plan, run, store_tile, wait_peers_done,
-                      workspace)
+                      fused_gemm_config, gemm_programs, new_plan, run, store_tile, take_tile,
+                      wait_peers_done, workspace)
+from .gemm import dot_tile, operand, tile_position, tma_compatible
 
 OP = tl.constexpr(OP_CODES["all_gather_matmul"])
 
@@ -77,7 +93,7 @@ def _all_gather_matmul_kernel(
         NUM_PUSHERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
         GROUP_M: tl.constexpr, COPY_M: tl.constexpr, COPY_K: tl.constexpr,
         EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, HAS_BIAS: tl.constexpr,
-        TRACE: tl.constexpr):
+        PERSISTENT: tl.constexpr, TMA: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
     flags = sync + SYNC_FLAGS
@@ -87,52 +103,60 @@ def _all_gather_matmul_kernel(
                    rank, world_size, m_local, K, num_mb, pid,
                    NUM_PUSHERS, BM, COPY_M, COPY_K, TRACE)
     else:
-        # Tile t -> (i-th row block in arrival order, column block), grouped GROUP_M row
-        # blocks at a time so that a group's tiles share W in L2.
-        t = pid - NUM_PUSHERS
         num_nb = tl.cdiv(N, BN)
-        group = t // (GROUP_M * num_nb)
-        first = group * GROUP_M
-        size = tl.minimum(num_mb - first, GROUP_M)
-        i = first + (t % (GROUP_M * num_nb)) % size
-        nb = (t % (GROUP_M * num_nb)) // size
-        if ALIGNED:                           # m_local % BM == 0: blocks never straddle ranks
-            per_rank = m_local // BM
-            mb = ((rank + i % world_size) % world_size) * per_rank + i // world_size
-        else:
-            mb = (i + (rank * m_local) // BM) % num_mb
-        m0 = mb * BM
-        m_end = tl.minimum(m0 + BM, M)
-        t0 = trd.begin(TRACE)
-        for s in range(m0 // m_local, (m_end - 1) // m_local + 1):
-            tdl.wait(flags + s * num_mb + mb, epoch, ctrl, rank, s, OP)
-        trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
-        t0 = trd.begin(TRACE)
-        acc = gemm_tile(gathered, K, w, stride_wn, m0, nb * BN, M, N, K, BM, BN, BK, EVEN_K)
-        acc = add_bias(acc, bias, nb * BN, N, BN, HAS_BIAS)
-        store_tile(out, stride_om, acc, m0, nb * BN, m_end, N, BM, BN)
-        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+        num_tiles = num_mb * num_nb
+        a_op = operand(gathered, M, K, K, BM, BK, TMA)
+        w_op = operand(w, N, K, stride_wn, BN, BK, TMA)
+        t = take_tile(sync, pid - NUM_PUSHERS, PERSISTENT)
+        while t < num_tiles:
+            # Tile t -> (i-th row block in arrival order, column block), GROUP_M row
+            # blocks at a time so that a group's tiles share W in L2.
+            i, nb = tile_position(t, num_mb, num_nb, GROUP_M)
+            if ALIGNED:                       # m_local % BM == 0: blocks never straddle ranks
+                per_rank = m_local // BM
+                mb = ((rank + i % world_size) % world_size) * per_rank + i // world_size
+            else:
+                mb = (i + (rank * m_local) // BM) % num_mb
+            m0 = mb * BM
+            m_end = tl.minimum(m0 + BM, M)
+            t0 = trd.begin(TRACE)
+            for s in range(m0 // m_local, (m_end - 1) // m_local + 1):
+                tdl.wait(flags + s * num_mb + mb, epoch, ctrl, rank, s, OP)
+            if TMA:       # the rows came through generic stores; TMA reads the async proxy
+                tdl.fence_async_proxy()
+            trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+            t0 = trd.begin(TRACE)
+            acc = dot_tile(a_op, K, w_op, stride_wn, m0, nb * BN, M, N, K, BM, BN, BK,
+                           EVEN_K, TMA)
+            acc = add_bias(acc, bias, nb * BN, N, BN, HAS_BIAS)
+            store_tile(out, stride_om, acc, m0, nb * BN, m_end, N, BM, BN)
+            trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+            t = take_tile(sync, num_tiles, PERSISTENT)
     finish_program(sync, epoch, rank, world_size, heap_bases)
 
 
 def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None = None,
-                            config: dict | None = None) -> None:
+                            config: dict | None = None, gemm: str | None = None) -> None:
     """Add the fused kernel's launch to `plan` (inputs already checked; `out` is the
-    call's tensor 3, launched as Live(3))."""
+    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "classic" or "tma"
+    (default: env TRIDENT_GEMM, see _common)."""
     m_local, K = a.shape
     N = w.shape[0]
     M = m_local * ctx.world_size
-    cfg = {**gemm_config(ctx, M, N, K), **(config or {})}
+    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=8)
     bm = cfg["BM"]
     num_mb = triton.cdiv(M, bm)
+    num_tiles = num_mb * triton.cdiv(N, cfg["BN"])
     ws = workspace(ctx, "all_gather_matmul", M * K * a.element_size(), ctx.world_size * num_mb)
     gathered = ws.view(a.dtype, M, K)
+    # TMA reads the gathered rows (row stride K: 16-byte aligned when K % 8 == 0) and w
+    tma = cfg["PERSISTENT"] and K % 8 == 0 and tma_compatible(w, gathered)
     per_rank_items = triton.cdiv(m_local, bm) + 1
     if num_pushers is None:
         num_pushers = 16 if ctx.backend == "cuda" else 2
     num_pushers = max(1, min(num_pushers, per_rank_items))
     copy_m, copy_k = (32, 256) if ctx.backend == "cuda" else (16, 32)
-    grid = (num_pushers + num_mb * triton.cdiv(N, cfg["BN"]),)
+    grid = (num_pushers + gemm_programs(ctx, cfg, num_tiles, tma),)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _all_gather_matmul_kernel, grid,
@@ -140,9 +164,10 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
         ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, m_local, M, N, K,
         a.stride(0), w.stride(0), out.stride(0),
         NUM_PUSHERS=num_pushers, BM=bm, BN=cfg["BN"], BK=cfg["BK"],
-        GROUP_M=cfg.get("GROUP_M", 8), COPY_M=copy_m, COPY_K=copy_k,
+        GROUP_M=cfg["GROUP_M"], COPY_M=copy_m, COPY_K=copy_k,
         EVEN_K=K % cfg["BK"] == 0, ALIGNED=m_local % bm == 0, HAS_BIAS=bias is not None,
-        TRACE=trace, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        PERSISTENT=cfg["PERSISTENT"], TMA=tma, TRACE=trace,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def all_gather_matmul(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
@@ -151,7 +176,7 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
 
     algorithm: "auto" (the selector's choice), "fused" (trident's kernel) or "plain"
     (also "nccl": NCCL all-gather + cuBLAS through torch). options go to the fused kernel
-    (num_pushers, config).
+    (num_pushers, config, gemm: "classic" or "tma", default env TRIDENT_GEMM).
     """
     return run(ctx, "all_gather_matmul", _plan, a, w, bias, out, algorithm, options)
 

@@ -175,6 +175,31 @@ def dot_tile_tma(a_desc, w_desc, m0, n0, K, BM: tl.constexpr, BN: tl.constexpr,
 
 
 @triton.jit
+def operand(ptr, rows, cols, stride, BR: tl.constexpr, BC: tl.constexpr, TMA: tl.constexpr):
+    """What a fused kernel loads a [rows, cols] row-major operand through: a TMA descriptor
+    with [BR, BC] blocks (TMA), or the pointer itself (pointer path)."""
+    if TMA:
+        op = tl.make_tensor_descriptor(ptr, shape=[rows, cols], strides=[stride, 1],
+                                       block_shape=[BR, BC])
+    else:
+        op = ptr
+    return op
+
+
+@triton.jit
+def dot_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, BM: tl.constexpr,
+             BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr):
+    """fp32 [BM, BN] tile of a[m0:, :] @ w[n0:, :].T, a and w from `operand`: TMA loads
+    (dot_tile_tma) or masked pointer loads (gemm_tile). Rows and columns past M and N are
+    zeros or repeats, never to be stored."""
+    if TMA:
+        acc = dot_tile_tma(a, w, m0, n0, K, BM, BN, BK)
+    else:
+        acc = gemm_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, BM, BN, BK, EVEN_K)
+    return acc
+
+
+@triton.jit
 def _gemm_kernel(a, w, bias, out, M, N, K, stride_am, stride_wn, stride_om,
                  NUM_PROGRAMS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,

@@ -5,7 +5,8 @@ The kernel is matmul_reduce_scatter's (see there) with tiles owned round-robin b
 ranks and a third role: each owner reduces its tiles, keeps them in a heap buffer and
 flags them on every rank; gather programs pull the tiles of the other owners into `out`.
 Every rank gets bitwise the same result (one rank sums each tile, in rank order). M need
-not be divisible by the world size.
+not be divisible by the world size. Both GEMM cores (TRIDENT_GEMM=classic|tma, or the
+gemm= option) as in matmul_reduce_scatter.
 
 When it wins: like matmul_reduce_scatter, with twice the traffic (reduce-scatter then
 all-gather of M*N); small M (decode) is latency-bound, where one launch beats cuBLAS +
@@ -26,7 +27,7 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
     """all_reduce(a @ w.T) + bias -> [a.shape[0], w.shape[0]].
 
     algorithm: "auto" (the selector), "fused" or "plain" (also "nccl": cuBLAS + NCCL
-    all-reduce).
+    all-reduce). options go to the fused kernel (config, gemm: "classic" or "tma").
     """
     return run(ctx, "matmul_all_reduce", _plan, a, w, bias, out, algorithm, options)
 

@@ -15,6 +15,19 @@ One launch, two roles (three for matmul_all_reduce, which shares this kernel):
   also writes its sum into a heap tile and flags it on every rank, and gather programs
   (the highest ids) copy the tiles other ranks own from there into `out`.
 
+The GEMM core (_common: env TRIDENT_GEMM, or the gemm= option):
+- "classic": one GEMM program per tile, pointer loads, tiles of an owner row by row.
+- "tma": persistent GEMM programs, at most one per SM, take tiles from a queue word in the
+  same owner order (grouped GROUP_M row blocks at a time within an owner's rows), load A
+  and W through in-kernel TMA descriptors where gemm.tma_compatible allows (pointer loads
+  otherwise, e.g. a column slice of a wider A whose rows are not 16-byte aligned), and
+  push each finished tile to its owner as before. Reducers and gather programs start
+  after them (higher ids) and are unchanged; the slot layout follows the tile order, so
+  the all-reduce result is still bitwise the same on every rank.
+To be measured on 2 GPUs (`trident bench ops`, TRIDENT_GEMM=tma against classic): the
+fused time per shape, and reducers that start only as GEMM programs leave their SMs
+(the ready-queue reduction of issue 13 is not built yet).
+
 When it wins: the partials cross NVLink once (M*N*2*(world-1)/world bytes out of each
 GPU, like a ring reduce-scatter), overlapped with the GEMM of later tiles; the plain path
 serialises cuBLAS and NCCL. Crossovers: trident/ops/crossover.json (selector.py).
@@ -32,27 +45,31 @@ from ..trace import kernel_args, tags
 from . import plain, selector
 from ..plans import Live, Plan
 from ._common import (SYNC_ACK, SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs,
-                      finish_program, gemm_config, gemm_tile, new_plan, run, store_tile,
-                      wait_peers_done, workspace)
+                      finish_program, fused_gemm_config, gemm_programs, new_plan, run,
+                      store_tile, take_tile, wait_peers_done, workspace)
+from .gemm import dot_tile, operand, tile_position, tma_compatible
 
 
 @triton.jit
 def _tile_of(t, rank, world_size, M, N, m_local, BM: tl.constexpr, BN: tl.constexpr,
-             ALL_REDUCE: tl.constexpr):
-    """Tile t -> (first row, end row, first column, owner rank, slot on the owner)."""
+             GROUP_M: tl.constexpr, ALL_REDUCE: tl.constexpr):
+    """Tile t -> (first row, end row, first column, owner rank, slot on the owner). Row and
+    column blocks in grouped order (gemm.tile_position; GROUP_M 1: row by row)."""
     num_nb = tl.cdiv(N, BN)
     if ALL_REDUCE:                            # round-robin owners over all tiles
         owner = t % world_size
         slot = t // world_size
-        m0 = (t // num_nb) * BM
+        mb, nb = tile_position(t, tl.cdiv(M, BM), num_nb, GROUP_M)
+        m0 = mb * BM
         m_end = tl.minimum(m0 + BM, M)
     else:                                     # owner's rows, tiled from its first row
         per_owner = tl.cdiv(m_local, BM) * num_nb
         owner = t // per_owner
         slot = t % per_owner
-        m0 = owner * m_local + (slot // num_nb) * BM
+        mb, nb = tile_position(slot, tl.cdiv(m_local, BM), num_nb, GROUP_M)
+        m0 = owner * m_local + mb * BM
         m_end = tl.minimum(m0 + BM, owner * m_local + m_local)
-    n0 = (t % num_nb) * BN
+    n0 = nb * BN
     return m0, m_end, n0, owner, slot
 
 
@@ -60,36 +77,43 @@ def _tile_of(t, rank, world_size, M, N, m_local, BM: tl.constexpr, BN: tl.conste
 def _matmul_reduce_kernel(
         a, w, bias, out, partials, result, sync, ctrl, heap_bases, trace_buf,
         rank, world_size, M, N, K, m_local, stride_am, stride_wn, stride_om,
-        num_tiles, slots,
-        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-        HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr, OP: tl.constexpr,
+        num_tiles, slots, num_gemm,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+        EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr,
+        PERSISTENT: tl.constexpr, TMA: tl.constexpr, OP: tl.constexpr,
         TRACE: tl.constexpr):
     pid = tl.program_id(0)
     epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
     flags = sync + SYNC_FLAGS                 # [world, slots]: partial of rank s in slot
     ready = flags + world_size * slots        # [num_tiles]: reduced tile (all-reduce)
     offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-    if pid < num_tiles:
-        # ---- GEMM: this rank's partial of one tile, pushed to the tile's owner
-        if ALL_REDUCE:
-            t = (pid + rank) % num_tiles
-        else:
-            t = (pid + (rank + 1) * (num_tiles // world_size)) % num_tiles
-        m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
-                                              ALL_REDUCE)
-        t0 = trd.begin(TRACE)
-        acc = gemm_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, BM, BN, BK, EVEN_K)
-        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
-        t0 = trd.begin(TRACE)
-        # the owner must be done with the previous call's partials in this slot
-        tdl.wait(sync + SYNC_ACK + owner, epoch - 1, ctrl, rank, owner, OP)
-        dst = partials + (rank * slots + slot).to(tl.int64) * (BM * BN) + offs
-        tdl.store(dst, acc.to(partials.dtype.element_ty), rank, owner, heap_bases)
-        tdl.signal(flags + rank * slots + slot, epoch, rank, owner, heap_bases)
-        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    elif pid < num_tiles + slots:
+    if pid < num_gemm:
+        # ---- GEMM: this rank's partial of one tile at a time, pushed to the tile's owner
+        a_op = operand(a, M, K, stride_am, BM, BK, TMA)
+        w_op = operand(w, N, K, stride_wn, BN, BK, TMA)
+        q = take_tile(sync, pid, PERSISTENT)
+        while q < num_tiles:
+            if ALL_REDUCE:
+                t = (q + rank) % num_tiles
+            else:
+                t = (q + (rank + 1) * (num_tiles // world_size)) % num_tiles
+            m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
+                                                  GROUP_M, ALL_REDUCE)
+            t0 = trd.begin(TRACE)
+            acc = dot_tile(a_op, stride_am, w_op, stride_wn, m0, n0, M, N, K, BM, BN, BK,
+                           EVEN_K, TMA)
+            trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+            t0 = trd.begin(TRACE)
+            # the owner must be done with the previous call's partials in this slot
+            tdl.wait(sync + SYNC_ACK + owner, epoch - 1, ctrl, rank, owner, OP)
+            dst = partials + (rank * slots + slot).to(tl.int64) * (BM * BN) + offs
+            tdl.store(dst, acc.to(partials.dtype.element_ty), rank, owner, heap_bases)
+            tdl.signal(flags + rank * slots + slot, epoch, rank, owner, heap_bases)
+            trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+            q = take_tile(sync, num_tiles, PERSISTENT)
+    elif pid < num_gemm + slots:
         # ---- reduce: one slot of this rank's tiles, summed over ranks in rank order
-        slot = pid - num_tiles
+        slot = pid - num_gemm
         if ALL_REDUCE:
             t = slot * world_size + rank
             wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)  # result tiles free
@@ -97,7 +121,7 @@ def _matmul_reduce_kernel(
             t = rank * slots + slot
         if t < num_tiles:
             m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
-                                                  ALL_REDUCE)
+                                                  GROUP_M, ALL_REDUCE)
             t0 = trd.begin(TRACE)
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for s in range(world_size):
@@ -117,9 +141,9 @@ def _matmul_reduce_kernel(
             trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
     else:
         # ---- all-reduce only: copy a tile another rank reduced into `out`
-        t = pid - num_tiles - slots
+        t = pid - num_gemm - slots
         m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
-                                              ALL_REDUCE)
+                                              GROUP_M, ALL_REDUCE)
         if owner != rank:
             t0 = trd.begin(TRACE)
             tdl.wait(ready + t, epoch, ctrl, rank, owner, OP)
@@ -131,13 +155,14 @@ def _matmul_reduce_kernel(
 
 
 def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
-                        config: dict | None = None) -> None:
+                        config: dict | None = None, gemm: str | None = None) -> None:
     """Add the fused kernel's launch to `plan` (inputs already checked; `out` is the
-    call's tensor 3, launched as Live(3))."""
+    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "classic" or "tma"
+    (default: env TRIDENT_GEMM, see _common)."""
     M, K = a.shape
     N = w.shape[0]
     world = ctx.world_size
-    cfg = {**gemm_config(ctx, M, N, K), **(config or {})}
+    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=1)
     bm, bn = cfg["BM"], cfg["BN"]
     num_nb = triton.cdiv(N, bn)
     if all_reduce:
@@ -154,15 +179,18 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
     ws = workspace(ctx, op, num_partials * tile_bytes, world * slots + num_tiles)
     buf = ws.view(a.dtype, num_partials, bm * bn)
     partials, result = buf[:world * slots], buf[world * slots:] if all_reduce else buf
-    grid = (num_tiles + slots + (num_tiles if all_reduce else 0),)
+    tma = cfg["PERSISTENT"] and tma_compatible(a, w)
+    num_gemm = gemm_programs(ctx, cfg, num_tiles, tma)
+    grid = (num_gemm + slots + (num_tiles if all_reduce else 0),)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _matmul_reduce_kernel, grid,
         a, w, bias if bias is not None else a, Live(3), partials, result, ws.sync, ctx.ctrl,
         ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
-        a.stride(0), w.stride(0), out.stride(0), num_tiles, slots,
-        BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, HAS_BIAS=bias is not None,
-        ALL_REDUCE=all_reduce, OP=OP_CODES[op], TRACE=trace,
+        a.stride(0), w.stride(0), out.stride(0), num_tiles, slots, num_gemm,
+        BM=bm, BN=bn, BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], EVEN_K=K % cfg["BK"] == 0,
+        HAS_BIAS=bias is not None, ALL_REDUCE=all_reduce, PERSISTENT=cfg["PERSISTENT"],
+        TMA=tma, OP=OP_CODES[op], TRACE=trace,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -171,7 +199,8 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, algorithm: str = "auto
     """reduce_scatter(a @ w.T, dim 0) + bias -> [a.shape[0] // world, w.shape[0]].
 
     a.shape[0] must be divisible by the world size. algorithm: "auto" (the selector),
-    "fused" or "plain" (also "nccl": cuBLAS + NCCL reduce-scatter through torch).
+    "fused" or "plain" (also "nccl": cuBLAS + NCCL reduce-scatter through torch). options
+    go to the fused kernel (config, gemm: "classic" or "tma", default env TRIDENT_GEMM).
     """
     return run(ctx, "matmul_reduce_scatter", _plan, a, w, bias, out, algorithm, options)
 
