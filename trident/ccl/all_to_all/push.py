@@ -76,9 +76,14 @@ def _push_kernel(anchor, inp, splits, meta, check, flags, sync, ctrl, heap_bases
     # own rows, while the announcements are in flight
     count = matched(tl.load(splits + world_size + rank), tl.load(splits + 3 * world_size + rank),
                     check)
-    copy_rows(anchor + tl.multiple_of(tl.load(splits + 2 * world_size + rank), ALIGN),
-              inp + tl.multiple_of(tl.load(splits + rank), ALIGN), count, pid, grid, rank, rank,
-              heap_bases, BLOCK, ALIGN, False)
+    own = inp + tl.multiple_of(tl.load(splits + rank), ALIGN)
+    mine = tl.load(splits + 2 * world_size + rank)     # out offsets count from the anchor:
+    if mine % ALIGN == 0:                              # aligned only if out is, as below
+        copy_rows(anchor + mine // ALIGN * ALIGN, own, count, pid, grid, rank, rank,
+                  heap_bases, BLOCK, ALIGN, False)
+    else:
+        copy_rows(anchor + mine, own, count, pid, grid, rank, rank, heap_bases, BLOCK, ALIGN,
+                  False)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     first = pid * lanes // grid                     # the section this program is in
     for i in range(0, lanes):
