@@ -188,6 +188,31 @@ def _ccl() -> list[Kernel]:
                + [V("", w, types=dict(out=P16, inp=P16), BLOCK=2 * pull_ag_block, WORD=2,
                     WORLD=4, TRACE=False)],     # int16 words: an odd size, never 16-byte
                aligned=("n", "my_offset")),
+        # knobs (bench/sweep.py): pull order="block" (every rank's load of a block in
+        # flight at once), push_direct (stores into every rank's output), at the warps
+        # and blocks the sweep times
+        Kernel("trident.ccl.all_gather.pull", "_pull_block_kernel",
+               dict(out=P32, inp=P32, **pull),
+               [V("ld+st", nw, v4=(vecs * world, vecs * world), BLOCK=blk, WORD=4,
+                  WORLD=world, TRACE=t)
+                for world, t, blk, nw in ((4, False, pull_ag_block // 2, w),
+                                          (4, True, pull_ag_block // 2, w),
+                                          (2, False, pull_ag_block // 2, w),
+                                          (8, False, pull_ag_block // 4, w))
+                for vecs in [blk // (nw * 32 * 4)]],
+               aligned=("n", "my_offset")),
+        Kernel("trident.ccl.all_gather.push_direct", "_push_direct_kernel",
+               dict(out=P32, inp=P32, **pull),
+               [V("ld+st", nw, v4=(vecs, vecs * world), BLOCK=blk, WORD=4, WORLD=world,
+                  TRACE=t)
+                for world, t, blk, nw in ((4, False, word_block, w), (4, True, word_block, w),
+                                          (4, False, 2 * word_block, w),
+                                          (4, False, word_block, 4), (2, False, word_block, w),
+                                          (8, False, word_block, w))
+                for vecs in [blk // (nw * 32 * 4)]]
+               + [V("", w, types=dict(out=P16, inp=P16), BLOCK=2 * word_block, WORD=2,
+                    WORLD=4, TRACE=False)],
+               aligned=("n", "my_offset")),
         Kernel("trident.ccl.broadcast.push", "_push_kernel", dict(t=P32, src=I32, **push),
                copies, aligned=("n", "stride", "half")),
         # relay: a vector branch and a scalar one (peers' copies at any heap offset).
