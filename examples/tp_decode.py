@@ -6,7 +6,9 @@
 Each layer: RMSNorm -> qkv (column-parallel, local GEMM) -> attention of the new token over
 a cache (this rank's heads) -> o_proj (row-parallel: ctx.matmul_all_reduce) -> residual ->
 RMSNorm -> gate/up (column-parallel) -> SiLU -> down (row-parallel: ctx.matmul_all_reduce,
-or ctx.all_reduce after a local GEMM with --sum all_reduce) -> residual. The step is
+or ctx.all_reduce after a local GEMM with --sum all_reduce) -> residual. With --sum fused
+every row-parallel sum, its residual add and the RMSNorm after it are one kernel
+(ctx.all_reduce_add_rmsnorm after the local GEMM; residual updated in place). The step is
 compiled with torch.compile(fullgraph=True): on GPUs mode="reduce-overhead" (CUDA graphs),
 on the CPU emulation backend="aot_eager". Logits are checked against the same weights
 run in one process. Random weights, no downloads; the cache is not updated (a fixed-shape
@@ -78,13 +80,20 @@ def rms_norm(x, eps=1e-5):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def step(row_parallel, s: Shape, heads: int, kv_heads: int, w: dict, tokens):
+def step(row_parallel, s: Shape, heads: int, kv_heads: int, w: dict, tokens, sum_norm=None):
     """One decode step: tokens [B] -> logits [B, vocab]. `row_parallel(a, w)` is the
-    row-parallel linear (the sum over ranks), identity-summed in the reference."""
+    row-parallel linear (the sum over ranks), identity-summed in the reference.
+    `sum_norm(a, w, x) -> (x, h)`: x + row_parallel(a, w) and its RMSNorm (default: those
+    two in turn; the fused op does both in one kernel)."""
+    if sum_norm is None:
+        def sum_norm(a, wt, x):
+            x = x + row_parallel(a, wt)
+            return x, rms_norm(x)
     hd = s.hidden // s.heads
     x = w["embed"][tokens]                                             # [B, H]
+    h = rms_norm(x)
     for lw in w["layers"]:
-        qkv = rms_norm(x) @ lw["qkv"].t()
+        qkv = h @ lw["qkv"].t()
         q, k, v = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], -1)
         q = q.view(-1, heads, 1, hd)
         k = torch.cat([lw["k_cache"], k.view(-1, kv_heads, 1, hd)], 2)
@@ -92,10 +101,10 @@ def step(row_parallel, s: Shape, heads: int, kv_heads: int, w: dict, tokens):
         k = k.repeat_interleave(heads // kv_heads, 1)
         v = v.repeat_interleave(heads // kv_heads, 1)
         att = F.scaled_dot_product_attention(q, k, v).reshape(-1, heads * hd)
-        x = x + row_parallel(att, lw["o"])
-        gate, up = (rms_norm(x) @ lw["gate_up"].t()).chunk(2, -1)
-        x = x + row_parallel(F.silu(gate) * up, lw["down"])
-    return rms_norm(x).float() @ w["head"].float().t()
+        x, h = sum_norm(att, lw["o"], x)
+        gate, up = (h @ lw["gate_up"].t()).chunk(2, -1)
+        x, h = sum_norm(F.silu(gate) * up, lw["down"], x)
+    return h.float() @ w["head"].float().t()
 
 
 def main(ctx, shape: Shape = TINY, sum_with: str = "matmul_all_reduce", iters: int = 5):
@@ -106,7 +115,16 @@ def main(ctx, shape: Shape = TINY, sum_with: str = "matmul_all_reduce", iters: i
     mine = shard(full, shape, ctx.rank, world, dev)
     tokens = torch.arange(shape.batch, device=dev) % shape.vocab
 
-    if sum_with == "matmul_all_reduce":
+    sum_norm = None
+    if sum_with == "fused":
+        ones = torch.ones(shape.hidden, dtype=dtype, device=dev)
+
+        def row_parallel(a, w):
+            return ctx.all_reduce(a @ w.t())
+
+        def sum_norm(a, w, x):      # x (the residual) is updated in place
+            return x, ctx.all_reduce_add_rmsnorm(a @ w.t(), x, ones, 1e-5)
+    elif sum_with == "matmul_all_reduce":
         def row_parallel(a, w):
             return ctx.matmul_all_reduce(a, w)
     else:
@@ -115,7 +133,7 @@ def main(ctx, shape: Shape = TINY, sum_with: str = "matmul_all_reduce", iters: i
 
     def tp_step(tokens):
         return step(row_parallel, shape, shape.heads // world, shape.kv_heads // world, mine,
-                    tokens)
+                    tokens, sum_norm)
     if ctx.backend == "cuda":
         compiled = torch.compile(tp_step, fullgraph=True, mode="reduce-overhead")
     else:
@@ -149,7 +167,7 @@ if __name__ == "__main__":
     p.add_argument("--world", type=int, default=None, help="ranks (default: every GPU, or 2 CPU ranks)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes (default on the CPU emulation)")
     p.add_argument("--batch", type=int, default=None)
-    p.add_argument("--sum", default="matmul_all_reduce", choices=["matmul_all_reduce", "all_reduce"])
+    p.add_argument("--sum", default="matmul_all_reduce", choices=["matmul_all_reduce", "all_reduce", "fused"])
     args = p.parse_args()
     from trident.launch import default_backend
     cpu = default_backend() == "cpu"

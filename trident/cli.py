@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-BENCH_SUITES = ("p2p", "ccl", "ops", "moe")
+BENCH_SUITES = ("p2p", "ccl", "ops", "moe", "tp")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -591,6 +591,11 @@ class Context:
         """t on every rank = t of rank `src`; returns t."""
         return _ccl().broadcast(self, t, src, **options)
 
+    def all_reduce_add_rmsnorm(self, x, residual, weight, eps: float = 1e-6, **options):
+        """Fused: residual += all_reduce_sum(x) (in place); returns
+        rmsnorm(residual) * weight, one kernel (trident/ccl/add_rmsnorm.py)."""
+        return _ccl().all_reduce_add_rmsnorm(self, x, residual, weight, eps, **options)
+
     # ------------------------------------------------------------------ fused ops
     def all_gather_matmul(self, a, w, bias=None, **options):
         """all_gather(a, dim 0) @ w.T + bias (column-parallel linear)."""

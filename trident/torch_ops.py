@@ -25,6 +25,10 @@ Functional forms (new output; differentiable where noted):
     trident::matmul_all_reduce(a, w, bias, group, algorithm) -> Tensor
     trident::moe_dispatch(x, topk_idx, topk_weights, ep) -> (expert_x, expert_num_tokens)
     trident::moe_combine(expert_y, topk_weights, ep, num_tokens) -> Tensor   (no grad)
+    trident::all_reduce_add_rmsnorm(x, residual, weight, eps, group, algorithm)
+                                           -> (out, new residual)     (no grad)
+and trident::all_reduce_add_rmsnorm_(x, Tensor(a!) residual, weight, eps, group, algorithm)
+-> out, the fused all-reduce + residual add + RMSNorm mutating its residual.
 
 Gradients are those of the sum of every rank's loss (torch.distributed.nn's convention):
 the gradient of all_reduce is the all_reduce of the gradients. A loss computed the same
@@ -257,6 +261,47 @@ matmul_all_reduce_out = _fused("matmul_all_reduce", _ops.matmul_all_reduce,
                                lambda a, w, world: (a.shape[0], w.shape[0]))
 
 
+# ---------------------------------------------------------------------------- all-reduce + RMSNorm
+# trident::all_reduce_add_rmsnorm_(x, Tensor(a!) residual, weight, eps, group, algorithm)
+#     -> out: residual += all-reduce sum of x (in place), out = rmsnorm(residual) * weight
+# trident::all_reduce_add_rmsnorm(x, residual, weight, eps, group, algorithm)
+#     -> (out, new residual): the functional form (residual left as it is). No autograd.
+@torch.library.custom_op(_LIB + "all_reduce_add_rmsnorm_", mutates_args=("residual",))
+def all_reduce_add_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float, group: str,
+                            algorithm: Optional[str] = None) -> torch.Tensor:
+    return _ccl.all_reduce_add_rmsnorm(context(group), x.contiguous(), residual, weight, eps,
+                                       algorithm=algorithm)
+
+
+@all_reduce_add_rmsnorm_.register_fake
+def _(x, residual, weight, eps, group, algorithm=None):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op(_LIB + "all_reduce_add_rmsnorm", mutates_args=())
+def all_reduce_add_rmsnorm_out(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                               eps: float, group: str, algorithm: Optional[str] = None
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    new_residual = residual.clone(memory_format=torch.contiguous_format)
+    out = _ccl.all_reduce_add_rmsnorm(context(group), x.contiguous(), new_residual, weight,
+                                      eps, algorithm=algorithm)
+    return out, new_residual
+
+
+@all_reduce_add_rmsnorm_out.register_fake
+def _(x, residual, weight, eps, group, algorithm=None):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(residual, memory_format=torch.contiguous_format))
+
+
+def all_reduce_add_rmsnorm(ctx, x, residual, weight, eps: float = 1e-6,
+                           algorithm: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Functional fused all-reduce + residual add + RMSNorm: (out, new residual)."""
+    return torch.ops.trident.all_reduce_add_rmsnorm(x, residual, weight, float(eps), ctx.name,
+                                                    algorithm)
+
+
 # ---------------------------------------------------------------------------- MoE
 @torch.library.custom_op(_LIB + "moe_dispatch", mutates_args=())
 def moe_dispatch(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: Optional[torch.Tensor],
@@ -460,6 +505,14 @@ def _compiled_broadcast(ctx, t, src=0, algorithm=None, block=None, programs=None
     return t
 
 
+def _compiled_add_rmsnorm(ctx, x, residual, weight, eps=1e-6, out=None, algorithm="auto",
+                          block=None, programs=None):
+    _no_launch_options("all_reduce_add_rmsnorm", block, programs)
+    y = torch.ops.trident.all_reduce_add_rmsnorm_(x, residual, weight, float(eps), ctx.name,
+                                                  algorithm)
+    return y if out is None else out.copy_(y)
+
+
 def _compiled_fused(name):
     def run(ctx, a, w, bias=None, out=None, algorithm="auto", **options):
         _no_launch_options(name, None, None, options)
@@ -472,11 +525,13 @@ for _original, _standin in (
         (_ccl.all_reduce, _compiled_all_reduce), (_ccl.all_gather, _compiled_all_gather),
         (_ccl.reduce_scatter, _compiled_reduce_scatter),
         (_ccl.all_to_all, _compiled_all_to_all), (_ccl.broadcast, _compiled_broadcast),
+        (_ccl.all_reduce_add_rmsnorm, _compiled_add_rmsnorm),
         (_ops.all_gather_matmul, _compiled_fused("all_gather_matmul")),
         (_ops.matmul_reduce_scatter, _compiled_fused("matmul_reduce_scatter")),
         (_ops.matmul_all_reduce, _compiled_fused("matmul_all_reduce"))):
     torch.compiler.substitute_in_graph(_original, skip_signature_check=True)(_standin)
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-           "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce", "context",
+           "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
+           "all_reduce_add_rmsnorm", "context",
            "register", "unregister"]

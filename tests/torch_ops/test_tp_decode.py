@@ -26,6 +26,6 @@ def _run(ctx, sum_with):
 
 def test_tp_decode_tiny():
     pool = get_pool(WORLD_SIZES[0])
-    for sum_with in ("matmul_all_reduce", "all_reduce"):
+    for sum_with in ("matmul_all_reduce", "all_reduce", "fused"):
         for r in pool.run(_run, sum_with):
             assert r["rel_err"] < 3e-2, (sum_with, r)

@@ -1,0 +1,26 @@
+"""`trident bench tp` (trident/bench/tp.py) at tiny size on the test backend: every
+implementation of the row-parallel sum + residual + RMSNorm runs, step and op alone, and
+the decode step agrees with the NCCL/gloo one."""
+import json
+
+from trident.bench import tp
+
+from .conftest import get_pool
+
+
+def test_bench_tp_tiny(tmp_path):
+    pool = get_pool(2)
+    timing = {"calls": 2, "reps": 1, "warmup": 1, "synced_iters": 0}
+    shape = tp.TINY
+    paths = pool.run(tp._run, shape, [1, 3], list(tp.IMPLS), timing, str(tmp_path))
+    with open(paths[0]) as f:
+        rows = json.load(f)["rows"]
+    impls = {"nccl", "trident", "trident_fused"}
+    for batch in (1, 3):
+        mine = [r for r in rows if r["batch"] == batch]
+        assert {r["impl"] for r in mine if r["kind"] == "step"} >= impls
+        assert any(r["impl"] == "trident_all_reduce_alone" for r in mine)
+        for r in mine:
+            assert r["eager_us"] and r["eager_us"] > 0, r
+            if r["rel_err"] is not None:
+                assert r["rel_err"] < 3e-2, r

@@ -1,0 +1,228 @@
+"""`trident bench tp`: a tensor-parallel decode step of Llama-3-8B-shaped layers with the
+row-parallel sum + residual add + RMSNorm done four ways, in one run.
+
+Each layer (per rank, TP = world size): qkv GEMM (column-parallel) -> attention of the new
+token over a KV cache (this rank's heads, context 1024) -> o_proj GEMM (row-parallel
+partial) -> SUM_NORM -> gate/up GEMM -> SiLU * up -> down GEMM (row-parallel partial) ->
+SUM_NORM, where SUM_NORM(partial, residual, w) is: residual += all-reduce sum of partial
+(in place); h = rmsnorm(residual) * w (the next GEMM's input). Implementations of SUM_NORM:
+  nccl            torch.distributed all_reduce + torch add / rmsnorm
+  torch_symm_mem  copy into a symmetric buffer + torch.ops.symm_mem.one_shot_all_reduce
+                  (never multimem ops) + torch add / rmsnorm (GPUs, where torch has it)
+  trident         ctx.all_reduce + torch add / rmsnorm
+  trident_fused   ctx.all_reduce_add_rmsnorm: one kernel (trident/ccl/add_rmsnorm.py)
+Rows: kind "step" (a whole decode step of --layers layers) and kind "sum_norm" (SUM_NORM
+alone on [batch, hidden]; with trident_all_reduce_alone, ctx.all_reduce alone, for the
+issue's target: fused <= 1.2x the all-reduce alone). Times from common.time_modes: eager
+(calls back to back) and graph (replayed from one CUDA graph), max over ranks. The final
+hidden state of one step is checked against the nccl implementation's (rel_err).
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
+        trident bench tp --world-size 2            # Llama-3-8B layers, batch 1,2,4,8
+On the CPU emulation (tiny sizes) it only shows that every path runs and agrees.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import common
+
+DTYPE = torch.bfloat16
+EPS = 1e-5
+IMPLS = ("nccl", "torch_symm_mem", "trident", "trident_fused")
+
+
+@dataclass
+class Shape:
+    layers: int = 4
+    hidden: int = 4096
+    heads: int = 32
+    kv_heads: int = 8
+    ffn: int = 14336
+    context: int = 1024
+
+
+LLAMA3_8B = Shape()
+TINY = Shape(layers=2, hidden=64, heads=4, kv_heads=4, ffn=96, context=8)
+
+
+def _weights(ctx, s: Shape, batch: int) -> dict:
+    """This rank's shards (random), and norm weights / residual equal on every rank."""
+    w, hd = ctx.world_size, s.hidden // s.heads
+    hq, hk, fl = s.heads // w, s.kv_heads // w, s.ffn // w
+    g = torch.Generator(device=ctx.device).manual_seed(100 + ctx.rank)
+    same = torch.Generator(device=ctx.device).manual_seed(7)
+
+    def rnd(*shape, gen=g, scale=None):
+        return (torch.randn(*shape, generator=gen, device=ctx.device)
+                * (scale or shape[-1] ** -0.5)).to(DTYPE)
+    layers = [dict(qkv=rnd((hq + 2 * hk) * hd, s.hidden), o=rnd(s.hidden, hq * hd),
+                   gate_up=rnd(2 * fl, s.hidden), down=rnd(s.hidden, fl),
+                   k_cache=rnd(batch, hk, s.context, hd, scale=1.0),
+                   v_cache=rnd(batch, hk, s.context, hd, scale=1.0),
+                   norm_attn=rnd(s.hidden, gen=same, scale=1.0).abs() + 0.5,
+                   norm_mlp=rnd(s.hidden, gen=same, scale=1.0).abs() + 0.5)
+              for _ in range(s.layers)]
+    return dict(layers=layers, residual=rnd(batch, s.hidden, gen=same, scale=1.0),
+                hq=hq, hk=hk, hd=hd)
+
+
+def torch_add_rmsnorm(s, residual, weight):
+    residual.add_(s)
+    rf = residual.float()
+    return (rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + EPS)).to(DTYPE) * weight
+
+
+def _sum_norms(ctx, batch: int, hidden: int) -> dict:
+    """name -> sum_norm(partial, residual, weight) -> h."""
+    impls = {
+        "nccl": lambda p, r, w: torch_add_rmsnorm(
+            (dist.all_reduce(p, group=ctx.group), p)[1], r, w),
+        "trident": lambda p, r, w: torch_add_rmsnorm(ctx.all_reduce(p), r, w),
+        "trident_fused": lambda p, r, w: ctx.all_reduce_add_rmsnorm(p, r, w, EPS),
+    }
+    if ctx.backend == "cuda":
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+            if not hasattr(torch.ops.symm_mem, "one_shot_all_reduce"):
+                raise RuntimeError("no torch.ops.symm_mem.one_shot_all_reduce")
+            name = ctx.group.group_name
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):
+                symm_mem.enable_symm_mem_for_group(name)
+            buf = symm_mem.empty(batch, hidden, dtype=DTYPE, device=ctx.device)
+            symm_mem.rendezvous(buf, group=name)
+
+            def tsm(p, r, w):
+                buf.copy_(p)
+                return torch_add_rmsnorm(
+                    torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", name), r, w)
+            impls["torch_symm_mem"] = tsm
+        except Exception as exc:             # noqa: BLE001 -- torch without it: no column
+            if ctx.rank == 0:
+                print(f"torch_symm_mem skipped: {type(exc).__name__}: {str(exc)[:120]}")
+    return impls
+
+
+def decode_step(sum_norm, s: Shape, wts: dict, residual, h):
+    """One decode step over every layer; h = rmsnorm of residual at entry; returns the
+    final h (residual is updated in place)."""
+    hq, hk, hd = wts["hq"], wts["hk"], wts["hd"]
+    for lw in wts["layers"]:
+        q, k, v = (h @ lw["qkv"].t()).split([hq * hd, hk * hd, hk * hd], -1)
+        q = q.view(-1, hq, 1, hd)
+        k = torch.cat([lw["k_cache"], k.view(-1, hk, 1, hd)], 2)
+        v = torch.cat([lw["v_cache"], v.view(-1, hk, 1, hd)], 2)
+        att = F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hk)
+        h = sum_norm(att.reshape(-1, hq * hd) @ lw["o"].t(), residual, lw["norm_mlp"])
+        gate, up = (h @ lw["gate_up"].t()).chunk(2, -1)
+        h = sum_norm((F.silu(gate) * up) @ lw["down"].t(), residual, lw["norm_attn"])
+    return h
+
+
+def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
+    rows = []
+    for batch in batches:
+        wts = _weights(ctx, shape, batch)
+        impls = {k: v for k, v in _sum_norms(ctx, batch, shape.hidden).items()
+                 if k in impl_names}
+        h0 = torch_add_rmsnorm(torch.zeros_like(wts["residual"]), wts["residual"].clone(),
+                               wts["layers"][0]["norm_attn"])
+        # correctness: one step from the same state, against nccl's
+        finals = {}
+        for name, fn in impls.items():
+            finals[name] = decode_step(fn, shape, wts, wts["residual"].clone(), h0).float()
+        base = finals.get("nccl")
+        residual = wts["residual"].clone()
+        g = torch.Generator(device=ctx.device).manual_seed(1 + ctx.rank)
+        partial = torch.randn(batch, shape.hidden, generator=g, device=ctx.device).to(DTYPE)
+        op_res = torch.randn(batch, shape.hidden, device=ctx.device,
+                             generator=torch.Generator(device=ctx.device).manual_seed(3)
+                             ).to(DTYPE)
+        norm_w = wts["layers"][0]["norm_attn"]
+        alone = {}
+        ar_buf = partial.clone()
+        t_ar = common.time_modes_or_skip(ctx, lambda: ctx.all_reduce(ar_buf), **timing)
+        for name, fn in impls.items():
+            t_step = common.time_modes_or_skip(
+                ctx, lambda fn=fn: decode_step(fn, shape, wts, residual, h0), **timing)
+            buf = partial.clone()           # the op alone (all_reduce is in place)
+            t_op = common.time_modes_or_skip(ctx, lambda fn=fn, buf=buf: fn(buf, op_res, norm_w),
+                                             **timing)
+            err = None
+            if base is not None:
+                err = ((finals[name] - base).abs().max() / base.abs().max().clamp_min(1e-6)).item()
+                err = common.max_over_ranks(ctx, err)
+            for kind, t in (("step", t_step), ("sum_norm", t_op)):
+                rows.append(dict(kind=kind, batch=batch, layers=shape.layers, impl=name,
+                                 rel_err=err, **t))
+            alone[name] = t_op
+        rows.append(dict(kind="sum_norm", batch=batch, layers=shape.layers,
+                         impl="trident_all_reduce_alone", rel_err=None, **t_ar))
+        for kind in ("step", "sum_norm"):
+            nccl = next((r for r in rows if r["kind"] == kind and r["batch"] == batch
+                         and r["impl"] == "nccl"), None)
+            for r in rows:
+                if r["kind"] == kind and r["batch"] == batch and nccl is not None:
+                    r["eager_vs_nccl"] = common.ratio(nccl["eager_us"], r["eager_us"])
+                    r["graph_vs_nccl"] = common.ratio(nccl["graph_us"], r["graph_us"])
+        fused = alone.get("trident_fused")
+        if fused:
+            rows[-1]["fused_vs_all_reduce"] = common.ratio(common.device_us(fused),
+                                                           common.device_us(t_ar))
+        del wts, impls
+        ctx.barrier()
+    return rows
+
+
+COLUMNS = ["kind", "batch", "layers", "impl", "eager_us", "graph_us", "host_us",
+           "eager_vs_nccl", "graph_vs_nccl", "fused_vs_all_reduce", "rel_err"]
+ABOUT = ("step: one decode step of `layers` Llama-3-8B-shaped layers (TP = world size), "
+         "us per step; sum_norm: the all-reduce + residual add + RMSNorm alone on "
+         "[batch, hidden] (trident_all_reduce_alone: ctx.all_reduce alone; "
+         "fused_vs_all_reduce = trident_fused / all-reduce alone, device time); eager_us: "
+         "calls back to back, graph_us: replayed from a CUDA graph; max over ranks; "
+         "*_vs_nccl = nccl time / time; rel_err: final hidden state of one step vs nccl's")
+
+
+def _run(ctx, shape, batches, impls, timing, out_dir):
+    rows = _bench(ctx, shape, batches, impls, timing)
+    if ctx.rank != 0:
+        return None
+    if ctx.backend != "cuda":
+        print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
+    common.print_table(rows, COLUMNS)
+    extra = {"dtype": str(DTYPE), "shape": shape.__dict__,
+             "marked": "cpu-emulation" if ctx.backend != "cuda" else None, "columns": ABOUT}
+    path = common.write_results(ctx, "tp", rows, extra, out_dir=out_dir)
+    print(f"results: {path}")
+    return path
+
+
+def main(argv=None) -> int:
+    from ..launch import default_backend, default_world_size, launch
+    p = common.suite_parser("trident bench tp", __doc__, list(IMPLS))
+    p.add_argument("--batch", default=None, help="comma-separated batch sizes (default 1,2,4,8 "
+                   "on GPUs, 2 on CPU)")
+    p.add_argument("--layers", type=int, default=None, help="layers per step (default 4)")
+    p.add_argument("--tiny", action="store_true", help="tiny layer sizes (default on CPU)")
+    args = p.parse_args(argv)
+    backend = args.backend or default_backend()
+    gpu = backend == "cuda"
+    impls = common.parse_ops(p, args.ops, list(IMPLS))
+    shape = TINY if args.tiny or not gpu else LLAMA3_8B
+    if args.layers:
+        shape = replace(shape, layers=args.layers)
+    batches = [int(b) for b in args.batch.split(",")] if args.batch else \
+        ([1, 2, 4, 8] if gpu else [2])
+    world = args.world_size or (default_world_size(backend) if gpu else 2)
+    heap = (1 << 30) if gpu else (64 << 20)
+    os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
+    timing = {**common.timing_options(args, gpu), "synced_iters": 0}
+    launch(_run, world, shape, batches, impls, timing, args.out_dir, backend=backend,
+           heap_size=heap)
+    return 0

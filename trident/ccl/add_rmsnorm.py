@@ -1,0 +1,212 @@
+"""Fused all-reduce + residual add + RMSNorm: the step after every row-parallel linear of
+a transformer layer (ctx.all_reduce_add_rmsnorm).
+
+Per row of x [rows, hidden] (any leading dimensions; the last is `hidden`):
+    s        = sum over ranks of x                      (fp32, in rank order 0..world-1)
+    residual = residual + s                             (in place: the next residual)
+    out      = residual * rsqrt(mean(residual^2) + eps) * weight
+
+One kernel launch ("one_shot", for decode-sized calls), one-shot style as
+all_reduce/one_shot.py: every rank pushes its rows of x into a slot of every peer's
+scratch (heap, half `epoch % 2`, see device.py "Scratch halves"), one DATA handshake per
+program, then each rank reduces the slots locally in rank order, adds its residual,
+stores the new residual, and normalises from the stored (rounded) residual. Every rank
+sums the same values in the same order, so with the same residual everywhere (the
+replicated residual stream of tensor parallelism) every rank gets bit-identical residual
+and out. Only the scratch has to be on the heap: x, residual, weight and out may be any
+tensors (plain ones need no staging copy, and heap tensors at different offsets on
+different ranks need no offset exchange). Flags carry the launch epoch (device.py): no
+memsets, nothing read on the host, CUDA-graph capturable.
+
+A program owns whole rows (programs = min(rows, 128) on GPUs); a row is processed in
+chunks of BLOCK elements: pass 1 reduces, adds and stores the residual and sums the
+squares, pass 2 (after a barrier of the program) re-reads the residual rows it just wrote
+and writes out. Rounding: s stays fp32; residual is rounded to its dtype once; the norm
+is computed in fp32 from the rounded residual; out is rounded once.
+
+Algorithms: "one_shot" (above), "unfused" (trident's all_reduce of a copy of x, then the
+add and the norm in torch: several launches, any size), "nccl" (torch.distributed
+all_reduce, then torch; not graphable). "auto" picks one_shot up to ONE_SHOT_MAX_BYTES of
+x per rank (the one-shot scratch is 2 * world * that), unfused above.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+import torch.distributed as dist
+
+import trident.language as tdl
+from trident.trace import device as trd, kernel_args, tags
+
+from . import common
+from .device import DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, reduce_slots, scratch_half
+from ..plans import Live, Plan, tensor_key
+
+NAME = "all_reduce_add_rmsnorm"
+ALGORITHMS = ("one_shot", "unfused", "nccl")
+ONE_SHOT_MAX_BYTES = 1 << 20        # x per rank; above: "unfused"
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+GPU_MAX_BLOCK = 4096                # elements of a row per chunk (8 warps: 16 per thread)
+CPU_MAX_BLOCK = 256
+
+
+@triton.jit
+def _add_rmsnorm_kernel(x, residual, weight, out, scratch, flags, sync, ctrl, heap_bases,
+                        trace_buf, rank, world_size, rows, hidden, stride, half, eps,
+                        BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = begin_epoch(sync)
+    slots = scratch_half(scratch, epoch, half)
+    t0 = trd.begin(TRACE)
+    for row in range(pid, rows, nprog):
+        base = row * hidden
+        for c in range(0, hidden, BLOCK):
+            offs = base + c + tl.arange(0, BLOCK)
+            mask = offs < base + hidden
+            v = tl.load(x + offs, mask=mask)
+            for i in range(1, world_size):
+                tdl.store(slots + rank * stride + offs, v, rank, (rank + i) % world_size,
+                          heap_bases, mask=mask)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
+             OP_ALL_REDUCE, trace_buf, TRACE)
+    t0 = trd.begin(TRACE)
+    for row in range(pid, rows, nprog):
+        base = row * hidden
+        squares = tl.zeros([BLOCK], dtype=tl.float32)
+        for c in range(0, hidden, BLOCK):
+            offs = base + c + tl.arange(0, BLOCK)
+            mask = offs < base + hidden
+            s = reduce_slots(x, slots, stride, offs, mask, rank, world_size, SUM)
+            r = tl.load(residual + offs, mask=mask).to(tl.float32) + s
+            r = r.to(residual.dtype.element_ty)
+            tl.store(residual + offs, r, mask=mask)
+            rf = r.to(tl.float32)
+            squares += tl.where(mask, rf * rf, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / hidden + eps)
+        tl.debug_barrier()           # the residual stores above before the loads below
+        for c in range(0, hidden, BLOCK):
+            cols = c + tl.arange(0, BLOCK)
+            mask = cols < hidden
+            rf = tl.load(residual + base + cols, mask=mask).to(tl.float32)
+            w = tl.load(weight + cols, mask=mask).to(tl.float32)
+            tl.store(out + base + cols, (rf * rstd * w).to(out.dtype.element_ty), mask=mask)
+    trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+
+
+# ---------------------------------------------------------------------------- host
+def all_reduce_add_rmsnorm(ctx, x, residual, weight, eps: float = 1e-6, out=None,
+                           algorithm: str = "auto", block=None, programs=None):
+    """residual += all_reduce_sum(x) (in place); returns out = rmsnorm(residual) * weight
+    (a new tensor shaped like x, or `out`). See the module docstring."""
+    fresh = out is None
+    key = (NAME, tensor_key(x), tensor_key(residual), tensor_key(weight),
+           None if fresh else tensor_key(out), eps, algorithm, block, programs, ctx.capturing())
+    if fresh and isinstance(x, torch.Tensor):
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    plan = ctx.plans.get(key)
+    if plan is None or ctx.debug:
+        from . import _run
+        _run(ctx, key, _plan, (x, residual, weight, out), fresh, eps, algorithm, block,
+             programs, key[-1])
+    else:
+        plan.run((x, residual, weight, out))
+    return out
+
+
+def _check(ctx, x, residual, weight, out, eps):
+    for t, name in ((x, "x"), (residual, "residual"), (weight, "weight"), (out, "out")):
+        common.check_tensor(ctx, t, f"{NAME}: {name}")
+        if t.dtype not in DTYPES:
+            raise TypeError(f"{NAME}: {name} must be bfloat16, float16 or float32, got {t.dtype}")
+    if x.dim() == 0:
+        raise ValueError(f"{NAME}: x must have at least one dimension (hidden), got a scalar")
+    for t, name in ((residual, "residual"), (out, "out")):
+        if tuple(t.shape) != tuple(x.shape):
+            raise ValueError(f"{NAME}: {name} must have x's shape {list(x.shape)}, got "
+                             f"{list(t.shape)}")
+        if t.dtype != x.dtype:
+            raise TypeError(f"{NAME}: {name} must have x's dtype {x.dtype}, got {t.dtype}")
+    if tuple(weight.shape) != (x.shape[-1],):
+        raise ValueError(f"{NAME}: weight must have shape [{x.shape[-1]}] (x's last "
+                         f"dimension), got {list(weight.shape)}")
+    if out.numel() and out.data_ptr() in (residual.data_ptr(), weight.data_ptr()):
+        raise ValueError(f"{NAME}: out must not be residual or weight")
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps >= 0:
+        raise ValueError(f"{NAME}: eps must be a non-negative number, got {eps!r}")
+
+
+def _name(ctx, algorithm, nbytes: int) -> str:
+    if algorithm is None or algorithm == "auto":
+        return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES else "unfused"
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"{NAME}: unknown algorithm {algorithm!r}; choose one of "
+                         f"{['auto', *ALGORITHMS]}")
+    return algorithm
+
+
+def torch_add_rmsnorm(s, residual, weight, out, eps: float) -> None:
+    """residual += s; out = rmsnorm(residual) * weight, in torch, rounded as the kernel."""
+    r = (residual.float() + s.float()).to(residual.dtype)
+    residual.copy_(r)
+    rf = r.float()
+    out.copy_((rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + eps)
+               * weight.float()).to(out.dtype))
+
+
+def _plan(ctx, x, residual, weight, out, fresh, eps, algorithm, block, programs, graph) -> Plan:
+    _check(ctx, x, residual, weight, out, eps)
+    hidden = x.shape[-1]
+    rows = x.numel() // hidden if hidden else 0
+    name = _name(ctx, algorithm, x.numel() * x.element_size())
+    plan = Plan((x, residual, weight, out), name)
+    plan.out_shape = tuple(x.shape)
+    eps = float(eps)
+    if rows == 0 or hidden == 0:
+        return plan
+    if name == "nccl":
+        def step(ts):
+            s = ts[0].clone()
+            dist.all_reduce(s, group=ctx.group)
+            torch_add_rmsnorm(s, ts[1], ts[2], ts[3], eps)
+        plan.add(step, graphable=False)
+    elif name == "unfused":
+        s = torch.empty(x.shape, dtype=x.dtype, device=ctx.device)
+
+        def step(ts):
+            s.copy_(ts[0])
+            ctx.all_reduce(s)
+            torch_add_rmsnorm(s, ts[1], ts[2], ts[3], eps)
+        plan.add(step)
+    else:
+        _one_shot(ctx, plan, rows, hidden, x, eps, fresh, block, programs)
+    return plan
+
+
+def launch_size(ctx, rows: int, hidden: int, block=None, programs=None) -> tuple[int, int, int]:
+    """(BLOCK elements of a row per chunk, programs, warps)."""
+    gpu = ctx.backend == "cuda"
+    if block is None:
+        block = min(max(16, triton.next_power_of_2(hidden)), GPU_MAX_BLOCK if gpu else CPU_MAX_BLOCK)
+    if block & (block - 1):
+        raise ValueError(f"block must be a power of two, got {block}")
+    _, grid = common.launch_size(ctx, rows, 1, 1, programs)
+    warps = (8 if block >= 2048 else 4) if gpu else 4
+    return block, grid, warps
+
+
+def _one_shot(ctx, plan, rows, hidden, x, eps, fresh, block, programs):
+    n = rows * hidden
+    stride = common.round_up(n)
+    slots = common.scratch(ctx, 2 * ctx.world_size * stride * x.element_size(), x.dtype)
+    st = common.state(ctx)
+    block, grid, warps = launch_size(ctx, rows, hidden, block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    out = Live(3) if fresh else plan.tensors[3]
+    options = {"num_warps": warps} if ctx.backend == "cuda" else {}
+    plan.launch(
+        _add_rmsnorm_kernel, (grid,), x, plan.tensors[1], plan.tensors[2], out, slots,
+        st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
+        rows, hidden, stride, slots.numel() // 2, eps, BLOCK=block, TRACE=trace, **options)
