@@ -1,5 +1,6 @@
-"""trident/ops/gemm.py against torch on random data: the TMA path and the pointer path
-(tensors TMA cannot address), odd shapes, bias, out=, fp16/bf16, and the fp32 error.
+"""trident/ops/gemm.py against torch on random data: the TMA path (host-side and in-kernel
+descriptors) and the pointer path (tensors TMA cannot address), split-K (deterministic,
+counters rearmed across calls), odd shapes, bias, out=, fp16/bf16, and the fp32 error.
 Runs in this process (no ranks); under the interpreter on a CPU, compiled on a GPU."""
 import pytest
 import torch
@@ -82,3 +83,77 @@ def test_table_lookup():
     assert gemm.shape_class(8192, 4096, 2048) == "mbig-n4096-k4096"
     for cfg in table.values():
         assert cfg in gemm.CANDIDATES.values()
+
+
+# split-K: the interpreter config's BK is 32, so K=200 has 7 BK-steps (not a multiple of
+# split * BK; slices of 2 and 3 steps, the last one partial), K=8 one step (empty slices)
+@pytest.mark.parametrize("m,n,k,split", [(37, 48, 200, 3), (1, 40, 64, 2), (64, 96, 128, 4),
+                                         (33, 45, 17, 2), (20, 24, 8, 3)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_split_k_values(m, n, k, split, dtype):
+    a, w = _inputs(m, n, k, dtype, m * 7 + n * 3 + k + split)
+    bias = torch.randn(n).to(dtype).to(DEVICE)
+    ref = a.float() @ w.float().T + bias.float()
+    paths = [dict(tma=False)] + ([dict(tma=True, desc="host"), dict(tma=True, desc="kernel")]
+                                 if gemm.tma_compatible(a, w) and n % 8 == 0 else [])
+    for path in paths:
+        out = gemm.matmul(a, w, bias=bias, split_k=split, **path)
+        assert_close(out, ref, f"{m}x{n}x{k} split {split} {path}")
+
+
+def _counters_zero() -> bool:
+    return all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
+
+
+def test_split_k_repeated_and_back_to_back():
+    """Split-K calls again and again on one shape (bitwise the same output: partials are
+    summed in slice order), then other shapes and slice counts sharing the workspace; the
+    arrival counters are 0 after every call (rearmed by the last slice, never memset)."""
+    a, w = _inputs(40, 64, 160, torch.bfloat16, 11)
+    first = gemm.matmul(a, w, split_k=3)
+    assert_close(first, a.float() @ w.float().T, "split 3")
+    assert _counters_zero()
+    for _ in range(2):
+        assert torch.equal(gemm.matmul(a, w, split_k=3), first)
+        assert _counters_zero()
+    for i, (m, n, k, split) in enumerate([(17, 32, 96, 2), (40, 64, 160, 5), (8, 16, 64, 2)]):
+        a2, w2 = _inputs(m, n, k, torch.float16, 20 + i)
+        out = torch.empty(m, n, dtype=torch.float16, device=DEVICE)
+        assert gemm.matmul(a2, w2, out=out, split_k=split) is out
+        assert_close(out, a2.float() @ w2.float().T, f"back-to-back {i}")
+        assert _counters_zero()
+    assert torch.equal(gemm.matmul(a, w, split_k=3), first)
+
+
+def test_host_and_kernel_descriptors_agree():
+    """Host-side TensorDescriptor arguments and in-kernel descriptors: the same sums in the
+    same order, so the same bits; and both against torch, with and without split-K."""
+    a, w = _inputs(48, 64, 96, torch.bfloat16, 13)
+    for split in (1, 2):
+        host = gemm.matmul(a, w, desc="host", split_k=split)
+        kernel = gemm.matmul(a, w, desc="kernel", split_k=split)
+        assert_close(host, a.float() @ w.float().T, f"host split {split}")
+        assert torch.equal(host, kernel)
+    _, args, kwargs = gemm.launch_args(a, w, None, host, tma=True, desc="host")
+    assert kwargs["HOST_DESC"] and hasattr(args[0], "block_shape")
+    _, args, kwargs = gemm.launch_args(a, w, None, host, tma=True, desc="kernel")
+    assert not kwargs["HOST_DESC"] and isinstance(args[0], torch.Tensor)
+    with pytest.raises(ValueError, match="desc must be"):
+        gemm.matmul(a, w, desc="device")
+    with pytest.raises(ValueError, match="split_k must be"):
+        gemm.matmul(a, w, split_k=0)
+
+
+def test_split_k_choice():
+    """split_k_for: one slice without SPLIT_K or when the tiles fill two waves; several
+    for few tiles over deep K; never more than SPLIT_K or half the BK-steps. The fused
+    ops' config (config_for without split_k) has no SPLIT_K."""
+    cfg = gemm.CANDIDATES["64x128x64_s4_w4_sk8"]
+    assert gemm.split_k_for(256, 3072, 4096, gemm.CANDIDATES["64x128x64_s4_w4"], 132) == 1
+    assert gemm.split_k_for(8192, 8192, 4096, cfg, 132) == 1
+    assert 1 < gemm.split_k_for(256, 3072, 4096, cfg, 132) <= 8
+    assert gemm.split_k_for(64, 128, 256, cfg, 132) <= 2
+    assert gemm.base_candidate("64x128x64_s4_w4_sk8") == "64x128x64_s4_w4"
+    assert gemm.base_candidate("64x128x64_s4_w4") is None
+    assert "SPLIT_K" not in gemm.config_for(64, 4096, 4096)
+    assert "SPLIT_K" in gemm.config_for(64, 4096, 4096, split_k=True)

@@ -28,7 +28,7 @@ from . import common
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 SCRATCH_LIMIT = 64 << 20     # push/one-shot algorithms keep 2*world*size of scratch
-NO_SCRATCH = {"all_reduce": ("two_shot",), "all_gather": ("pull",),   # timed at every size
+NO_SCRATCH = {"all_reduce": ("two_shot",), "all_gather": ("pull", "push_direct"),  # every size
               "reduce_scatter": ("pull",), "broadcast": ("relay",)}
 DTYPE = torch.bfloat16
 

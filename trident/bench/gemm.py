@@ -8,11 +8,16 @@ row-parallel ones (matmul_reduce_scatter / all_reduce: M x N x K/world) of
 trident/bench/ops.py, total M in --m (default 256,1024,4096,8192), plus a few large
 squares. bf16, random data, out = a @ w.T with w in nn.Linear layout [N, K].
 
-For each shape: cuBLAS, then every candidate of gemm.CANDIDATES (TMA path), each timed
+For each shape: cuBLAS, then every candidate of gemm.CANDIDATES (TMA path, host-side
+descriptors), then the table's config with in-kernel descriptors ("table:kdesc", what the
+host descriptors save; never chosen), each timed
 with bench/common.time_modes (eager_us: calls queued back to back; graph_us: replayed
 from one CUDA graph; host_us) and checked against torch.matmul first (a candidate whose
 values differ is reported and not timed). vs_cublas = cuBLAS graph time / this graph
-time. `table` marks the candidate that trident/ops/gemm_table.json picks now.
+time. `table` marks the candidate that trident/ops/gemm_table.json picks now. Split-K candidates
+(name ending _sk<n>) run split_k_for's number of K slices (column split_k); where that is
+1 they are their base candidate's kernel and copy its row (same_as) instead of timing it
+again. To time only small M: --m 256,1024 --squares ''.
 --write-table PATH writes, per shape class, the candidate of the best geometric-mean
 vs_cublas over that class's shapes (measured: true), keeping unmeasured classes as they
 were. Prints a table and a per-class summary; writes JSON (bench/results or --out-dir).
@@ -96,18 +101,32 @@ def _measure(ctx, cases, candidates, timing, progress, budget_s: float) -> list[
             break
         progress.step(f"{m}x{n}x{k}")
         cls = gemm.shape_class(m, n, k)
-        table_cfg = gemm.config_for(m, n, k)
+        table_cfg = gemm.config_for(m, n, k, split_k=True)
         a = torch.randn(m, k, dtype=DTYPE, device=ctx.device)
         w = torch.randn(n, k, dtype=DTYPE, device=ctx.device)
         ref = torch.matmul(a, w.t())
         flops = 2.0 * m * n * k
+        sms = gemm.num_sms(ctx.device)
         base = dict(shape=label, M=m, N=n, K=k, shape_class=cls)
-        impls = [("cublas", None, lambda: torch.matmul(a, w.t()))]
+        impls = [("cublas", None, lambda: torch.matmul(a, w.t()), None)]
         for name, cfg in candidates.items():
-            impls.append((name, cfg, lambda cfg=cfg: gemm.matmul(a, w, config=cfg)))
+            impls.append((name, cfg, lambda cfg=cfg: gemm.matmul(a, w, config=cfg), "host"))
+        # the table's config with the descriptors made in the kernel (global scratch per
+        # launch): what host descriptors save (host_us, eager_us); not a table candidate
+        impls.append(("table:kdesc", table_cfg,
+                      lambda: gemm.matmul(a, w, config=table_cfg, desc="kernel"), "kernel"))
         cublas_us = None
-        for name, cfg, fn in impls:
+        done = {}
+        for name, cfg, fn, desc in impls:
             row = {**base, "impl": name, "table": cfg == table_cfg if cfg else None}
+            if cfg is not None:
+                row["desc"] = desc
+                row["split_k"] = gemm.split_k_for(m, n, k, cfg, sms)
+            basis = gemm.base_candidate(name)
+            if row.get("split_k") == 1 and basis in done:
+                # split_k_for gives one slice here: the same kernel as its base candidate
+                rows.append({**done[basis], **row, "same_as": basis})
+                continue
             try:
                 err = rel_error(fn(), ref)
             except Exception as exc:            # a config that does not fit or compile
@@ -124,6 +143,7 @@ def _measure(ctx, cases, candidates, timing, progress, budget_s: float) -> list[
             rows.append({**row, **t, "tflops": flops / us / 1e6 if us else None,
                          "vs_cublas": common.ratio(cublas_us, us) if name != "cublas" else 1.0,
                          "sol_us": flops / (common.BF16_TFLOPS * 1e6)})
+            done[name] = rows[-1]
         del a, w, ref
     return rows
 
@@ -132,7 +152,7 @@ def summarize(rows: list[dict]) -> dict:
     """class -> (best candidate, geometric-mean vs_cublas, shapes, {candidate: geomean})."""
     per: dict = {}
     for r in rows:
-        if r["impl"] != "cublas" and r.get("vs_cublas"):
+        if r["impl"] not in ("cublas", "table:kdesc") and r.get("vs_cublas"):
             per.setdefault(r["shape_class"], {}).setdefault(r["impl"], []).append(r["vs_cublas"])
     out = {}
     for cls, cands in per.items():
@@ -181,7 +201,7 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     rows = _measure(ctx, cases, candidates, timing, common.Progress(len(cases), "gemm"),
                     args.budget_s)
-    columns = ["M", "N", "K", "shape_class", "impl", "table", "eager_us", "graph_us",
+    columns = ["M", "N", "K", "shape_class", "impl", "table", "split_k", "eager_us", "graph_us",
                "host_us", "vs_cublas", "tflops", "sol_us", "rel_err", "error"]
     common.print_table(rows, columns)
     best = summarize(rows)

@@ -6,7 +6,9 @@ signature, it checks the inputs, picks an algorithm (`algorithm=` by name; "auto
 default, asks the selector, which goes by size, world size and whether a CUDA graph is
 being captured; "nccl" = torch.distributed) and packs one kernel launch, stream-ordered
 and CUDA-graph capturable. Later calls of that signature only launch. `block` and
-`programs` override the launch size (tests use them). In debug mode (ctx.debug) the ranks also check that they
+`programs` override the launch size (tests use them); further keyword options ("knobs":
+warps, an algorithm's own such as broadcast relay's chunk) go to the named algorithm,
+which must take them (`knobs`), and are part of the plan's key. In debug mode (ctx.debug) the ranks also check that they
 called with the same sizes, and every op is synchronised and checked for timeouts.
 """
 from __future__ import annotations
@@ -39,6 +41,24 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
         raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of "
                          f"{['auto'] + sorted(ALGORITHMS[op]) + ['nccl']}")
     return name
+
+
+def knobs(op: str, name: str, options: tuple) -> dict:
+    """The knobs (keyword options beyond block and programs, as sorted (name, value) pairs)
+    for algorithm `name` of `op`, checked against what it takes: at plan build only."""
+    if not options:
+        return {}
+    if name == "nccl":
+        raise ValueError(f"{op}: nccl takes no options, got {dict(options)}")
+    import inspect
+    params = inspect.signature(ALGORITHMS[op][name]).parameters
+    takes = [p for p in params if params[p].kind == params[p].KEYWORD_ONLY
+             or p not in ("ctx", "plan") and params[p].default is not params[p].empty]
+    bad = [k for k, _ in options if k not in takes or k in ("block", "programs")]
+    if bad:
+        raise ValueError(f"{op} {name}: unknown option(s) {bad}; it takes "
+                         f"{[p for p in takes if p not in ('block', 'programs')]}")
+    return dict(options)
 
 
 def signature(tensors, options, rows: bool = True) -> tuple:
@@ -77,42 +97,46 @@ def _run(ctx, key, build, tensors, *options):
             plan.debug_after(ctx, tensors)
 
 
-def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, programs=None):
+def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, programs=None,
+               **kw):
     """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
-    key = ("all_reduce", tensor_key(t), op, algorithm, block, programs, ctx.capturing())
+    kw = tuple(sorted(kw.items())) if kw else ()
+    key = ("all_reduce", tensor_key(t), op, algorithm, block, programs, kw, ctx.capturing())
     plan = ctx.plans.get(key)
     if plan is None or ctx.debug:
-        _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs, key[-1])
+        _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs, kw, key[-1])
     else:
         plan.run((t,))
     return t
 
 
-def _plan_all_reduce(ctx, t, op, algorithm, block, programs, graph) -> Plan:
+def _plan_all_reduce(ctx, t, op, algorithm, block, programs, kw, graph) -> Plan:
     common.check_tensor(ctx, t, "all_reduce: t")
     code = common.check_reduce(t, "all_reduce: t", op)
     name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size(), graph)
+    kw = knobs("all_reduce", name, kw)
     plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op), graphable=False)
     elif ctx.world_size > 1 and t.numel():
-        ALL_REDUCE[name](ctx, plan, t.view(-1), code, block=block, programs=programs)
+        ALL_REDUCE[name](ctx, plan, t.view(-1), code, block=block, programs=programs, **kw)
     return plan
 
 
-def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None):
+def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None, **kw):
     """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
-    key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs,
+    kw = tuple(sorted(kw.items())) if kw else ()
+    key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs, kw,
            ctx.capturing())
     plan = ctx.plans.get(key)
     if plan is None or ctx.debug:
-        _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs, key[-1])
+        _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs, kw, key[-1])
     else:
         plan.run((out, inp))
     return out
 
 
-def _plan_all_gather(ctx, out, inp, algorithm, block, programs, graph) -> Plan:
+def _plan_all_gather(ctx, out, inp, algorithm, block, programs, kw, graph) -> Plan:
     common.check_tensor(ctx, out, "all_gather: out")
     common.check_tensor(ctx, inp, "all_gather: inp")
     common.check_same_dtype(out, inp, "all_gather: out and inp")
@@ -121,6 +145,7 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs, graph) -> Plan:
                          f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
                          f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
     name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size(), graph)
+    kw = knobs("all_gather", name, kw)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]), graphable=False)
@@ -129,26 +154,27 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs, graph) -> Plan:
     elif inp.numel():
         (words_out, words_in), finish = common.as_words(
             ctx, plan, [(out, 0, False, True), (inp, 1, True, False)])
-        ALL_GATHER[name](ctx, plan, words_out, words_in, block=block, programs=programs)
+        ALL_GATHER[name](ctx, plan, words_out, words_in, block=block, programs=programs, **kw)
         finish()
     return plan
 
 
 def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", block=None,
-                   programs=None):
+                   programs=None, **kw):
     """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
+    kw = tuple(sorted(kw.items())) if kw else ()
     key = ("reduce_scatter", tensor_key(out), tensor_key(inp), op, algorithm, block, programs,
-           ctx.capturing())
+           kw, ctx.capturing())
     plan = ctx.plans.get(key)
     if plan is None or ctx.debug:
-        _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs,
+        _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs, kw,
              key[-1])
     else:
         plan.run((out, inp))
     return out
 
 
-def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, graph) -> Plan:
+def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, kw, graph) -> Plan:
     common.check_tensor(ctx, out, "reduce_scatter: out")
     common.check_tensor(ctx, inp, "reduce_scatter: inp")
     common.check_same_dtype(out, inp, "reduce_scatter: out and inp")
@@ -157,6 +183,7 @@ def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, graph) -
         raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
                          f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
     name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size(), graph)
+    kw = knobs("reduce_scatter", name, kw)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op), graphable=False)
@@ -164,7 +191,7 @@ def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, graph) -
         plan.add(lambda ts: ts[0].copy_(ts[1]))
     elif out.numel():
         REDUCE_SCATTER[name](ctx, plan, out.view(-1), inp.view(-1), code, block=block,
-                             programs=programs)
+                             programs=programs, **kw)
     return plan
 
 
@@ -183,23 +210,24 @@ def _splits(ctx, t, splits, name: str) -> list[int]:
 
 
 def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = "auto",
-               block=None, programs=None):
+               block=None, programs=None, **kw):
     """Rank r sends rows in_splits[p] of inp (in order) to rank p, and receives
     out_splits[p] rows from rank p into out (in rank order). None = even splits."""
+    kw = tuple(sorted(kw.items())) if kw else ()
     key = ("all_to_all", tensor_key(out), tensor_key(inp),
            None if out_splits is None else tuple(out_splits),
-           None if in_splits is None else tuple(in_splits), algorithm, block, programs,
+           None if in_splits is None else tuple(in_splits), algorithm, block, programs, kw,
            ctx.capturing())
     plan = ctx.plans.get(key)
     if plan is None or ctx.debug:
         _run(ctx, key, _plan_all_to_all, (out, inp), out_splits, in_splits, algorithm, block,
-             programs, key[-1])
+             programs, kw, key[-1])
     else:
         plan.run((out, inp))
     return out
 
 
-def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, programs,
+def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, programs, kw,
                      graph) -> Plan:
     common.check_tensor(ctx, out, "all_to_all: out")
     common.check_tensor(ctx, inp, "all_to_all: inp")
@@ -215,6 +243,7 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
     # between ranks, so the choice cannot depend on them: take the large-message row.
     nbytes = inp.numel() * inp.element_size() if even else 1 << 62
     name = _algorithm(ctx, "all_to_all", algorithm, nbytes, graph)
+    kw = knobs("all_to_all", name, kw)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits),
@@ -228,7 +257,7 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
             ctx, plan, [(out, 0, False, True), (inp, 1, True, False)], unit=row_bytes)
         row = row_bytes // words_out.element_size()
         ALL_TO_ALL[name](ctx, plan, words_out, words_in, out_splits, in_splits, row,
-                         block=block, programs=programs)
+                         block=block, programs=programs, **kw)
         finish()
         plan.debug_after = lambda c, ts: _check_splits_matched(c)
     return plan
@@ -258,28 +287,30 @@ def _check_splits_matched(ctx) -> None:
                          "for it; the extra rows were dropped")
 
 
-def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, programs=None):
+def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, programs=None, **kw):
     """t on every rank = t of rank `src`. Returns t."""
-    key = ("broadcast", tensor_key(t), src, algorithm, block, programs, ctx.capturing())
+    kw = tuple(sorted(kw.items())) if kw else ()
+    key = ("broadcast", tensor_key(t), src, algorithm, block, programs, kw, ctx.capturing())
     plan = ctx.plans.get(key)
     if plan is None or ctx.debug:
-        _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs, key[-1])
+        _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs, kw, key[-1])
     else:
         plan.run((t,))
     return t
 
 
-def _plan_broadcast(ctx, t, src, algorithm, block, programs, graph) -> Plan:
+def _plan_broadcast(ctx, t, src, algorithm, block, programs, kw, graph) -> Plan:
     common.check_tensor(ctx, t, "broadcast: t")
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < ctx.world_size:
         raise ValueError(f"broadcast: src must be a rank in 0..{ctx.world_size - 1}, got {src!r}")
     name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size(), graph)
+    kw = knobs("broadcast", name, kw)
     plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src), graphable=False)
     elif ctx.world_size > 1 and t.numel():
         (words,), finish = common.as_words(ctx, plan, [(t, 0, True, True)])
-        BROADCAST[name](ctx, plan, words, src, block=block, programs=programs)
+        BROADCAST[name](ctx, plan, words, src, block=block, programs=programs, **kw)
         finish()
     return plan
 

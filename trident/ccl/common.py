@@ -172,5 +172,13 @@ def launch_size(ctx, n: int, elem_size: int, block=None, programs=None) -> tuple
     return block, max(1, min(limit, triton.cdiv(n, block)))
 
 
-def kernel_options(ctx) -> dict:
-    return {"num_warps": GPU_NUM_WARPS} if ctx.backend == "cuda" else {}
+WARPS = (1, 2, 4, 8, 16, 32)
+
+
+def kernel_options(ctx, warps=None) -> dict:
+    """Launch options: GPU_NUM_WARPS warps per program on GPUs, or `warps` (a knob: fewer
+    warps with more programs, or more warps with a larger block; the interpreter ignores
+    it, but it is checked there too)."""
+    if warps is not None and warps not in WARPS:
+        raise ValueError(f"warps must be one of {WARPS}, got {warps!r}")
+    return {"num_warps": warps or GPU_NUM_WARPS} if ctx.backend == "cuda" else {}

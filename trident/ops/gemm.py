@@ -19,10 +19,29 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
   trident.bench.gemm --write-table PATH` measures every candidate on one GPU and writes
   the table; entries not measured yet say so ("measured": false).
 
-The Triton interpreter (CPU emulation) runs the same kernel, TMA path included; its
-descriptors check alignment like the hardware. Global memory for the in-kernel
-descriptors comes from Triton's allocator: `ensure_allocator()` sets a torch one unless
-the process already has one.
+- Split-K (config SPLIT_K > 1: at most that many K slices per output tile) for problems
+  with too few output tiles to fill the SMs (small M). Deterministic: each slice writes
+  its fp32 partial tile into a workspace, then counts itself in a per-tile arrival
+  counter (acq_rel atomic); the slice that arrives last sums the partials in slice order
+  (0, 1, ..., whatever order they arrived in) and stores the output. It also sets the
+  counter back to 0, so after every launch all counters are 0 again: no memset between
+  calls, and a CUDA graph can replay the launch (the rearm of trident/language/epoch.py's
+  last_program_out, per tile). How many slices a launch uses: `split_k_for` (waves of
+  work units over the SMs against the partials' traffic; 1 when the tiles fill the GPU).
+  The workspace (partials + counters) is kept per device, stream and size bucket for the
+  life of the process (graphs keep its addresses); launches on one stream are ordered,
+  so they can share it.
+- Host-side TMA descriptors (desc="host", the default of `matmul` on the TMA path):
+  triton.tools.tensor_descriptor.TensorDescriptor objects for a and w, made once per
+  launch plan (the plan knows the addresses) and passed as kernel arguments, so the
+  kernel needs no global scratch and the launch no per-call allocation. The output is
+  then stored through pointers (a fresh output has a new address every call). desc=
+  "kernel" makes all three descriptors in the kernel (`tl.make_tensor_descriptor`), as
+  the fused ops do; their global memory comes from Triton's allocator:
+  `ensure_allocator()` sets a torch one unless the process already has one.
+
+The Triton interpreter (CPU emulation) runs the same kernel, TMA paths included; its
+descriptors check alignment like the hardware.
 
 fp32 inputs are refused with a TypeError that says to pass bfloat16 or float16 (no
 TF32 path).
@@ -46,9 +65,10 @@ TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tabl
 # Candidates the benchmark tries for every shape class (names are table values).
 # Shared memory per stage is (BM + BN) * BK * 2 bytes, plus a BM x BN output tile.
 # (64x256 with warp specialisation trips an assertion in triton 3.6's sm_90 backend.)
-def _config(bm: int, bn: int, bk: int, stages: int, warps: int, ws: bool = False) -> dict:
+def _config(bm: int, bn: int, bk: int, stages: int, warps: int, ws: bool = False,
+            split_k: int = 1) -> dict:
     return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_stages=stages, num_warps=warps,
-                WARP_SPECIALIZE=ws)
+                WARP_SPECIALIZE=ws, SPLIT_K=split_k)
 
 
 CANDIDATES = {
@@ -59,11 +79,25 @@ CANDIDATES = {
     "64x128x64_s4_w4": _config(64, 128, 64, 4, 4),
     "64x256x64_s4_w4": _config(64, 256, 64, 4, 4),
     "64x128x64_s4_w4_ws": _config(64, 128, 64, 4, 4, ws=True),
+    # split-K (at most SPLIT_K slices; split_k_for picks how many per shape, 1 when the
+    # output tiles fill the GPU): for small M. Named <base candidate>_sk<SPLIT_K>.
+    "128x128x64_s4_w8_sk8": _config(128, 128, 64, 4, 8, split_k=8),
+    "64x128x64_s4_w4_sk8": _config(64, 128, 64, 4, 4, split_k=8),
+    "128x256x64_s3_w8_sk8": _config(128, 256, 64, 3, 8, split_k=8),
+    "64x256x64_s4_w4_sk4": _config(64, 256, 64, 4, 4, split_k=4),
 }
+
+
+def base_candidate(name: str) -> str | None:
+    """The candidate a split-K one is built on ("128x128x64_s4_w8_sk8" -> "128x128x64_s4_w8"),
+    None for one without split-K: where split_k_for gives 1 slice, both run one kernel."""
+    head, sep, tail = name.rpartition("_sk")
+    return head if sep and tail.isdigit() and head in CANDIDATES else None
+
 # Under the interpreter: small tiles keep the CPU emulation fast, and few programs make
 # each of them take several tiles.
 INTERPRET_CONFIG = dict(BM=16, BN=32, BK=32, GROUP_M=2, num_stages=1, num_warps=4,
-                        WARP_SPECIALIZE=False)
+                        WARP_SPECIALIZE=False, SPLIT_K=1)
 INTERPRET_PROGRAMS = 3
 
 # Shape classes: upper edges of M, N and K (a value above the last edge is "big").
@@ -108,7 +142,7 @@ def load_table(path: str = TABLE_PATH) -> dict:
     table = {}
     for cls, entry in data.get("classes", {}).items():
         cfg = entry["config"]
-        table[cls] = dict(candidates[cfg]) if isinstance(cfg, str) else dict(cfg)
+        table[cls] = {"SPLIT_K": 1, **(candidates[cfg] if isinstance(cfg, str) else cfg)}
     if path == TABLE_PATH:
         _table = table
     return table
@@ -135,14 +169,40 @@ def write_table(path: str, choices: dict, about: str, measured: bool) -> str:
     return path
 
 
-def config_for(M: int, N: int, K: int) -> dict:
-    """The GEMM config of a problem on a GPU (the interpreter's under TRITON_INTERPRET)."""
+def config_for(M: int, N: int, K: int, split_k: bool = False) -> dict:
+    """The GEMM config of a problem on a GPU (the interpreter's under TRITON_INTERPRET).
+    split_k: keep the entry's SPLIT_K (the standalone GEMM); without it the config has
+    no SPLIT_K key -- the fused kernels, which take tiles from their own queue, have no
+    split-K and run the entry's tiles."""
     if INTERPRET:
-        return dict(INTERPRET_CONFIG)
-    cfg = load_table().get(shape_class(M, N, K))
-    if cfg is None:          # a class missing from the table: the tutorial's default
-        cfg = CANDIDATES["64x128x64_s4_w4" if M <= 64 else "128x256x64_s3_w8"]
-    return dict(cfg)
+        cfg = dict(INTERPRET_CONFIG)
+    else:
+        cfg = load_table().get(shape_class(M, N, K))
+        if cfg is None:          # a class missing from the table: the tutorial's default
+            cfg = CANDIDATES["64x128x64_s4_w4" if M <= 64 else "128x256x64_s3_w8"]
+        cfg = dict(cfg)
+    if not split_k:
+        cfg.pop("SPLIT_K", None)
+    return cfg
+
+
+def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
+    """How many K slices a launch of `cfg` uses: 1 without SPLIT_K or when the output
+    tiles reach two waves over the SMs; else the s <= SPLIT_K (each slice at least 2
+    BK-steps) of least cost ceil(tiles * s / sms) / s (waves of work units, in full-tile
+    time) + s * partial / operands (a slice's fp32 partial tile against the tile's
+    operand bytes: the workspace traffic), taken only if 5% under one slice's cost.
+    A heuristic, not measured yet; the benchmark measures the candidates that use it."""
+    most = int(cfg.get("SPLIT_K", 1))
+    tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"])
+    if most <= 1 or tiles >= 2 * sms:
+        return 1
+    most = min(most, triton.cdiv(K, cfg["BK"]) // 2)
+    partial = cfg["BM"] * cfg["BN"] * 4 / (K * (cfg["BM"] + cfg["BN"]) * 2)
+    cost = {s: triton.cdiv(tiles * s, sms) / s + (s * partial if s > 1 else 0.0)
+            for s in range(1, most + 1)}
+    best = min(cost, key=lambda s: (cost[s], s))
+    return best if cost[best] < 0.95 * cost[1] else 1
 
 
 # ---------------------------------------------------------------------------- device side
@@ -200,50 +260,134 @@ def dot_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, BM: tl.constexpr,
 
 
 @triton.jit
-def _gemm_kernel(a, w, bias, out, M, N, K, stride_am, stride_wn, stride_om,
-                 NUM_PROGRAMS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def dot_slice(a, stride_am, w, stride_wn, m0, n0, M, N, K, k_lo, k_hi, BM: tl.constexpr,
+              BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr):
+    """fp32 [BM, BN] tile of a[m0:, k] @ w[n0:, k].T over the BK-steps k_lo <= ki < k_hi
+    (a split-K slice), a and w descriptors (TMA) or pointers (rows and columns past M and
+    N clamped, K masked; those rows and columns are never stored)."""
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if TMA:
+        for ki in range(k_lo, k_hi):
+            x = a.load([m0, ki * BK])
+            y = w.load([n0, ki * BK])
+            if DOT_UPCAST:
+                x = x.to(tl.float32)
+                y = y.to(tl.float32)
+            acc = tl.dot(x, y.T, acc)
+    else:
+        rows = (m0 + tl.arange(0, BM)) % M
+        cols = (n0 + tl.arange(0, BN)) % N
+        offs_k = k_lo * BK + tl.arange(0, BK)
+        a_ptrs = a + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
+        w_ptrs = w + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        for ki in range(k_lo, k_hi):
+            x = tl.load(a_ptrs, mask=offs_k[None, :] < K - (ki - k_lo) * BK, other=0.0)
+            y = tl.load(w_ptrs, mask=offs_k[:, None] < K - (ki - k_lo) * BK, other=0.0)
+            if DOT_UPCAST:
+                x = x.to(tl.float32)
+                y = y.to(tl.float32)
+            acc = tl.dot(x, y, acc)
+            a_ptrs += BK
+            w_ptrs += BK
+    return acc
+
+
+@triton.jit
+def _epilogue(acc, dst, bias, m0, n0, M, N, stride_om, BM: tl.constexpr, BN: tl.constexpr,
+              HAS_BIAS: tl.constexpr, OUT_DESC: tl.constexpr):
+    """acc (+ bias) -> out[m0:m0+BM, n0:n0+BN] in out's dtype: dst is out's TMA descriptor
+    (OUT_DESC; the store clips at the edges) or out itself (masked pointer store)."""
+    if HAS_BIAS:
+        cols = n0 + tl.arange(0, BN)
+        acc += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+    if OUT_DESC:
+        dst.store([m0, n0], acc.to(dst.dtype))
+    else:
+        rows = m0 + tl.arange(0, BM)
+        cols = n0 + tl.arange(0, BN)
+        ptrs = dst + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
+        tl.store(ptrs, acc.to(dst.dtype.element_ty),
+                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
+def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride_wn,
+                 stride_om, split_k, NUM_PROGRAMS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
+                 HOST_DESC: tl.constexpr, SPLIT: tl.constexpr,
                  WARP_SPECIALIZE: tl.constexpr, EVEN_K: tl.constexpr,
                  HAS_BIAS: tl.constexpr):
+    """a, w: pointers, or TMA descriptors made on the host (HOST_DESC; blocks [BM, BK] and
+    [BN, BK]); out: a pointer. SPLIT: split_k (> 1) K slices per tile, with partials
+    (fp32, [tiles * split_k, BM * BN]) and counters (int32, one per tile, 0 between
+    launches) of the split-K workspace; split_k is a runtime value, so that one compiled
+    kernel per config serves every slice count."""
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
     num_tiles = num_pid_m * num_pid_n
+    OUT_DESC: tl.constexpr = TMA and not HOST_DESC
     if TMA:
-        a_desc = tl.make_tensor_descriptor(a, shape=[M, K], strides=[stride_am, 1],
-                                           block_shape=[BM, BK])
-        w_desc = tl.make_tensor_descriptor(w, shape=[N, K], strides=[stride_wn, 1],
-                                           block_shape=[BN, BK])
-        out_desc = tl.make_tensor_descriptor(out, shape=[M, N], strides=[stride_om, 1],
-                                             block_shape=[BM, BN])
-    # The epilogue recomputes its tile from a counter of its own, as the tutorial does:
-    # a value used in both the prologue and the epilogue of the flattened loop hurts the
-    # pipeliner. Flattening the two loops keeps TMA loads of the next tile going during
-    # the epilogue, but stops Hopper's warp specialisation: one or the other.
-    tile_c = start - NUM_PROGRAMS
-    for tile in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=not WARP_SPECIALIZE,
-                         warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        if TMA:
-            acc = dot_tile_tma(a_desc, w_desc, pid_m * BM, pid_n * BN, K, BM, BN, BK)
+        if HOST_DESC:
+            a_op = a
+            w_op = w
+            dst = out
         else:
-            acc = gemm_tile(a, stride_am, w, stride_wn, pid_m * BM, pid_n * BN, M, N, K,
-                            BM, BN, BK, EVEN_K)
-        tile_c += NUM_PROGRAMS
-        pid_m, pid_n = tile_position(tile_c, num_pid_m, num_pid_n, GROUP_M)
-        m0 = pid_m * BM
-        n0 = pid_n * BN
-        if HAS_BIAS:
-            cols = n0 + tl.arange(0, BN)
-            acc += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
-        if TMA:
-            out_desc.store([m0, n0], acc.to(out.dtype.element_ty))
-        else:
-            rows = m0 + tl.arange(0, BM)
-            cols = n0 + tl.arange(0, BN)
-            ptrs = out + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
-            tl.store(ptrs, acc.to(out.dtype.element_ty),
-                     mask=(rows[:, None] < M) & (cols[None, :] < N))
+            a_op = tl.make_tensor_descriptor(a, shape=[M, K], strides=[stride_am, 1],
+                                             block_shape=[BM, BK])
+            w_op = tl.make_tensor_descriptor(w, shape=[N, K], strides=[stride_wn, 1],
+                                             block_shape=[BN, BK])
+            dst = tl.make_tensor_descriptor(out, shape=[M, N], strides=[stride_om, 1],
+                                            block_shape=[BM, BN])
+    else:
+        a_op = a
+        w_op = w
+        dst = out
+    if not SPLIT:
+        # The epilogue recomputes its tile from a counter of its own, as the tutorial
+        # does: a value used in both the prologue and the epilogue of the flattened loop
+        # hurts the pipeliner. Flattening the two loops keeps TMA loads of the next tile
+        # going during the epilogue, but stops Hopper's warp specialisation: one or the
+        # other.
+        tile_c = start - NUM_PROGRAMS
+        for tile in tl.range(start, num_tiles, NUM_PROGRAMS, flatten=not WARP_SPECIALIZE,
+                             warp_specialize=WARP_SPECIALIZE):
+            pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+            if TMA:
+                acc = dot_tile_tma(a_op, w_op, pid_m * BM, pid_n * BN, K, BM, BN, BK)
+            else:
+                acc = gemm_tile(a, stride_am, w, stride_wn, pid_m * BM, pid_n * BN, M, N, K,
+                                BM, BN, BK, EVEN_K)
+            tile_c += NUM_PROGRAMS
+            pid_m, pid_n = tile_position(tile_c, num_pid_m, num_pid_n, GROUP_M)
+            _epilogue(acc, dst, bias, pid_m * BM, pid_n * BN, M, N, stride_om, BM, BN,
+                      HAS_BIAS, OUT_DESC)
+    else:
+        # Split-K: work unit u = tile * split_k + slice; slice s takes the BK-steps
+        # [s * steps // split_k, (s + 1) * steps // split_k). The slices of a tile are
+        # neighbouring units, so they run at about the same time.
+        steps = tl.cdiv(K, BK)
+        offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+        for unit in tl.range(start, num_tiles * split_k, NUM_PROGRAMS):
+            tile = unit // split_k
+            s = unit % split_k
+            pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+            acc = dot_slice(a_op, stride_am, w_op, stride_wn, pid_m * BM, pid_n * BN, M, N,
+                            K, s * steps // split_k, (s + 1) * steps // split_k, BM, BN, BK,
+                            TMA)
+            tl.store(partials + unit * (BM * BN) + offs, acc)    # < 2**31: launch_args
+            # every thread's partial before the arrival (release), the others' partials
+            # after it (acquire) -- as in trident/language/epoch.py's last_program_out
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == split_k - 1:
+                tl.store(counters + tile, 0)             # rearmed for the next launch
+                first = partials + tile * split_k * (BM * BN)
+                total = tl.zeros((BM, BN), dtype=tl.float32)
+                for i in range(split_k):                 # slice order: deterministic
+                    total += tl.load(first + i * (BM * BN) + offs, cache_modifier=".cg")
+                _epilogue(total, dst, bias, pid_m * BM, pid_n * BN, M, N, stride_om, BM, BN,
+                          HAS_BIAS, OUT_DESC)
 
 
 # ---------------------------------------------------------------------------- host side
@@ -318,36 +462,103 @@ def check(a, w, bias=None, out=None) -> None:
                          f"with a contiguous last dimension")
 
 
-def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = None):
+DESCS = ("host", "kernel")
+
+
+class _Address:
+    """What a host TensorDescriptor of a launch plan points at once the plan is built: the
+    base address alone, so that the plan does not keep the caller's tensor alive (Triton's
+    launcher reads only `base.data_ptr()` when it encodes the descriptor)."""
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, t: torch.Tensor):
+        self.ptr, self.dtype = t.data_ptr(), t.dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+def _bucket_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 1).bit_length()
+
+
+# (device, stream, partial elements, counters) -> (partials fp32, counters int32); kept
+# for the life of the process: plans and captured graphs hold their addresses.
+_split_workspaces: dict = {}
+
+
+def split_workspace(device: torch.device, partial_elems: int, tiles: int):
+    """The split-K workspace of launches on this device's current stream: fp32 partials
+    (at least partial_elems) and int32 per-tile arrival counters (at least `tiles`), zeroed
+    once when made; the kernel leaves them 0 after every launch (see the module doc)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, _bucket_pow2(partial_elems), _bucket_pow2(tiles))
+    ws = _split_workspaces.get(key)
+    if ws is None:
+        ws = _split_workspaces[key] = (torch.empty(key[2], dtype=torch.float32, device=device),
+                                       torch.zeros(key[3], dtype=torch.int32, device=device))
+    return ws
+
+
+def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = None,
+                desc: str | None = None, split_k: int | None = None):
     """(grid, args, kwargs) of one launch of the GEMM kernel for checked tensors.
     config: a config dict (default: the table's for this shape); tma: force the TMA
-    (True) or the pointer path (False); default TMA where the tensors allow it."""
+    (True) or the pointer path (False); default TMA where the tensors allow it. desc:
+    where the TMA descriptors are made, "host" (default) or "kernel". split_k: this many
+    K slices exactly (default: split_k_for's choice for the config's SPLIT_K)."""
     M, K = a.shape
     N = w.shape[0]
-    cfg = dict(config) if config is not None else config_for(M, N, K)
+    cfg = dict(config) if config is not None else config_for(M, N, K, split_k=True)
     if tma is None:
         tma = tma_compatible(a, w, out)
     elif tma and not tma_compatible(a, w, out):
         raise ValueError("gemm: TMA needs 16-byte aligned tensors and row strides (K and N "
                          "multiples of 8 for bf16/fp16)")
-    if tma and not INTERPRET:
+    desc = "host" if desc is None else desc
+    if desc not in DESCS:
+        raise ValueError(f"gemm: desc must be one of {DESCS}, got {desc!r}")
+    host_desc = tma and desc == "host"
+    if tma and not host_desc and not INTERPRET:
         ensure_allocator()
-    tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"])
     sms = num_sms(a.device)
-    kwargs = dict(NUM_PROGRAMS=sms, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
-                  GROUP_M=cfg["GROUP_M"], TMA=tma,
-                  WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]) and tma,
-                  EVEN_K=K % cfg["BK"] == 0, HAS_BIAS=bias is not None,
+    if split_k is None:
+        split = split_k_for(M, N, K, cfg, sms)
+    elif not isinstance(split_k, int) or split_k < 1:
+        raise ValueError(f"gemm: split_k must be a positive int, got {split_k!r}")
+    else:
+        split = split_k
+    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    if split > 1:
+        if tiles * split * bm * bn >= 2 ** 31:
+            raise ValueError(f"gemm: split_k={split} over {tiles} tiles of {bm}x{bn} needs "
+                             f"more than 2**31 partial elements; use fewer slices")
+        partials, counters = split_workspace(a.device, tiles * split * bm * bn, tiles)
+    else:
+        partials = counters = a                 # not read
+    if host_desc:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        a_arg = TensorDescriptor(a, [M, K], [a.stride(0), 1], [bm, bk])
+        w_arg = TensorDescriptor(w, [N, K], [w.stride(0), 1], [bn, bk])
+    else:
+        a_arg, w_arg = a, w
+    kwargs = dict(NUM_PROGRAMS=sms, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"], TMA=tma,
+                  HOST_DESC=host_desc, SPLIT=split > 1,
+                  WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]) and tma and split == 1,
+                  EVEN_K=K % bk == 0, HAS_BIAS=bias is not None,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    args = (a, w, bias if bias is not None else a, out, M, N, K,
-            a.stride(0), w.stride(0), out.stride(0))
-    return (min(tiles, sms),), args, kwargs
+    args = (a_arg, w_arg, bias if bias is not None else a, out, partials, counters, M, N, K,
+            a.stride(0), w.stride(0), out.stride(0), split)
+    return (min(tiles * split, sms),), args, kwargs
 
 
 # Launches of recent signatures (trident/triton_launch.py: one C call per launch after the
-# first): key = the tensors' addresses, shapes, strides, dtypes, the config and the path.
+# first): key = the tensors' addresses, shapes, strides, dtypes, the stream (the split-K
+# workspace is per stream), the config and the path.
 _launches: OrderedDict = OrderedDict()
 _CAPACITY = 64
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _key(t):
@@ -356,12 +567,13 @@ def _key(t):
 
 def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
            out: torch.Tensor | None = None, config: dict | None = None,
-           tma: bool | None = None) -> torch.Tensor:
+           tma: bool | None = None, desc: str | None = None,
+           split_k: int | None = None) -> torch.Tensor:
     """a @ w.T + bias -> [a.shape[0], w.shape[0]] in a's dtype (fp32 accumulation).
 
     a: [M, K], w: [N, K] (nn.Linear layout), bias: [N] (bf16, fp16 or fp32), both bf16
     or fp16. config: a dict like CANDIDATES' (default: gemm_table.json's entry for this
-    shape class); tma: see launch_args.
+    shape class); tma, desc, split_k: see launch_args.
     """
     check(a, w, bias, out)
     fresh = out is None
@@ -370,16 +582,22 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     if INTERPRET:                 # the ordinary launch; a Launch would keep the tensors
         from .. import emulation
         emulation.install()
-        grid, args, kwargs = launch_args(a, w, bias, out, config, tma)
+        grid, args, kwargs = launch_args(a, w, bias, out, config, tma, desc, split_k)
         _gemm_kernel[grid](*args, **kwargs)
         return out
     key = (_key(a), _key(w), _key(bias), None if fresh else _key(out), out.dtype,
-           None if config is None else tuple(sorted(config.items())), tma)
+           None if config is None else tuple(sorted(config.items())), tma, desc, split_k,
+           _raw_stream(a.device.index) if _raw_stream is not None and a.is_cuda else None)
     launch = _launches.get(key)
     if launch is None:
-        grid, args, kwargs = launch_args(a, w, bias, out, config, tma)
+        grid, args, kwargs = launch_args(a, w, bias, out, config, tma, desc, split_k)
         args = args[:3] + (Live(0),) + args[4:] if fresh else args
         launch = _launches[key] = Launch(_gemm_kernel, grid, args, kwargs, (out,))
+        if getattr(launch, "fast", None) is not None:
+            # the plan keeps addresses only (triton_launch.Launch): so do its descriptors
+            for d in args[:2]:
+                if hasattr(d, "block_shape"):
+                    d.base = _Address(d.base)
         if len(_launches) > _CAPACITY:
             _launches.popitem(last=False)
     else:

@@ -24,6 +24,12 @@ and 317 at 512 MiB, NCCL 281 / 333; p2p pull from one peer 333, push 356):
 To measure: busbw at 2-512 MiB on 4 and 8 GPUs against the figures above and NCCL
 (target: >= NCCL from 32 MiB, >= 360 GB/s at 512 MiB), and block=4096 words (16 KiB,
 the old step) against the default, to confirm the larger step.
+
+Knobs (keyword options, `python -m trident.bench.sweep` times them): block, programs,
+warps, and order: "peer" (the default: a program copies all its blocks of one peer, then
+the next peer's) or "block" (per block, the loads of every rank's copy are issued
+together, then stored, as reduce_scatter's pull does: WORLD x BLOCK in flight per
+program, so the default block halves with it).
 """
 import triton
 import triton.language as tl
@@ -32,8 +38,9 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, peer_shift,
-                      publish_offset, shift_ok, vec_aligned, vec_shift)
+from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, peer_ptrs,
+                      peer_shift, peer_shifts, publish_offset, shift_ok, vec_aligned,
+                      vec_shift)
 
 GPU_BLOCK_BYTES = 2 * common.GPU_BLOCK_BYTES      # see "32 KiB per program step" above
 
@@ -47,6 +54,47 @@ def _copy(dst, src, n, ok, BLOCK: tl.constexpr, VEC: tl.constexpr):
         if not VEC:
             mask = mask & ok
         tl.store(dst + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+@triton.jit
+def _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD: tl.constexpr, WORD: tl.constexpr,
+              BLOCK: tl.constexpr, VEC: tl.constexpr):
+    """order="block": per block, every rank's copy loaded at once, then stored."""
+    ptrs, oks = peer_ptrs(inp, shifts, rank, heap_bases, WORLD, WORD, VEC)
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        xs = ()
+        for src in tl.static_range(WORLD):
+            if VEC:
+                xs = xs + (tl.load(ptrs[src] + offs, mask=mask),)
+            else:
+                xs = xs + (tl.load(ptrs[src] + offs, mask=mask & oks[src]),)
+        for src in tl.static_range(WORLD):
+            if VEC:
+                tl.store(out + src * n + offs, xs[src], mask=mask)
+            else:
+                tl.store(out + src * n + offs, xs[src], mask=mask & oks[src])
+
+
+@triton.jit
+def _pull_block_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf,
+                       rank, n, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
+                       TRACE: tl.constexpr):
+    """order="block" (see the module docstring); the handshakes as in _pull_kernel."""
+    epoch = begin_epoch(sync)
+    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
+    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
+             OP_ALL_GATHER, trace_buf, TRACE)
+    t0 = trd.begin(TRACE)
+    shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
+    if aligned:
+        _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, True)
+    else:
+        _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, False)
+    trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
+    exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
+             OP_ALL_GATHER, trace_buf, TRACE)
 
 
 @triton.jit
@@ -73,16 +121,23 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
              OP_ALL_GATHER, trace_buf, TRACE)
 
 
-def pull(ctx, plan, out, inp, block=None, programs=None):
-    """out, inp: flat word views (checked by the caller); out has world * inp.numel()."""
+ORDERS = ("peer", "block")
+
+
+def pull(ctx, plan, out, inp, block=None, programs=None, warps=None, order="peer"):
+    """out, inp: flat word views (checked by the caller); out has world * inp.numel().
+    warps, order: knobs (module docstring)."""
+    if order not in ORDERS:
+        raise ValueError(f"all_gather pull: order must be one of {ORDERS}, got {order!r}")
     n = inp.numel()
     src = common.stage(ctx, plan, inp, 1, "stage.in")
     st = common.state(ctx)
     if block is None and ctx.backend == "cuda":
-        block = GPU_BLOCK_BYTES // inp.element_size()
+        block = GPU_BLOCK_BYTES // inp.element_size() // (2 if order == "block" else 1)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
+    kernel = _pull_kernel if order == "peer" else _pull_block_kernel
     plan.launch(
-        _pull_kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
+        kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
         st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, WORLD=ctx.world_size,
-        WORD=src.element_size(), BLOCK=block, TRACE=trace, **common.kernel_options(ctx))
+        WORD=src.element_size(), BLOCK=block, TRACE=trace, **common.kernel_options(ctx, warps))

@@ -82,8 +82,8 @@ def _two_shot_kernel(t, offsets, my_offset, flags, sync, ctrl, heap_bases, trace
              OP_ALL_REDUCE, trace_buf, TRACE)
 
 
-def two_shot(ctx, plan, t, op_code: int, block=None, programs=None):
-    """In place on `t` (contiguous, checked by the caller)."""
+def two_shot(ctx, plan, t, op_code: int, block=None, programs=None, warps=None):
+    """In place on `t` (contiguous, checked by the caller). warps: a knob (common.py)."""
     n = t.numel()
     seg = common.round_up(triton.cdiv(n, ctx.world_size))
     buf = common.stage(ctx, plan, t, 0, "stage.inout")
@@ -95,5 +95,5 @@ def two_shot(ctx, plan, t, op_code: int, block=None, programs=None):
         _two_shot_kernel, (grid,), buf, st.offsets, common.heap_offset(ctx, buf), st.flags,
         st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, seg, WORLD=ctx.world_size,
         OP=op_code, WORD=buf.element_size(), BLOCK=block, TRACE=trace,
-        **common.kernel_options(ctx))
+        **common.kernel_options(ctx, warps))
     common.unstage(plan, 0, t, buf)

@@ -127,8 +127,10 @@ def _meta(ctx) -> torch.Tensor:
                          lambda c: c.zeros(4 * int(MAX_RANKS), dtype=torch.int64))
 
 
-def push(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=None):
-    """out, inp: flat word views; splits in rows of `row` words (checked by the caller)."""
+def push(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=None,
+         warps=None):
+    """out, inp: flat word views; splits in rows of `row` words (checked by the caller).
+    warps: a knob (common.py)."""
     check_no_overlap(out, inp)
     st = common.state(ctx)
     meta = _meta(ctx)
@@ -148,6 +150,7 @@ def push(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=N
     trace_buf, trace = kernel_args(ctx)
     plan.launch(_push_kernel, (grid,), anchor, inp, splits, meta, st.a2a_check, st.flags,
                 st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
-                BLOCK=block, ALIGN=alignment(row), TRACE=trace, **common.kernel_options(ctx))
+                BLOCK=block, ALIGN=alignment(row), TRACE=trace,
+                **common.kernel_options(ctx, warps))
     if out.numel():
         common.unstage(plan, 0, out, dst)

@@ -134,20 +134,25 @@ def _relay_kernel(t, offsets, my_offset, chunk_flags, flags, sync, ctrl, heap_ba
              OP_BROADCAST, trace_buf, TRACE)
 
 
-def chunk_size(n: int, word: int, block: int, grid: int) -> int:
+def chunk_size(n: int, word: int, block: int, grid: int, depth: int = DEPTH) -> int:
     """Default chunk in elements of `word` bytes: the power-of-two multiple of `block`
-    at or above n / (grid * DEPTH), at most MAX_CHUNK_BYTES (and at least one block)."""
-    want = block * triton.next_power_of_2(triton.cdiv(triton.cdiv(n, grid * DEPTH), block))
+    at or above n / (grid * depth), at most MAX_CHUNK_BYTES (and at least one block)."""
+    want = block * triton.next_power_of_2(triton.cdiv(triton.cdiv(n, grid * depth), block))
     return max(block, min(want, MAX_CHUNK_BYTES // word // block * block))
 
 
-def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None):
-    """t: a flat word view (checked by the caller). chunk: elements per chunk (a multiple
-    of the block); default about DEPTH chunks per program, up to MAX_CHUNK_BYTES."""
+def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None, depth=None,
+          warps=None):
+    """t: a flat word view (checked by the caller). Knobs: chunk, elements per chunk (a
+    multiple of the block); default about `depth` (DEPTH) chunks per program, up to
+    MAX_CHUNK_BYTES: the last chunk's second hop is not overlapped, so deeper pipelines
+    leave a shorter tail at the price of more flags; warps (common.py)."""
     n, word = t.numel(), t.element_size()
     block, grid = common.launch_size(ctx, n, word, block, programs)
+    if depth is not None and (not isinstance(depth, int) or depth < 1):
+        raise ValueError(f"broadcast relay: depth must be a positive int, got {depth!r}")
     if chunk is None:
-        chunk = chunk_size(n, word, block, grid)
+        chunk = chunk_size(n, word, block, grid, depth or DEPTH)
     if chunk <= 0 or chunk % block:
         raise ValueError(f"broadcast relay: chunk must be a positive multiple of the block "
                          f"({block} elements), got {chunk}")
@@ -159,7 +164,7 @@ def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None):
     plan.launch(
         _relay_kernel, (grid,), buf, st.offsets, common.heap_offset(ctx, buf), chunk_flags,
         st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, src,
-        n, chunk, WORD=word, BLOCK=block, TRACE=trace, **common.kernel_options(ctx))
+        n, chunk, WORD=word, BLOCK=block, TRACE=trace, **common.kernel_options(ctx, warps))
     if ctx.rank != src and buf is not t:
         if t.data_ptr() == plan.tensors[0].data_ptr():
             common.unstage(plan, 0, t, buf)

@@ -80,8 +80,8 @@ def reduce_block(ctx, elem_size: int, block):
     return block
 
 
-def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None):
-    """out [n], inp [world * n] (checked by the caller)."""
+def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None, warps=None):
+    """out [n], inp [world * n] (checked by the caller). warps: a knob (common.py)."""
     n = out.numel()
     src = common.stage(ctx, plan, inp, 1, "stage.in")
     st = common.state(ctx)
@@ -92,4 +92,4 @@ def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None):
         _pull_kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
         st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, WORLD=ctx.world_size,
         OP=op_code, WORD=src.element_size(), BLOCK=block, TRACE=trace,
-        **common.kernel_options(ctx))
+        **common.kernel_options(ctx, warps))
