@@ -188,6 +188,31 @@ def _ccl() -> list[Kernel]:
                + [V("", w, types=dict(out=P16, inp=P16), BLOCK=2 * pull_ag_block, WORD=2,
                     WORLD=4, TRACE=False)],     # int16 words: an odd size, never 16-byte
                aligned=("n", "my_offset")),
+        # knobs (bench/sweep.py): pull order="block" (every rank's load of a block in
+        # flight at once), push_direct (stores into every rank's output), at the warps
+        # and blocks the sweep times
+        Kernel("trident.ccl.all_gather.pull", "_pull_block_kernel",
+               dict(out=P32, inp=P32, **pull),
+               [V("ld+st", nw, v4=(vecs * world, vecs * world), BLOCK=blk, WORD=4,
+                  WORLD=world, TRACE=t)
+                for world, t, blk, nw in ((4, False, pull_ag_block // 2, w),
+                                          (4, True, pull_ag_block // 2, w),
+                                          (2, False, pull_ag_block // 2, w),
+                                          (8, False, pull_ag_block // 4, w))
+                for vecs in [blk // (nw * 32 * 4)]],
+               aligned=("n", "my_offset")),
+        Kernel("trident.ccl.all_gather.push_direct", "_push_direct_kernel",
+               dict(out=P32, inp=P32, **pull),
+               [V("ld+st", nw, v4=(vecs, vecs * world), BLOCK=blk, WORD=4, WORLD=world,
+                  TRACE=t)
+                for world, t, blk, nw in ((4, False, word_block, w), (4, True, word_block, w),
+                                          (4, False, 2 * word_block, w),
+                                          (4, False, word_block, 4), (2, False, word_block, w),
+                                          (8, False, word_block, w))
+                for vecs in [blk // (nw * 32 * 4)]]
+               + [V("", w, types=dict(out=P16, inp=P16), BLOCK=2 * word_block, WORD=2,
+                    WORLD=4, TRACE=False)],
+               aligned=("n", "my_offset")),
         Kernel("trident.ccl.broadcast.push", "_push_kernel", dict(t=P32, src=I32, **push),
                copies, aligned=("n", "stride", "half")),
         # relay: a vector branch and a scalar one (peers' copies at any heap offset).
@@ -268,6 +293,7 @@ def _ops() -> list[Kernel]:
         cfg = dict(cfg)
         opts = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
         cfg.pop("WARP_SPECIALIZE", None)
+        cfg.pop("SPLIT_K", None)            # the fused kernels have no split-K
         group_m = cfg.pop("GROUP_M", 8)
         dt = PBF16 if i != 1 else PF16
         types = dict(a=dt, w=dt, out=dt, bias=PF32 if i == 2 else dt)
@@ -304,28 +330,43 @@ def _ops() -> list[Kernel]:
 
 def _gemm() -> list[Kernel]:
     """trident/ops/gemm.py's persistent GEMM: every candidate config of its table on the
-    TMA path (bf16; warp-specialised ones must show setmaxnreg), fp16 and an fp32 bias
-    once, and the pointer path (unaligned tensors) at the large and the small tile."""
+    TMA path with host-side descriptors (bf16; warp-specialised ones must show setmaxnreg,
+    split-K ones run SPLIT), with in-kernel descriptors at the large, a warp-specialised
+    and a split-K config, fp16 and an fp32 bias once, and the pointer path (unaligned
+    tensors) at the large and the small tile, split-K once."""
     from trident.ops import gemm
     ints = ("M", "N", "K", "stride_am", "stride_wn", "stride_om")
     bf16 = dict(a=PBF16, w=PBF16, bias=PBF16, out=PBF16)
     variants = []
 
-    def add(cfg, tma, types=bf16, even_k=True, bias=False):
+    def add(cfg, tma, types=bf16, even_k=True, bias=False, host=True):
+        types = dict(types)
+        if tma and host:                      # TensorDescriptor arguments
+            dt = types["a"].lstrip("*")
+            types.update(a=f"tensordesc<{dt}[{cfg['BM']},{cfg['BK']}]>",
+                         w=f"tensordesc<{dt}[{cfg['BN']},{cfg['BK']}]>")
+        split = cfg.get("SPLIT_K", 1) > 1
         variants.append(V(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                          types=types, ptx_has="setmaxnreg" if cfg["WARP_SPECIALIZE"] else "",
+                          types=types, ptx_has="setmaxnreg" if cfg["WARP_SPECIALIZE"] else
+                          "cp.async.bulk.tensor" if tma else "",
                           NUM_PROGRAMS=132, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
-                          GROUP_M=cfg["GROUP_M"], TMA=tma,
-                          WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"] and tma, EVEN_K=even_k,
-                          HAS_BIAS=bias))
+                          GROUP_M=cfg["GROUP_M"], TMA=tma, HOST_DESC=tma and host,
+                          SPLIT=split, WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"] and tma and
+                          not split, EVEN_K=even_k, HAS_BIAS=bias))
 
     for cfg in gemm.CANDIDATES.values():
         add(cfg, True)
     big, small = gemm.CANDIDATES["128x256x64_s3_w8"], gemm.CANDIDATES["64x128x64_s4_w4"]
+    add(big, True, host=False)
+    add(gemm.CANDIDATES["128x128x64_s4_w4_ws"], True, host=False)
+    add(gemm.CANDIDATES["128x128x64_s4_w8_sk8"], True, bias=True, host=False)
     add(big, True, dict(a=PF16, w=PF16, bias=PF32, out=PF16), bias=True)
     add(big, False, even_k=False, bias=True)
     add(small, False, dict(a=PF16, w=PF16, bias=PF16, out=PF16), even_k=False)
-    return [Kernel("trident.ops.gemm", "_gemm_kernel", dict.fromkeys(ints, I32), variants)]
+    add(gemm.CANDIDATES["64x128x64_s4_w4_sk8"], False, even_k=False, bias=True)
+    return [Kernel("trident.ops.gemm", "_gemm_kernel",
+                   dict(partials=PF32, counters=P32, split_k=I32, **dict.fromkeys(ints, I32)),
+                   variants)]
 
 
 def _moe() -> list[Kernel]:
