@@ -82,3 +82,116 @@ def test_a_changed_triton_falls_back(monkeypatch):
     if GPU:
         torch.cuda.synchronize()
     torch.testing.assert_close(out, x + y)
+
+
+class _FakeLauncher:
+    """Stands in for a CudaLauncher of a kernel with global scratch (CPU test)."""
+    num_ctas, global_scratch_size, global_scratch_align = 1, 96, 128
+
+    def __init__(self):
+        self.per_launch = []                  # CudaLauncher.__call__: scratch per launch
+
+    def __call__(self, *args):
+        self.per_launch.append(args)
+
+
+class _FakeCompiled:
+    def __init__(self):
+        self.run, self.function, self.packed_metadata = _FakeLauncher(), "fn", "meta"
+
+
+def _scratch_launch(stream_of, capturing):
+    """A Launch on its fast path with global scratch, without a GPU: the C launcher
+    records its arguments."""
+    launch = object.__new__(Launch)
+    calls = []
+    launch.kernel, launch.grid, launch.live, launch.one_live = None, (3, 2, 1), [(1, 0)], None
+    launch.direct, launch.compiled = False, _FakeCompiled()
+    launch.fast = lambda *args: calls.append(args)
+    launch.prefix = ("fn", 0, 0, None, None, "meta", None, None, None)
+    launch.packed = (11, 0, 13)               # argument 1 is Live(0)
+    launch.tail = launch.prefix + launch.packed
+    launch.scratch, launch.device, launch.torch_device = {}, 0, torch.device("cpu")
+    launch.stream, launch.capturing = stream_of, capturing
+
+    class Hooks:
+        class launch_enter_hook:
+            calls = []
+    launch.hooks = Hooks
+    return launch, calls
+
+
+def test_global_scratch_is_allocated_once_per_stream():
+    """A kernel with global scratch (TMA descriptors) gets a buffer the Launch keeps, one
+    per stream (launches on one stream run in order), of grid * num_ctas * size bytes,
+    aligned; during a CUDA-graph capture Triton allocates per launch (the graph's pool
+    outlives the plan)."""
+    stream, capturing = [7], [False]
+    launch, calls = _scratch_launch(lambda device: stream[0], lambda: capturing[0])
+    t = torch.empty(4)
+    for _ in range(3):
+        launch((t,))
+    assert len(calls) == 3
+    scratch = {c[7] for c in calls}           # after grid (3), stream, function, coop, pdl
+    assert len(scratch) == 1 and all(c[8] is None for c in calls), "one buffer, reused"
+    ptr = scratch.pop()
+    assert ptr % 128 == 0
+    _, buf = launch.scratch[7]
+    assert buf.numel() >= 6 * 96 and buf.data_ptr() <= ptr < buf.data_ptr() + 128
+    assert calls[0][-3:] == (11, t.data_ptr(), 13), "the Live argument is read per call"
+    stream[0] = 8                             # another stream: its own buffer
+    launch((t,))
+    assert calls[-1][7] != ptr and set(launch.scratch) == {7, 8}
+    capturing[0] = True                       # capture: per launch, through CudaLauncher
+    launch((t,))
+    assert len(calls) == 4 and len(launch.compiled.run.per_launch) == 1
+    assert launch.compiled.run.per_launch[0][:9] == (3, 2, 1, 8, "fn", "meta", None, None, None)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU")
+def test_global_scratch_kernel_matches_ordinary_launch():
+    """A kernel with in-kernel TMA descriptors (global scratch) launched through a Launch:
+    same result as kernel[grid](...), no allocation through Triton's allocator once warm,
+    per-launch allocation inside a CUDA-graph capture, and the graph replays right."""
+    from triton.runtime import _allocation
+
+    @triton.jit
+    def _tma_copy(x, out, n, BLOCK: tl.constexpr):
+        src = tl.make_tensor_descriptor(x, shape=[n], strides=[1], block_shape=[BLOCK])
+        dst = tl.make_tensor_descriptor(out, shape=[n], strides=[1], block_shape=[BLOCK])
+        off = tl.program_id(0) * BLOCK
+        dst.store([off], src.load([off]) * 2)
+
+    asked = []
+
+    def alloc(size, align, stream):
+        asked.append(size)
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+    triton.set_allocator(alloc)
+    try:
+        x = torch.randn(1024, device="cuda")
+        out = torch.zeros_like(x)
+        launch = Launch(_tma_copy, (4,), (x, Live(0), x.numel()), dict(BLOCK=256),
+                        tensors=(out,))
+        assert launch.scratch is not None, "the kernel should need global scratch"
+        before = len(asked)
+        for _ in range(3):
+            out.zero_()
+            launch((out,))
+        torch.cuda.synchronize()
+        assert len(asked) == before, "a warm launch allocates no scratch"
+        torch.testing.assert_close(out, 2 * x)
+        graph = torch.cuda.CUDAGraph()
+        out.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.graph(graph, stream=side):
+            launch((out,))
+        assert len(asked) == before + 1, "inside a capture, scratch comes from the graph's pool"
+        torch.cuda.current_stream().wait_stream(side)
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, 2 * x)
+    finally:
+        triton.set_allocator(_allocation._NULL_ALLOCATOR)

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from functools import partial
 
 import torch
 
 from .triton_launch import Launch, Live
 
-__all__ = ["Plan", "PlanCache", "Live", "tensor_key"]
+__all__ = ["Plan", "PlanCache", "Live", "tensor_key", "live_key"]
 
 DEFAULT_CAPACITY = 512
 
@@ -44,16 +45,23 @@ class Plan:
     run in debug mode only.
     """
     __slots__ = ("steps", "name", "tensors", "debug_before", "debug_after", "out_shape",
-                 "graphable", "graph", "run")
+                 "graphable", "graph", "run", "new_out")
 
     def __init__(self, tensors: tuple = (), name: str = ""):
         self.steps: list = []
         self.tensors, self.name = tensors, name
         self.debug_before = self.debug_after = None
         self.out_shape = None        # for ops that allocate their output per call
+        self.new_out = None          # () -> a fresh output of out_shape (set_output)
         self.graphable = True        # every step may be captured into a CUDA graph
         self.graph = None
         self.run = self.__call__     # after finish(): the cheapest callable that runs it
+
+    def set_output(self, shape, dtype: torch.dtype, device: torch.device) -> None:
+        """The op allocates a fresh output per call (the caller keeps it): `new_out()`
+        makes it with everything but the allocation itself fixed now."""
+        self.out_shape = shape = tuple(shape)
+        self.new_out = partial(torch.empty, shape, dtype=dtype, device=device)
 
     def launch(self, kernel, grid, *args, **kwargs) -> None:
         """Add a launch of `kernel[grid](*args, **kwargs)`."""
@@ -101,11 +109,30 @@ def _capture(steps, tensors):
     return graph
 
 
+_Tensor = torch.Tensor
+
+
 def tensor_key(t) -> tuple:
-    """What a plan depends on of a tensor argument: address, shape, strides, dtype, device."""
-    if isinstance(t, torch.Tensor):
-        return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    """What a plan depends on of a tensor argument: address, shape, strides, dtype, device.
+
+    A warm call pays for this on every tensor (each accessor is a C call of ~100 ns), so
+    the device is left out where the address implies it: a CUDA process has one address
+    space (UVA) in which device, host and mapped memory never overlap, so a nonzero address
+    names one device. Address 0 (an empty tensor, a meta tensor) keeps the device."""
+    if t.__class__ is _Tensor or isinstance(t, _Tensor):
+        p = t.data_ptr()
+        if p:
+            return (p, t.shape, t.stride(), t.dtype)
+        return (p, t.shape, t.stride(), t.dtype, t.device)
     return (type(t), id(t))      # not a tensor: the plan's build raises the clear error
+
+
+def live_key(t) -> tuple:
+    """The key of a tensor passed as Live (read at every call, e.g. a given output):
+    shape, strides, dtype, device -- not the address, which the plan does not keep."""
+    if t.__class__ is _Tensor or isinstance(t, _Tensor):
+        return (t.shape, t.stride(), t.dtype, t.device)
+    return (type(t), id(t))
 
 
 class PlanCache:
@@ -124,13 +151,14 @@ class PlanCache:
             raise ValueError(f"plan graphs must be 'off', 'multi' or 'all', got {graphs!r}")
         self.graphs, self.capturing = graphs, capturing
         self._plans: OrderedDict = OrderedDict()
+        self._get, self._move_to_end = self._plans.get, self._plans.move_to_end
         self.builds = self.hits = 0
 
     def get(self, key):
-        plan = self._plans.get(key)
+        plan = self._get(key)
         if plan is not None:
             self.hits += 1
-            self._plans.move_to_end(key)
+            self._move_to_end(key)
         return plan
 
     def put(self, key, plan: Plan, for_capture: bool | None = None) -> Plan:

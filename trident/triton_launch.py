@@ -102,14 +102,17 @@ class Launch:
     addresses of the call's tensors, so a plan cannot outlive what it points to unnoticed.
     On the ordinary path (CPU emulation, changed Triton internals) it keeps the arguments.
     """
-    __slots__ = ("kernel", "grid", "args", "kwargs", "live", "fast", "compiled", "prefix",
-                 "packed", "tail", "stream", "device", "hooks")
+    __slots__ = ("kernel", "grid", "args", "kwargs", "live", "fast", "direct", "compiled",
+                 "prefix", "packed", "tail", "stream", "device", "hooks", "scratch",
+                 "capturing", "one_live", "head", "rest", "torch_device")
 
     def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, tensors: tuple = ()):
         self.kernel, self.grid = kernel, tuple(grid) + (1,) * (3 - len(grid))
         self.args, self.kwargs = tuple(args), kwargs
         self.live = [(i, a.index) for i, a in enumerate(args) if isinstance(a, Live)]
         self.fast = None
+        self.direct = False          # the hot path: one C call, nothing read per call
+        self.one_live = None         # or: the one Live argument's index among the tensors
         if not INTERPRET and internals_problem() is None:
             self._build_fast(tensors)
 
@@ -125,8 +128,10 @@ class Launch:
         values, options = _bind(self.kernel, self._resolve(tensors), self.kwargs)
         compiled = self.kernel.warmup(*values, grid=self.grid, **options)
         launcher = compiled.run                       # loads the module on first use
-        if launcher.global_scratch_size or launcher.profile_scratch_size:
-            # scratch is allocated per launch: go through CudaLauncher.__call__
+        self.scratch = None
+        if launcher.profile_scratch_size:
+            # profiling scratch (instrumented kernels): allocated per launch by
+            # CudaLauncher.__call__, whose allocator the profiler owns
             self.fast = launcher
             self.prefix = (compiled.function, compiled.packed_metadata, None, None, None)
         else:
@@ -134,27 +139,79 @@ class Launch:
             self.prefix = (compiled.function, launcher.launch_cooperative_grid,
                            launcher.launch_pdl, None, None, compiled.packed_metadata, None,
                            None, None)
+            if launcher.global_scratch_size:
+                # global scratch (e.g. in-kernel TMA descriptors): CudaLauncher.__call__
+                # asks Triton's allocator for grid * num_ctas * size bytes at every launch;
+                # a Launch keeps one buffer per stream instead (see _launch_scratch)
+                self.scratch = {}
         self.packed = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
         self.tail = self.prefix + self.packed
         self.compiled, self.args = compiled, None     # addresses only from here on
         self.device = driver.active.get_current_device()
         self.stream = driver.active.get_current_stream
         self.hooks = triton.knobs.runtime
+        self.capturing = torch.cuda.is_current_stream_capturing
+        self.torch_device = torch.device("cuda", self.device)
+        self.direct = not self.live and self.scratch is None
+        if len(self.live) == 1 and self.scratch is None:
+            # one Live argument (a fresh output): packed as head, the pointer, rest
+            pos, self.one_live = self.live[0]
+            self.head, self.rest = self.prefix + self.packed[:pos], self.packed[pos + 1:]
 
     def __call__(self, tensors: tuple = ()) -> None:
-        if self.fast is None:
-            self.kernel[self.grid](*self._resolve(tensors), **self.kwargs)
-        elif self.live or self.hooks.launch_enter_hook.calls:
-            self._launch_slower(tensors)
-        else:                                        # the hot path: one C call
+        if self.direct and not self.hooks.launch_enter_hook.calls:
+            # the hot path: one C call
             self.fast(*self.grid, self.stream(self.device), *self.tail)
+        elif self.one_live is not None and not self.hooks.launch_enter_hook.calls:
+            self.fast(*self.grid, self.stream(self.device), *self.head,
+                      tensors[self.one_live].data_ptr(), *self.rest)
+        elif self.fast is None:
+            self.kernel[self.grid](*self._resolve(tensors), **self.kwargs)
+        else:
+            self._launch_slower(tensors)
 
     def _launch_slower(self, tensors) -> None:
-        """Live arguments to read, or a launch hook (a profiler such as proton) to call."""
-        args = list(self.packed)
-        for pos, index in self.live:
-            args[pos] = tensors[index].data_ptr()
+        """Live arguments to read, global scratch to pass, or a launch hook (a profiler such
+        as proton) to call."""
+        if self.live:
+            args = list(self.packed)
+            for pos, index in self.live:
+                args[pos] = tensors[index].data_ptr()
+        else:
+            args = self.packed
         if self.hooks.launch_enter_hook.calls:
-            self.compiled[self.grid](*args)
+            self.compiled[self.grid](*args)         # allocates scratch per launch itself
+        elif self.scratch is not None:
+            self._launch_scratch(args)
         else:
             self.fast(*self.grid, self.stream(self.device), *self.prefix, *args)
+
+    def _launch_scratch(self, args) -> None:
+        """A kernel with global scratch, through a buffer the Launch keeps per stream.
+
+        Launches on one stream run in order, so one buffer per stream is never used by two
+        launches at once; the buffer is allocated on that stream, so the caching allocator
+        reuses its memory, once the Launch is gone, only in that stream's order. During a
+        CUDA-graph capture the scratch is allocated per launch as Triton does (from the
+        graph's pool, which lives as long as the graph): a buffer of the Launch's could be
+        freed with its plan (ctx.reset, free, eviction) while the graph still replays."""
+        stream = self.stream(self.device)
+        if self.capturing():
+            launcher = self.compiled.run
+            launcher(*self.grid, stream, self.compiled.function, self.compiled.packed_metadata,
+                     None, None, None, *args)
+            return
+        entry = self.scratch.get(stream)
+        ptr = (entry or self._new_scratch(stream))[0]
+        f, coop, pdl, _, _, meta, lm, eh, xh = self.prefix
+        self.fast(*self.grid, stream, f, coop, pdl, ptr, None, meta, lm, eh, xh, *args)
+
+    def _new_scratch(self, stream: int) -> tuple:
+        launcher = self.compiled.run
+        gx, gy, gz = self.grid
+        size = gx * gy * gz * launcher.num_ctas * launcher.global_scratch_size
+        align = max(1, launcher.global_scratch_align)
+        # torch.empty allocates on the current stream, the one this launch goes to
+        buf = torch.empty(size + align, dtype=torch.uint8, device=self.torch_device)
+        entry = self.scratch[stream] = (-(-buf.data_ptr() // align) * align, buf)
+        return entry

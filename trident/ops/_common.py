@@ -97,22 +97,31 @@ def check_inputs(ctx, op: str, a, w, bias, out, out_shape) -> torch.Tensor | Non
 def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> torch.Tensor:
     """Run the launch plan of this call's signature (trident/plans.py), building it first
     if the signature is new; allocate `out` (shape from the plan) when not given."""
-    key = (op, tensor_key(a), tensor_key(w), tensor_key(bias),
+    key = (op, tensor_key(a), tensor_key(w), None if bias is None else tensor_key(bias),
            None if out is None else tensor_key(out), algorithm,
-           tuple(sorted((k, repr(v)) for k, v in options.items())) if options else None,
-           ctx.capturing())
-    if ctx.debug:         # one host collective per call, before anything is allocated
+           _options_key(options) if options else None, ctx.capturing())
+    debug = ctx.debug
+    if debug:             # one host collective per call, before anything is allocated
         ctx.agree(op, *debug_signature(op, a, w, bias, algorithm))
     plan = ctx.plans.get(key)
     if plan is None:
         with ctx.building(op):
             plan = ctx.plans.put(key, build(ctx, a, w, bias, out, algorithm, options))
     if out is None:
-        out = torch.empty(plan.out_shape, dtype=a.dtype, device=ctx.device)
+        out = plan.new_out()     # a fresh tensor per call: the caller keeps it
     plan.run((a, w, bias, out))
-    if ctx.debug:
+    if debug:
         ctx.sync()
     return out
+
+
+def _options_key(options: dict) -> tuple:
+    """The options' part of a plan key: (name, repr(value)) pairs in name order (values
+    such as a config dict are not hashable; repr also keeps 1 and True apart)."""
+    if len(options) == 1:
+        for k, v in options.items():
+            return ((k, repr(v)),)
+    return tuple(sorted((k, repr(v)) for k, v in options.items()))
 
 
 def debug_signature(op: str, a, w, bias, algorithm: str) -> tuple:
@@ -131,10 +140,11 @@ def new_plan(ctx, a, w, bias, out, out_shape, path: str) -> Plan:
     """The plan of a checked call. The output is the call's tensor 3, passed to kernels as
     Live(3) (a fresh tensor per call when the caller gives none); the build uses a
     stand-in of the same shape."""
+    plan = Plan((), path)
+    plan.set_output(out_shape, a.dtype, ctx.device)
     if out is None:
-        out = torch.empty(out_shape, dtype=a.dtype, device=ctx.device)
-    plan = Plan((a, w, bias, out), path)
-    plan.out_shape = tuple(out_shape)
+        out = plan.new_out()
+    plan.tensors = (a, w, bias, out)
     return plan
 
 
