@@ -204,9 +204,9 @@ def _batch(ctx, seeds):
 
 
 def test_fuzz_expert_parallel(pool, request):
-    """75 cases per fuzzed world size in CI (over world sizes 2 and 3: 150 cases, over
-    300 rounds, over 600 checked op calls); --cases N for more. One pool.run per world
-    size."""
+    """40 cases per fuzzed world size in CI (over world sizes 2 and 3: 80 cases, over
+    160 rounds and 320 checked dispatch/combine calls); --cases N for more. One pool.run
+    per world size."""
     skip_unless_fuzzed_world(pool)
-    n = num_cases(request, 75)
+    n = num_cases(request, 40)
     run_family(pool, _batch, n, batch=min(n, 75))   # CI: one pool.run
