@@ -417,6 +417,34 @@ def _moe() -> list[Kernel]:
                 V("ld+st", **shape, PART=B.RECV.value, WEIGHTS_AT_DISPATCH=False,
                   BLOCK_T=BLOCK_T, TRACE=False)],
                aligned=("stride_ye", "stride_yr")),
+    ] + _moe_high_throughput(shape, block_l, dispatch, combine)
+
+
+def _moe_high_throughput(shape, block_l, dispatch, combine) -> list[Kernel]:
+    """The high-throughput path (trident/moe/high_throughput.py): same arguments plus the
+    chunk flags, same 16-byte copies (remote pushes, local copies into expert_x, partial
+    sums), in the fused launch and each split half."""
+    from trident.moe import buffers as B
+    from trident.moe.plans import BLOCK_T
+    chunk = dict(CHUNK=B.CHUNK_TOKENS)
+    return [
+        Kernel("trident.moe.high_throughput", "ht_dispatch_kernel",
+               dict(dispatch, chunk_flags=P64),
+               [V("ld+st", **shape, **chunk, PART=part.value, HAS_WEIGHTS=w,
+                  BLOCK_L=block_l, FP8=False, TRACE=trace)
+                for part, w, trace in ((B.BOTH, True, False), (B.BOTH, False, True),
+                                       (B.SEND, False, False), (B.RECV, False, False))]
+               + [V("ld+st", types=dict(tokens=P32, expert_x=P32), **shape, **chunk,
+                    PART=part.value, HAS_WEIGHTS=False, BLOCK_L=block_l, FP8=True,
+                    TRACE=False) for part in (B.BOTH, B.SEND, B.RECV)],
+               aligned=("stride_x",)),
+        Kernel("trident.moe.high_throughput", "ht_combine_kernel",
+               dict(combine, chunk_flags=P64),
+               [V("ld+st", **shape, **chunk, PART=part.value, WEIGHTS_AT_DISPATCH=at_d,
+                  BLOCK_T=BLOCK_T, TRACE=trace)
+                for part, at_d, trace in ((B.BOTH, False, True), (B.BOTH, True, False),
+                                          (B.SEND, False, False), (B.RECV, False, False))],
+               aligned=("stride_ye", "stride_yr")),
     ]
 
 

@@ -9,7 +9,8 @@ dispatch: combine_wd) and dispatch + combine (total), each three ways
 one CUDA graph), host_us (Python time per call), plus synced_us (one call after a device
 barrier); max over ranks, for
   - trident: ExpertParallel with the default validate, as a user gets it (and the total
-    once more with validate=False),
+    once more with validate=False); from HT_MIN_TOKENS (1024) tokens that is the
+    high-throughput path, and `trident (low-latency)` rows time the other path there,
   - torch.distributed: counts exchange + all_to_all_single of the (token, expert) rows
     + sort / index_add on each side, no Python loops. It needs the counts on the host,
     so it cannot be captured in a CUDA graph (graph_us None),
@@ -26,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from trident.bench import common
+from trident.moe.high_throughput import HT_MIN_TOKENS
 
 MODELS = {                      # experts, top-k, hidden
     "deepseek-v3": (256, 8, 7168),
@@ -99,6 +101,37 @@ def _nvlink_bytes(ctx, idx, L, H, esize) -> tuple[float, float]:
     return float(per_gpu.max()), float(everyone.sum())
 
 
+def _trident_rows(ctx, td, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
+                  high_throughput):
+    """trident's rows of a case, on the path `high_throughput` picks (None: the default)."""
+    ep = td.ExpertParallel(ctx, E, k, H, T, dtype=dtype, high_throughput=high_throughput)
+    try:
+        y = torch.empty(T, H, dtype=dtype, device=ctx.device)
+        d = ep.dispatch(x, idx)
+        ep.combine(d.expert_x, d, w, out=y)
+        check(y)
+
+        def both(validate=None):
+            d2 = ep.dispatch(x, idx, validate=validate)
+            ep.combine(d2.expert_x, d2, w, out=y)
+
+        add(impl, "dispatch", common.time_modes(ctx, lambda: ep.dispatch(x, idx), **timing))
+        d = ep.dispatch(x, idx)          # the latest dispatch is the one combine may use
+        add(impl, "combine", common.time_modes(
+            ctx, lambda: ep.combine(d.expert_x, d, w, out=y), **timing))
+        add(impl, "total", common.time_modes(ctx, both, **timing))
+        add(impl, "total (validate=False)", common.time_modes(
+            ctx, lambda: both(validate=False), **timing))
+        check(y)
+        # variant: weights sent with the tokens, combine's send half waits for nothing
+        d = ep.dispatch(x, idx, topk_weights=w)
+        add(impl, "combine_wd", common.time_modes(
+            ctx, lambda: ep.combine(d.expert_x, d, out=y), **timing))
+        check(y)
+    finally:
+        ep.close()
+
+
 def _case(ctx, model, E, k, H, T, timing, bar):
     import trident as td
     dtype = torch.bfloat16
@@ -123,32 +156,15 @@ def _case(ctx, model, E, k, H, T, timing, bar):
         ctx.sync()
         torch.testing.assert_close(y.float(), want, atol=5e-2, rtol=5e-2)
 
-    ep = td.ExpertParallel(ctx, E, k, H, T, dtype=dtype)
-    try:
-        y = torch.empty(T, H, dtype=dtype, device=ctx.device)
-        d = ep.dispatch(x, idx)
-        ep.combine(d.expert_x, d, w, out=y)
-        check(y)
-
-        def both(validate=None):
-            d2 = ep.dispatch(x, idx, validate=validate)
-            ep.combine(d2.expert_x, d2, w, out=y)
-
-        add("trident", "dispatch", common.time_modes(ctx, lambda: ep.dispatch(x, idx), **timing))
-        d = ep.dispatch(x, idx)          # the latest dispatch is the one combine may use
-        add("trident", "combine", common.time_modes(
-            ctx, lambda: ep.combine(d.expert_x, d, w, out=y), **timing))
-        add("trident", "total", common.time_modes(ctx, both, **timing))
-        add("trident", "total (validate=False)", common.time_modes(
-            ctx, lambda: both(validate=False), **timing))
-        check(y)
-        # variant: weights sent with the tokens, combine's send half waits for nothing
-        d = ep.dispatch(x, idx, topk_weights=w)
-        add("trident", "combine_wd", common.time_modes(
-            ctx, lambda: ep.combine(d.expert_x, d, out=y), **timing))
-        check(y)
-    finally:
-        ep.close()
+    # ExpertParallel(max_num_tokens=T) takes the high-throughput path from
+    # HT_MIN_TOKENS tokens on (row `trident`); there the low-latency path is timed too
+    # (rows `trident (low-latency)`) so one run compares both and tunes the threshold
+    variants = [("trident", None)]
+    if T >= HT_MIN_TOKENS:
+        variants.append(("trident (low-latency)", False))
+    for impl, high_throughput in variants:
+        _trident_rows(ctx, td, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
+                      high_throughput)
     bar.step(f"{model} T={T} trident")
 
     base = TorchBaseline(ctx, E)

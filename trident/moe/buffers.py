@@ -11,6 +11,10 @@ by the parity of the op's epoch:
     partial  [2, world, M, H]   combine: sum over this rank's experts of w * expert_y,
                                  written by expert rank s at [par, s, slot of the token on s]
     flags    [3, 2, world]      int64, one per (kind, parity, source rank)
+    chunk_flags [2, world, NC]  int64, high-throughput path only (high_throughput.py):
+                                 one per (dispatch/combine, source rank, chunk of CHUNK
+                                 tokens), value = epoch of the op (monotone: no reset,
+                                 no parity needed, see high_throughput.py)
 
 A token goes once to each rank that owns any of its experts (not once per expert); the
 receiving rank copies it into the rows of each of its experts. Why two halves: a peer can
@@ -57,6 +61,16 @@ SEND = tl.constexpr(1)
 RECV = tl.constexpr(2)
 BOTH = tl.constexpr(3)
 
+# the high-throughput path (high_throughput.py): tokens per chunk, the unit of its
+# pipelining (one flag per chunk, destination and op); kinds of chunk flags
+CHUNK_TOKENS = 4
+CHUNK_DISPATCH = tl.constexpr(0)
+CHUNK_COMBINE = tl.constexpr(1)
+
+
+def chunks(max_num_tokens: int) -> int:
+    return -(-max_num_tokens // CHUNK_TOKENS)
+
 
 @triton.jit
 def senders(send_programs, PART: tl.constexpr):
@@ -99,8 +113,9 @@ class Buffers:
         self.dweights = ctx.empty(2, world, M, self.kp, dtype=torch.float32)
         self.partial = ctx.empty(2, world, M, H, dtype=dtype)
         self.flags = ctx.zeros(3, 2, world, dtype=torch.int64)
+        self.chunk_flags = ctx.zeros(2, world, chunks(M), dtype=torch.int64)
         self._heap = [self.tokens, self.meta, self.weights, self.dweights, self.partial,
-                      self.flags]
+                      self.flags, self.chunk_flags]
         self.state = torch.zeros(STATE_WORDS, dtype=torch.int64, device=dev)
         self.slot_counter = torch.zeros(self.wp, dtype=torch.int32, device=dev)
         self.expert_counter = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
@@ -134,12 +149,13 @@ class Buffers:
         kp = triton.next_power_of_2(experts_per_token)
         esize = torch.empty((), dtype=dtype).element_size()
         rows = 2 * world * max_num_tokens
-        return rows * hidden * esize * 2 + rows * kp * 12 + 3 * 2 * world * 8
+        return (rows * hidden * esize * 2 + rows * kp * 12 + 3 * 2 * world * 8
+                + 2 * world * chunks(max_num_tokens) * 8)
 
     def reset(self) -> None:
         """Back to the state of a fresh object (epochs, flags, counters): used by
         ctx.reset() after a failure, on every rank at once."""
-        for t in (self.flags, self.state, self.slot_counter, self.expert_counter,
+        for t in (self.flags, self.chunk_flags, self.state, self.slot_counter, self.expert_counter,
                   self.recv_count, self.expert_num_tokens):
             t.zero_()
         self.send_slot.fill_(-1)

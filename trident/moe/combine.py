@@ -30,6 +30,78 @@ from . import buffers as B
 
 
 @triton.jit
+def push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot, weights,
+                 flags, state, heap_bases, rank, world, max_tokens, num_weight_programs,
+                 epoch, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                 BLOCK_T: tl.constexpr):
+    """A weight program: push the top-k weights of a tile of this rank's tokens at a time
+    next to their copies on each rank they went to (row: send_slot); the last weight
+    program signals "weights" to every rank. Shared by both paths."""
+    par = epoch % 2
+    ks = tl.arange(0, KP)
+    ts0 = tl.arange(0, BLOCK_T)
+    for tb in range(pid * BLOCK_T, num_tokens, num_weight_programs * BLOCK_T):
+        ts = tb + ts0
+        tm = ts < num_tokens
+        w = tl.load(topk_weights + ts[:, None] * stride_wt + ks[None, :] * stride_wk,
+                    mask=tm[:, None] & (ks[None, :] < K), other=0.0)
+        for r in range(world):
+            slot = tl.load(send_slot + ts * WP + r, mask=tm, other=-1)
+            row = (par * world + rank) * max_tokens + slot
+            tdl.store(weights + row[:, None] * KP + ks[None, :], w, rank, r, heap_bases,
+                      mask=(slot >= 0)[:, None] & (ks[None, :] < KP))
+    if tdl.last_program_out(state + B.WEIGHTS_DONE, num_weight_programs):
+        for r in range(world):
+            tdl.signal(flags + (B.FLAG_WEIGHTS * 2 + par) * world + rank, epoch, rank, r,
+                       heap_bases)
+
+
+@triton.jit
+def push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights, partial,
+                 heap_bases, rank, world, max_tokens, cap, par, wpar, H: tl.constexpr,
+                 KP: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Token i received from rank s: the fp32 sum over this rank's experts of w * expert_y,
+    pushed (in x's dtype) into s's `partial` at [par, this rank, i]. A token with no row
+    here sends nothing (the high-throughput path lists every token of s, also those that
+    did not come here; its combine receive half reads only ranks the token went to)."""
+    ks = tl.arange(0, KP)
+    cols = tl.arange(0, BLOCK_H)
+    rows = tl.load(token_rows + (s * max_tokens + i) * KP + ks)
+    mine = rows >= 0
+    if tl.max(mine.to(tl.int32)) > 0:
+        src_row = (wpar * world + s) * max_tokens + i
+        w = tl.load(weights + src_row * KP + ks, mask=mine, other=0.0)
+        expert = rows // cap
+        y_ptr = (expert_y + expert.to(tl.int64)[:, None] * stride_ye
+                 + (rows - expert * cap).to(tl.int64)[:, None] * stride_yr)
+        dst = partial + tl.cast((par * world + rank) * max_tokens + i, tl.int64) * H
+        for c in tl.static_range(0, H, BLOCK_H):
+            m = c + cols < H
+            y = tl.load(y_ptr + c + cols[None, :], mask=mine[:, None] & m[None, :],
+                        other=0.0)
+            acc = tl.sum(y.to(tl.float32) * w[:, None], axis=0)
+            tdl.store(dst + c + cols, acc.to(partial.dtype.element_ty), rank, s,
+                      heap_bases, mask=m)
+
+
+@triton.jit
+def sum_partials(t, out, send_slot, partial, world, max_tokens, par, H: tl.constexpr,
+                 WP: tl.constexpr, BLOCK_H: tl.constexpr):
+    """y[t] = the fp32 sum of token t's partials (one per rank it went to), in out's dtype."""
+    rs = tl.arange(0, WP)
+    cols = tl.arange(0, BLOCK_H)
+    slots = tl.load(send_slot + t * WP + rs)
+    has = slots >= 0
+    src = partial + ((par * world + rs) * max_tokens + slots).to(tl.int64)[:, None] * H
+    dst = out + tl.cast(t, tl.int64) * H
+    for c in tl.static_range(0, H, BLOCK_H):
+        m = c + cols < H
+        v = tl.load(src + c + cols[None, :], mask=has[:, None] & m[None, :], other=0.0)
+        acc = tl.sum(v.to(tl.float32), axis=0)
+        tl.store(dst + c + cols, acc.to(out.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
                  stride_wk, num_tokens, send_slot, token_rows, recv_count, weights, partial,
                  flags, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
@@ -45,26 +117,13 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
     ks = tl.arange(0, KP)
     t0 = trd.begin(TRACE)
     if pid < num_weight_programs:
-        ts0 = tl.arange(0, BLOCK_T)
-        for tb in range(pid * BLOCK_T, num_tokens, num_weight_programs * BLOCK_T):
-            ts = tb + ts0
-            tm = ts < num_tokens
-            w = tl.load(topk_weights + ts[:, None] * stride_wt + ks[None, :] * stride_wk,
-                        mask=tm[:, None] & (ks[None, :] < K), other=0.0)
-            for r in range(world):
-                slot = tl.load(send_slot + ts * WP + r, mask=tm, other=-1)
-                row = (par * world + rank) * max_tokens + slot
-                tdl.store(weights + row[:, None] * KP + ks[None, :], w, rank, r, heap_bases,
-                          mask=(slot >= 0)[:, None] & (ks[None, :] < KP))
-        if tdl.last_program_out(state + B.WEIGHTS_DONE, num_weight_programs):
-            for r in range(world):
-                tdl.signal(flags + (B.FLAG_WEIGHTS * 2 + par) * world + rank, epoch, rank, r,
-                           heap_bases)
+        push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
+                     weights, flags, state, heap_bases, rank, world, max_tokens,
+                     num_weight_programs, epoch, K, KP, WP, BLOCK_T)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     else:
         q = pid - num_weight_programs
         nq = npid - num_weight_programs
-        cols = tl.arange(0, BLOCK_H)
         start = 0
         for s in range(world):
             n = tl.load(recv_count + s)
@@ -76,21 +135,9 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
                              s, 11)  # moe_combine
                     trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
             for i in range(i0, n, nq):
-                rows = tl.load(token_rows + (s * max_tokens + i) * KP + ks)
-                mine = rows >= 0
-                src_row = (wpar * world + s) * max_tokens + i
-                w = tl.load(weights + src_row * KP + ks, mask=mine, other=0.0)
-                expert = rows // cap
-                y_ptr = (expert_y + expert.to(tl.int64)[:, None] * stride_ye
-                         + (rows - expert * cap).to(tl.int64)[:, None] * stride_yr)
-                dst = partial + tl.cast((par * world + rank) * max_tokens + i, tl.int64) * H
-                for c in tl.static_range(0, H, BLOCK_H):
-                    m = c + cols < H
-                    y = tl.load(y_ptr + c + cols[None, :], mask=mine[:, None] & m[None, :],
-                                other=0.0)
-                    acc = tl.sum(y.to(tl.float32) * w[:, None], axis=0)
-                    tdl.store(dst + c + cols, acc.to(partial.dtype.element_ty), rank, s,
-                              heap_bases, mask=m)
+                push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
+                             partial, heap_bases, rank, world, max_tokens, cap, par, wpar,
+                             H, KP, BLOCK_H)
             start += n
         trd.end(trace_buf, t0, tags.COMBINE, rank, TRACE)
     if tdl.last_program_out(state + B.COMBINE_SEND_DONE, npid):
@@ -112,18 +159,8 @@ def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, state, c
                  11)  # moe_combine
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
-    rs = tl.arange(0, WP)
-    cols = tl.arange(0, BLOCK_H)
     for t in range(pid, num_tokens, npid):
-        slots = tl.load(send_slot + t * WP + rs)
-        has = slots >= 0
-        src = partial + ((par * world + rs) * max_tokens + slots).to(tl.int64)[:, None] * H
-        dst = out + tl.cast(t, tl.int64) * H
-        for c in tl.static_range(0, H, BLOCK_H):
-            m = c + cols < H
-            v = tl.load(src + c + cols[None, :], mask=has[:, None] & m[None, :], other=0.0)
-            acc = tl.sum(v.to(tl.float32), axis=0)
-            tl.store(dst + c + cols, acc.to(out.dtype.element_ty), mask=m)
+        sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP, BLOCK_H)
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
     if tdl.last_program_out(state + B.COMBINE_RECV_DONE, npid):
         tl.store(state + B.COMBINE_RECV_EPOCH, epoch)

@@ -60,6 +60,86 @@ def copy_rows(dst_rows, src, rows_mask, n: tl.constexpr, KP: tl.constexpr,
 
 
 @triton.jit
+def push_payload(src, row, t, r, tokens, dweights, topk_weights, stride_wt, stride_wk, rank,
+                 heap_bases, world, max_tokens, H: tl.constexpr, K: tl.constexpr,
+                 KP: tl.constexpr, HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr,
+                 BLOCK_H: tl.constexpr):
+    """Push token t's row at `src` (and its top-k weights, with HAS_WEIGHTS) into row `row`
+    of rank r's receive buffer: 16-byte vector stores (BLOCK_H bf16 values per step, 16
+    bytes per thread at 4 warps). Shared by both paths."""
+    if HAS_WEIGHTS:
+        ks = tl.arange(0, KP)
+        w = tl.load(topk_weights + t * stride_wt + ks * stride_wk, mask=ks < K, other=0.0)
+        tdl.store(dweights + row * KP + ks, w, rank, r, heap_bases)
+    if FP8:
+        # quantised again per destination (values in registers cannot be kept across the
+        # loop over ranks). Steps of 2 * BLOCK_H channels: the e4m3 bytes are as many as
+        # BLOCK_H bf16 values, 16 per thread
+        G: tl.constexpr = 2 * BLOCK_H // fp8.GROUP      # scale groups per step
+        GW: tl.constexpr = fp8.GROUP // 4               # int32 words per group
+        groups = tl.arange(0, G)
+        chan = tl.arange(0, fp8.GROUP)
+        wcols = tl.arange(0, GW)
+        scales = tokens + fp8_scale_base(world, max_tokens, H)
+        for c in tl.static_range(0, H, 2 * BLOCK_H):
+            gm = c // fp8.GROUP + groups < H // fp8.GROUP
+            v = tl.load(src + c + groups[:, None] * fp8.GROUP + chan[None, :],
+                        mask=gm[:, None], other=0.0)
+            words, scale = fp8.quantize_groups(v.to(tl.float32), G)
+            tdl.store(tokens + row * (H // 4) + c // 4 + groups[:, None] * GW
+                      + wcols[None, :], words, rank, r, heap_bases, mask=gm[:, None])
+            tdl.store(scales + row * (H // fp8.GROUP) + c // fp8.GROUP + groups,
+                      scale.to(tl.int32, bitcast=True), rank, r, heap_bases, mask=gm)
+    else:
+        cols = tl.arange(0, BLOCK_H)
+        for c in tl.static_range(0, H, BLOCK_H):
+            m = c + cols < H
+            v = tl.load(src + c + cols, mask=m)
+            tdl.store(tokens + row * H + c + cols, v, rank, r, heap_bases, mask=m)
+
+
+@triton.jit
+def copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world, max_tokens,
+               H: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Copy received row `row` of the receive buffer into expert_x rows `dst` ([KP], where
+    `local`): local HBM, 16-byte vectors. Shared by both paths."""
+    if FP8:     # the e4m3 bytes as int32 words, then the scales (fp32 bits)
+        scales = tokens + fp8_scale_base(world, max_tokens, H)
+        copy_rows(expert_x + dst.to(tl.int64)[:, None] * (H // 4),
+                  tokens + tl.cast(row, tl.int64) * (H // 4), local, H // 4,
+                  KP, BLOCK_H // 2)
+        copy_rows(expert_x_scale + dst.to(tl.int64)[:, None] * (H // fp8.GROUP),
+                  scales + tl.cast(row, tl.int64) * (H // fp8.GROUP), local,
+                  H // fp8.GROUP, KP, fp8.SCALE_BLOCK)
+    else:
+        cols = tl.arange(0, BLOCK_H)
+        dst_ptr = expert_x + dst.to(tl.int64)[:, None] * H
+        src = tokens + tl.cast(row, tl.int64) * H
+        for c in tl.static_range(0, H, BLOCK_H):
+            m = c + cols < H
+            v = tl.load(src + c + cols, mask=m)
+            tl.store(dst_ptr + c + cols[None, :],
+                     tl.broadcast_to(v[None, :], (KP, BLOCK_H)),
+                     mask=local[:, None] & m[None, :])
+
+
+@triton.jit
+def publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, world,
+                   experts_per_rank, cap, WP: tl.constexpr, BLOCK_L: tl.constexpr):
+    """The last receiver: tokens received per source (from the dispatch flags) and rows
+    per local expert (zeroing the counters for the next epoch)."""
+    rs = tl.arange(0, WP)
+    counts = tl.load(my_flags + rs, mask=rs < world, other=0, volatile=True) & B.COUNT_MASK
+    tl.store(recv_count + rs, counts.to(tl.int32))
+    for l0 in range(0, experts_per_rank, BLOCK_L):
+        ls = l0 + tl.arange(0, BLOCK_L)
+        lm = ls < experts_per_rank
+        got = tl.atomic_xchg(expert_counter + ls, 0, mask=lm, sem="relaxed", scope="gpu")
+        tl.store(expert_num_tokens + ls, tl.minimum(got, cap), mask=lm)
+
+
+
+@triton.jit
 def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_weights,
                   stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags, state,
                   slot_counter, send_slot, ctrl, heap_bases, trace_buf, rank, world,
@@ -72,14 +152,6 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
     par = epoch % 2
     ks = tl.arange(0, KP)
     rs = tl.arange(0, WP)
-    cols = tl.arange(0, BLOCK_H)
-    if FP8:
-        G: tl.constexpr = 2 * BLOCK_H // fp8.GROUP      # scale groups per step
-        GW: tl.constexpr = fp8.GROUP // 4               # int32 words per group
-        groups = tl.arange(0, G)
-        chan = tl.arange(0, fp8.GROUP)
-        wcols = tl.arange(0, GW)
-        scales = tokens + fp8_scale_base(world, max_tokens, H)
     for t in range(pid, num_tokens, npid):
         e = expert_ids(topk_idx, t, stride_it, stride_ik, num_experts, ctrl, check_ids, K, KP)
         dest = tl.where(e >= 0, e // experts_per_rank, -1)
@@ -95,30 +167,9 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
             if tl.sum(tl.where(rs == r, slots, 0)) >= 0:
                 row = tl.sum(tl.where(rs == r, rows, 0))
                 tdl.store(meta + row * KP + ks, e, rank, r, heap_bases)
-                if HAS_WEIGHTS:
-                    w = tl.load(topk_weights + t * stride_wt + ks * stride_wk, mask=ks < K,
-                                other=0.0)
-                    tdl.store(dweights + row * KP + ks, w, rank, r, heap_bases)
-                if FP8:
-                    # quantised again per destination (values in registers cannot be kept
-                    # across the loop over ranks). Steps of 2 * BLOCK_H channels: the
-                    # e4m3 bytes are as many as BLOCK_H bf16 values, 16 per thread
-                    for c in tl.static_range(0, H, 2 * BLOCK_H):
-                        gm = c // fp8.GROUP + groups < H // fp8.GROUP
-                        v = tl.load(src + c + groups[:, None] * fp8.GROUP + chan[None, :],
-                                    mask=gm[:, None], other=0.0)
-                        words, scale = fp8.quantize_groups(v.to(tl.float32), G)
-                        tdl.store(tokens + row * (H // 4) + c // 4 + groups[:, None] * GW
-                                  + wcols[None, :], words, rank, r, heap_bases,
-                                  mask=gm[:, None])
-                        tdl.store(scales + row * (H // fp8.GROUP) + c // fp8.GROUP + groups,
-                                  scale.to(tl.int32, bitcast=True), rank, r, heap_bases,
-                                  mask=gm)
-                else:
-                    for c in tl.static_range(0, H, BLOCK_H):
-                        m = c + cols < H
-                        v = tl.load(src + c + cols, mask=m)
-                        tdl.store(tokens + row * H + c + cols, v, rank, r, heap_bases, mask=m)
+                push_payload(src, row, t, r, tokens, dweights, topk_weights, stride_wt,
+                             stride_wk, rank, heap_bases, world, max_tokens, H, K, KP,
+                             HAS_WEIGHTS, FP8, BLOCK_H)
     trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
     if tdl.last_program_out(state + B.DISPATCH_SEND_DONE, npid):
         for r in range(world):
@@ -144,9 +195,6 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
     ks = tl.arange(0, KP)
-    cols = tl.arange(0, BLOCK_H)
-    if FP8:
-        scales = tokens + fp8_scale_base(world, max_tokens, H)
     first_expert = rank * experts_per_rank
     start = 0
     for s in range(world):
@@ -162,33 +210,13 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
             local = local & (slot < cap)
             dst = tl.where(local, le * cap + slot, -1)
             tl.store(token_rows + (s * max_tokens + i) * KP + ks, dst)
-            if FP8:     # the e4m3 bytes as int32 words, then the scales (fp32 bits)
-                copy_rows(expert_x + dst.to(tl.int64)[:, None] * (H // 4),
-                          tokens + tl.cast(row, tl.int64) * (H // 4), local, H // 4,
-                          KP, BLOCK_H // 2)
-                copy_rows(expert_x_scale + dst.to(tl.int64)[:, None] * (H // fp8.GROUP),
-                          scales + tl.cast(row, tl.int64) * (H // fp8.GROUP), local,
-                          H // fp8.GROUP, KP, fp8.SCALE_BLOCK)
-            else:
-                dst_ptr = expert_x + dst.to(tl.int64)[:, None] * H
-                src = tokens + tl.cast(row, tl.int64) * H
-                for c in tl.static_range(0, H, BLOCK_H):
-                    m = c + cols < H
-                    v = tl.load(src + c + cols, mask=m)
-                    tl.store(dst_ptr + c + cols[None, :],
-                             tl.broadcast_to(v[None, :], (KP, BLOCK_H)),
-                             mask=local[:, None] & m[None, :])
+            copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world, max_tokens,
+                       H, KP, FP8, BLOCK_H)
         start += n
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
     if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
-        rs = tl.arange(0, WP)
-        counts = tl.load(my_flags + rs, mask=rs < world, other=0, volatile=True) & B.COUNT_MASK
-        tl.store(recv_count + rs, counts.to(tl.int32))
-        for l0 in range(0, experts_per_rank, BLOCK_L):
-            ls = l0 + tl.arange(0, BLOCK_L)
-            lm = ls < experts_per_rank
-            got = tl.atomic_xchg(expert_counter + ls, 0, mask=lm, sem="relaxed", scope="gpu")
-            tl.store(expert_num_tokens + ls, tl.minimum(got, cap), mask=lm)
+        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, world,
+                       experts_per_rank, cap, WP, BLOCK_L)
         tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
 
 

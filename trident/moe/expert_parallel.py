@@ -29,6 +29,7 @@ import torch
 from ..plans import tensor_key
 from . import buffers as B
 from . import plans
+from .high_throughput import HT_MIN_TOKENS
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _IDS = itertools.count()      # names an ExpertParallel in plan keys (id() can be reused)
@@ -81,11 +82,16 @@ class ExpertParallel:
     the first one in the rank's control block, raised as ValueError at the next
     ctx.sync() / ctx.barrier(); it costs no host synchronisation. Shapes, dtypes, strides
     and T <= max_num_tokens are checked once per signature, when the plan is built.
+
+    high_throughput: the chunk-pipelined kernels for prefill-size batches
+    (high_throughput.py) instead of the low-latency ones; None (default) picks them when
+    max_num_tokens >= HT_MIN_TOKENS (1024; env TRIDENT_MOE_HT_MIN_TOKENS). Same results
+    and API either way; keep one object per regime (decode, prefill) as with DeepEP.
     """
 
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
-                 validate: bool = True):
+                 validate: bool = True, high_throughput: bool | None = None):
         world = ctx.world_size
         for name, v in (("num_experts", num_experts), ("experts_per_token", experts_per_token),
                         ("hidden_dim", hidden_dim), ("max_num_tokens", max_num_tokens)):
@@ -104,6 +110,10 @@ class ExpertParallel:
         self.hidden_dim, self.max_num_tokens, self.dtype = hidden_dim, max_num_tokens, dtype
         self.num_local_experts = num_experts // world
         self.validate = bool(validate)
+        # the kernels of high_throughput.py (chunk-pipelined, for prefill-size batches) or
+        # of dispatch.py/combine.py (low latency); per object, so the same on every rank
+        self.high_throughput = (max_num_tokens >= HT_MIN_TOKENS if high_throughput is None
+                                else bool(high_throughput))
         self._id = next(_IDS)
         from ..torch_ops import register_expert_parallel
         self.name = register_expert_parallel(self)    # for trident::moe_dispatch/combine

@@ -11,6 +11,11 @@ With wait=True a call is one launch (PART=BOTH: the send and receive halves in o
 grid); with wait=False the plan holds the send half and the handle's .wait() runs the
 receive half's plan (PART=RECV), which depends on nothing but the ExpertParallel and T
 (and, for dispatch, fp8).
+
+An ExpertParallel built with high_throughput (by default: max_num_tokens >=
+high_throughput.HT_MIN_TOKENS) launches the kernels of high_throughput.py instead, with
+the same arguments plus the chunk flags, and its grids sized by chunks of
+buffers.CHUNK_TOKENS tokens instead of tokens.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ from . import buffers as B
 from . import fp8
 from .combine import combine_kernel
 from .dispatch import dispatch_kernel
+from .high_throughput import ht_combine_kernel, ht_dispatch_kernel
 
 BLOCK_T = 64      # tokens per step of combine's weight programs
 
@@ -100,6 +106,7 @@ def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, arg
     trace_buf, trace = kernel_args(ctx)
     named = dict(
         tokens=b.tokens, meta=b.meta, dweights=b.dweights, partial=b.partial, flags=b.flags,
+        chunk_flags=b.chunk_flags, CHUNK=B.CHUNK_TOKENS,
         state=b.state, slot_counter=b.slot_counter, send_slot=b.send_slot,
         expert_counter=b.expert_counter, token_rows=b.token_rows, recv_count=b.recv_count,
         expert_x=b.expert_x, expert_x_scale=b.recv_count,    # the latter read by fp8 only
@@ -117,8 +124,21 @@ def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, arg
 
 def _receivers(ep) -> int:
     """Programs of dispatch's receive half / combine's expert side: the number of tokens
-    received is known on the device only, so the grid is sized for the worst case."""
-    return ep.programs(ep.max_num_tokens * ep.ctx.world_size)
+    received is known on the device only, so the grid is sized for the worst case (in
+    chunks on the high-throughput path)."""
+    return _programs(ep, ep.max_num_tokens * ep.ctx.world_size)
+
+
+def _programs(ep, tokens: int) -> int:
+    """Programs for `tokens` items of work: tokens, or chunks of them (high throughput)."""
+    return ep.programs(triton.cdiv(tokens, B.CHUNK_TOKENS) if ep.high_throughput else tokens)
+
+
+def _kernels(ep):
+    """(dispatch kernel, combine kernel) of the ExpertParallel's path."""
+    if ep.high_throughput:
+        return ht_dispatch_kernel, ht_combine_kernel
+    return dispatch_kernel, combine_kernel
 
 
 def _fp8_args(ep) -> dict:
@@ -139,7 +159,7 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
     if has_w:
         _check_weights(ep, topk_weights, T, "dispatch")
     w = topk_weights if has_w else ep.buf.dweights       # not read without weights
-    senders = ep.programs(T)
+    senders = _programs(ep, T)
     plan = Plan((), "moe_dispatch")
     args = dict(x=x, stride_x=x.stride(0), topk_idx=topk_idx, stride_it=topk_idx.stride(0),
                 stride_ik=topk_idx.stride(1), topk_weights=w,
@@ -148,7 +168,7 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
     if use_fp8:
         args.update(_fp8_args(ep))
     part, programs = (B.BOTH, senders + _receivers(ep)) if wait else (B.SEND, senders)
-    _launch(ep, plan, dispatch_kernel, part, senders, programs, args, HAS_WEIGHTS=has_w,
+    _launch(ep, plan, _kernels(ep)[0], part, senders, programs, args, HAS_WEIGHTS=has_w,
             FP8=use_fp8)
     return plan
 
@@ -161,7 +181,7 @@ def dispatch_recv(ep, use_fp8: bool) -> Plan:
                 topk_weights=b.dweights, stride_wt=0, stride_wk=0, num_tokens=0, check_ids=0)
     if use_fp8:
         args.update(_fp8_args(ep))
-    _launch(ep, plan, dispatch_kernel, B.RECV, 0, _receivers(ep), args, HAS_WEIGHTS=False,
+    _launch(ep, plan, _kernels(ep)[0], B.RECV, 0, _receivers(ep), args, HAS_WEIGHTS=False,
             FP8=use_fp8)
     return plan
 
@@ -180,8 +200,8 @@ def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
                 stride_wk=0 if at_dispatch else w.stride(1), out=Live(0), num_tokens=T,
                 weights=ep.buf.dweights if at_dispatch else ep.buf.weights,
                 num_weight_programs=weight_programs)
-    part, programs = (B.BOTH, senders + ep.programs(T)) if wait else (B.SEND, senders)
-    _launch(ep, plan, combine_kernel, part, senders, programs, args,
+    part, programs = (B.BOTH, senders + _programs(ep, T)) if wait else (B.SEND, senders)
+    _launch(ep, plan, _kernels(ep)[1], part, senders, programs, args,
             WEIGHTS_AT_DISPATCH=at_dispatch)
     return plan
 
@@ -193,6 +213,6 @@ def combine_recv(ep, T: int, out) -> Plan:
     args = dict(expert_y=b.expert_x, stride_ye=0, stride_yr=0, topk_weights=b.dweights,
                 stride_wt=0, stride_wk=0, out=Live(0), num_tokens=T, weights=b.weights,
                 num_weight_programs=0)
-    _launch(ep, plan, combine_kernel, B.RECV, 0, ep.programs(T), args,
+    _launch(ep, plan, _kernels(ep)[1], B.RECV, 0, _programs(ep, T), args,
             WEIGHTS_AT_DISPATCH=False)
     return plan

@@ -1,0 +1,86 @@
+"""The high-throughput path (trident/moe/high_throughput.py) at small sizes: the same
+checks as test_expert_parallel.py / test_fp8_dispatch.py, with every ExpertParallel made
+on that path (its threshold, HT_MIN_TOKENS, set to 0 on the ranks for the test), plus
+routing that stresses its chunks: uneven counts per rank (none, one, a partial chunk, a
+full batch), every token to one expert, and tokens that reach only their own rank.
+"""
+import torch
+
+import trident as td
+from trident.moe import buffers as B
+
+from .test_expert_parallel import (_back_to_back, _check_combine, _check_dispatch, _rounds,
+                                   _round_inputs, _run_experts)
+from .test_fp8_dispatch import _distinct, _fp8_rounds
+
+
+def _ht(ctx, fn, *args):
+    """Run fn(ctx, *args) with every new ExpertParallel on the high-throughput path."""
+    import trident.moe.expert_parallel as mod
+    old = mod.HT_MIN_TOKENS
+    mod.HT_MIN_TOKENS = 0
+    try:
+        return fn(ctx, *args)
+    finally:
+        mod.HT_MIN_TOKENS = old
+
+
+def _routing_cases(ctx, E, k, H, M, dtype):
+    E = max(E // ctx.world_size, 1) * ctx.world_size
+    L = E // ctx.world_size
+    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype)
+    assert ep.high_throughput
+    w_ = ctx.world_size
+    # counts per rank: none, a full batch, one token, a partial chunk; then uneven again
+    plans = [([0, M, 1, B.CHUNK_TOKENS + 1][:w_] + [M] * (w_ - 4), "random"),
+             ([M] * w_, "one_expert"),
+             ([M - 1, 0] + [B.CHUNK_TOKENS] * (w_ - 2), "own_rank"),
+             ([M] * w_, "skewed")]
+    try:
+        for i, (counts, kind) in enumerate(plans):
+            ranks, a, b = _round_inputs(700 + i, w_, E, k, H, M, dtype, counts)
+            edited = []
+            for r, (T, x, idx, w) in enumerate(ranks):
+                if kind == "one_expert":      # every token of every rank to expert 1
+                    idx = _distinct(torch.cat([torch.ones(T, 1, dtype=idx.dtype),
+                                               idx[:, 1:]], 1), E)
+                elif kind == "own_rank" and L >= k:   # only experts of the token's rank
+                    idx = (r * L + torch.arange(k).repeat(T, 1)).to(idx.dtype)
+                elif kind == "skewed":        # rank 0's experts get most tokens
+                    idx = _distinct(torch.cat([idx[:, :1] % L, idx[:, 1:]], 1), E)
+                edited.append((T, x, idx, w))
+            ranks = edited
+            T, x, idx, w = ranks[ctx.rank]
+            early = i % 2 == 1
+            d = ep.dispatch(x.to(ctx.device), idx.to(ctx.device),
+                            topk_weights=w.to(ctx.device) if early else None)
+            _check_dispatch(ctx, d, ranks, L)
+            ey = _run_experts(ctx, d, L, a, b, dtype)
+            y = ep.combine(ey, d, None if early else w.to(ctx.device))
+            _check_combine(y, T, x, idx, w, a, b, dtype)
+        ctx.barrier()
+    finally:
+        ep.close()
+
+
+def test_ht_matches_reference(pool):
+    # first round: rank 0 sends nothing, rank 1 a full batch (not a multiple of CHUNK)
+    pool.run(_ht, _rounds, 12, 3, 96, 2 * B.CHUNK_TOKENS + 3, torch.bfloat16, [11, 12])
+
+
+def test_ht_routing_cases(pool):
+    pool.run(_ht, _routing_cases, 12, 2, 64, 2 * B.CHUNK_TOKENS + 1, torch.bfloat16)
+
+
+def test_ht_split_mode(pool):
+    pool.run(_ht, _rounds, 12, 2, 64, 6, torch.bfloat16, [31, 32, 33], torch.int64, True)
+
+
+def test_ht_back_to_back_and_reset(pool):
+    pool.run(_ht, _back_to_back, 8)
+    pool.run(_ht, _rounds, 12, 2, 64, 5, torch.bfloat16, [21, 22], torch.int64, False, True)
+
+
+def test_ht_fp8(pool):
+    pool.run(_ht, _fp8_rounds, 8, 2, 256, 6, torch.float16, [61, 62], False, True)
+    pool.run(_ht, _fp8_rounds, 12, 2, 128, 5, torch.bfloat16, [51, 52], True)

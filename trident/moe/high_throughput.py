@@ -1,0 +1,309 @@
+"""MoE dispatch/combine, the high-throughput path (prefill-size batches; issue 14 item 2).
+
+Why the low-latency kernels (dispatch.py, combine.py) reach only about half the NVLink
+floor at 4096 tokens per rank (DeepSeek-V3 shape, 4x H200: dispatch 188 GB/s, combine
+143 GB/s, against about 360), read from the code:
+
+  - Senders and receivers are serialised. Dispatch's receive half waits for every rank's
+    single "all sent" flag before it copies anything, so the local copy of every received
+    token into its expert rows (about 4096 x 3.6 tokens x 14 KB read, twice that written,
+    at 4 ranks: ~130 us of HBM time at 4096) starts only after the slowest rank's last
+    byte landed. Combine is the same twice over: the receive half (sum of up to `world`
+    partials per token, ~70-100 us at 4096) waits for every rank's "partials" flag.
+  - Half of the grid moves no data while the senders run. The fused launch is
+    min(T, 2 x SMs) senders + 2 x SMs receivers; the receivers spin on the flags and only
+    hold SM slots, so 264 programs push (the p2p benchmark needs ~528 for 356 GB/s).
+  - Per-token atomics on the critical path: dispatch's sender takes a slot per
+    destination from a counter (a vector atomic with a returned value, one L2 round trip
+    per token before its first store); the receiver one atomic per (token, local
+    expert) for the expert row. Both serialise a program's tokens behind an atomic's
+    latency.
+  - The copies are 16-byte vectors already (BLOCK_H = 1024 bf16 at 4 warps: 8 per
+    thread), one token and one destination at a time: a program has ~2 KB per
+    instruction in flight. Destinations are visited in rank order 0..world-1 by every
+    program, so at the start all programs feed the same link.
+  - Tokens are staged (receive buffer) and copied again into expert_x: that extra copy
+    is local HBM (the NVLink bytes are the deduplicated push), kept here, but overlapped
+    with the transfer instead of after it.
+  - Combine's expert side reads a [KP, BLOCK_H] tile of expert_y per step with only the
+    rows of local experts unmasked (~2 of 8 at 4 ranks) and reduces it in fp32: the
+    reads are 16-byte and touch only real rows, but each token waits for the weights
+    flag of its source before the first one (when weights did not come with dispatch).
+
+What this path changes (same buffers, same outputs, same API):
+
+  - Tokens are cut into chunks of CHUNK_TOKENS (buffers.py). A token keeps its own index
+    as its row in every destination's receive buffer (`tokens[par, source, t]`), so the
+    sender needs no slot counter and no atomics at all; `send_slot[t, r]` is t or -1.
+    The receive buffer has max_num_tokens rows per source anyway.
+  - The sender pushes a chunk (the ids to every rank, so a receiver can tell which of
+    the chunk's tokens are its own; the payload only to ranks owning one of the token's
+    experts), then sets that chunk's flag on every rank to the epoch. Program p visits
+    destinations starting at (p + t) % world: at any time the programs spread evenly
+    over all links. The token count of the rank goes first, in the dispatch flag
+    (epoch << 32 | T), from program 0, so receivers know how many chunks to expect.
+  - Receivers take (chunk, source) items in chunk-major order -- the order the senders
+    of every rank produce them -- wait for the chunk's flag and copy its tokens into
+    their expert rows while later chunks are in flight. Rows of expert_x are reserved
+    with one vector atomic per chunk (an add of the chunk's count per distinct local
+    expert, positions inside the chunk from a small all-pairs count), not per token.
+  - Combine: the expert side walks received chunks in the same order, pushes the partial
+    sums of the chunk's tokens that came here (nothing for the others) and sets the
+    chunk's flag on the source; the source's receivers sum a chunk of their own tokens
+    as soon as every rank flagged it.
+  - Chunk flags carry the epoch and are never reset: a receiver waits for flag >= its
+    epoch; a sender cannot reach epoch e + 1 before this rank finished reading e (each
+    launch reads every chunk of every rank before it ends, and every rank flags every
+    chunk of every epoch), nor e + 2 before this rank's e + 1 send. CUDA-graph safe.
+
+Both halves' programs wait only on lower program ids of their own rank (and on other
+ranks), so the grid cannot deadlock and the CPU emulation (programs in order) works.
+The path is chosen per ExpertParallel (same on every rank): high_throughput=True/False,
+or by default max_num_tokens >= HT_MIN_TOKENS (env TRIDENT_MOE_HT_MIN_TOKENS).
+"""
+import os
+
+import triton
+import triton.language as tl
+
+from .. import language as tdl
+from ..trace import device as trd
+from ..trace import tags
+from . import buffers as B
+from .combine import push_partial, push_weights, sum_partials
+from .dispatch import copy_token, publish_counts, push_payload
+from .routing import expert_ids
+
+# max_num_tokens from which ExpertParallel picks this path by default. 1024 is the
+# issue's "prefill size"; to be tuned on GPUs (`trident bench moe` times both paths at
+# 4096 tokens: rows `trident` and `trident (low-latency)`).
+HT_MIN_TOKENS = int(os.environ.get("TRIDENT_MOE_HT_MIN_TOKENS", "1024"))
+
+
+@triton.jit
+def _chunk_flag(chunk_flags, kind: tl.constexpr, source, c, world, max_tokens,
+                CHUNK: tl.constexpr):
+    return chunk_flags + (kind * world + source) * tl.cdiv(max_tokens, CHUNK) + c
+
+
+@triton.jit
+def ht_dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_weights,
+                     stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags,
+                     chunk_flags, state, send_slot, ctrl, heap_bases, trace_buf, rank,
+                     world, max_tokens, experts_per_rank, num_experts, check_ids,
+                     H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                     HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr, CHUNK: tl.constexpr,
+                     BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    t0 = trd.begin(TRACE)
+    epoch = tdl.launch_epoch(state + B.DISPATCH_SEND_EPOCH)
+    par = epoch % 2
+    if pid == 0:    # the count first: it says how many chunks every rank must wait for
+        for r in range(world):
+            tdl.signal(flags + (B.FLAG_DISPATCH * 2 + par) * world + rank,
+                       (epoch << B.COUNT_BITS) | tl.cast(num_tokens, tl.int64), rank, r,
+                       heap_bases)
+    ks = tl.arange(0, KP)
+    rs = tl.arange(0, WP)
+    for c in range(pid, tl.cdiv(num_tokens, CHUNK), npid):
+        for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens)):
+            e = expert_ids(topk_idx, t, stride_it, stride_ik, num_experts, ctrl, check_ids,
+                           K, KP)
+            dest = tl.where(e >= 0, e // experts_per_rank, -1)
+            hit = tl.max((dest[None, :] == rs[:, None]).to(tl.int32), axis=1)
+            tl.store(send_slot + t * WP + rs, tl.where(hit > 0, t, -1))
+            row = (par * world + rank).to(tl.int64) * max_tokens + t
+            src = x + tl.cast(t, tl.int64) * stride_x
+            for j in range(world):
+                r = (pid + t + j) % world       # programs spread over the links
+                tdl.store(meta + row * KP + ks, e, rank, r, heap_bases)
+                if tl.sum(tl.where(rs == r, hit, 0)) > 0:
+                    push_payload(src, row, t, r, tokens, dweights, topk_weights, stride_wt,
+                                 stride_wk, rank, heap_bases, world, max_tokens, H, K, KP,
+                                 HAS_WEIGHTS, FP8, BLOCK_H)
+        for j in range(world):
+            r = (pid + j) % world
+            tdl.signal(_chunk_flag(chunk_flags, B.CHUNK_DISPATCH, rank, c, world, max_tokens,
+                                   CHUNK), epoch, rank, r, heap_bases)
+    trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
+    if tdl.last_program_out(state + B.DISPATCH_SEND_DONE, npid):
+        tl.store(state + B.DISPATCH_SEND_EPOCH, epoch)
+
+
+@triton.jit
+def ht_dispatch_recv(pid, npid, tokens, meta, flags, chunk_flags, state, expert_counter,
+                     token_rows, recv_count, expert_x, expert_x_scale, expert_num_tokens,
+                     ctrl, heap_bases, trace_buf, rank, world, max_tokens, experts_per_rank,
+                     cap, H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                     FP8: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr,
+                     BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
+    par = epoch % 2
+    my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
+    t0 = trd.begin(TRACE)
+    for s in range(world):
+        tdl.wait(my_flags + s, epoch << B.COUNT_BITS, ctrl, rank, s, 10)  # moe_dispatch
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    rs = tl.arange(0, WP)
+    counts = (tl.load(my_flags + rs, mask=rs < world, other=0, volatile=True)
+              & B.COUNT_MASK).to(tl.int32)
+    most = tl.cdiv(tl.max(counts), CHUNK)
+    first_expert = rank * experts_per_rank
+    N: tl.constexpr = CHUNK * KP          # (token, k) entries of a chunk
+    js = tl.arange(0, N)
+    for item in range(pid, most * world, npid):
+        c = item // world                 # chunk-major: the order senders produce them
+        s = item % world
+        n = tl.sum(tl.where(rs == s, counts, 0))
+        if c * CHUNK < n:
+            tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_DISPATCH, s, c, world, max_tokens,
+                                 CHUNK), epoch, ctrl, rank, s, 10)  # moe_dispatch
+            tj = c * CHUNK + js // KP
+            valid = tj < n
+            base_row = (par * world + s) * max_tokens
+            e = tl.load(meta + (base_row + tj) * KP + js % KP, mask=valid, other=-1)
+            local = valid & (e >= first_expert) & (e < first_expert + experts_per_rank)
+            le = tl.where(local, e - first_expert, -1)
+            # same[i, j]: entries i and j go to the same local expert. j's position among
+            # the chunk's entries of its expert, and the expert's count in the chunk
+            same = (le[:, None] == le[None, :]) & local[:, None] & local[None, :]
+            before = tl.sum((same & (js[:, None] < js[None, :])).to(tl.int32), axis=0)
+            total = tl.sum(same.to(tl.int32), axis=0)
+            lead = local & (before == 0)
+            # one atomic per (chunk, expert): the chunk's rows of each of its experts
+            base = tl.atomic_add(expert_counter + le, total, mask=lead, sem="relaxed",
+                                 scope="gpu")
+            base = tl.where(lead, base, 0)
+            slot = tl.sum(tl.where(same & lead[:, None], base[:, None], 0), axis=0) + before
+            ok = local & (slot < cap)
+            dst = tl.where(ok, le * cap + slot, -1)
+            tl.store(token_rows + (s * max_tokens + tj) * KP + js % KP, dst, mask=valid)
+            dst2 = tl.reshape(dst, [CHUNK, KP])
+            ci = tl.arange(0, CHUNK)
+            for i in range(0, tl.minimum(CHUNK, n - c * CHUNK)):
+                d = tl.sum(tl.where(ci[:, None] == i, dst2, 0), axis=0)
+                copy_token(tokens, base_row + c * CHUNK + i, d, d >= 0, expert_x,
+                           expert_x_scale, world, max_tokens, H, KP, FP8, BLOCK_H)
+    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+    if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
+        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, world,
+                       experts_per_rank, cap, WP, BLOCK_L)
+        tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
+
+
+@triton.jit
+def ht_dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, stride_wt,
+                       stride_wk, num_tokens, tokens, meta, dweights, flags, chunk_flags,
+                       state, send_slot, expert_counter, token_rows, recv_count, expert_x,
+                       expert_x_scale, expert_num_tokens, ctrl, heap_bases, trace_buf, rank,
+                       world, max_tokens, experts_per_rank, num_experts, cap, check_ids,
+                       send_programs, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                       KP: tl.constexpr, WP: tl.constexpr, HAS_WEIGHTS: tl.constexpr,
+                       FP8: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr,
+                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    n_send = B.senders(send_programs, PART)
+    if pid < n_send:
+        if PART != B.RECV:
+            ht_dispatch_send(pid, n_send, x, stride_x, topk_idx, stride_it, stride_ik,
+                             topk_weights, stride_wt, stride_wk, num_tokens, tokens, meta,
+                             dweights, flags, chunk_flags, state, send_slot, ctrl,
+                             heap_bases, trace_buf, rank, world, max_tokens,
+                             experts_per_rank, num_experts, check_ids, H, K, KP, WP,
+                             HAS_WEIGHTS, FP8, CHUNK, BLOCK_H, TRACE)
+    else:
+        if PART != B.SEND:
+            ht_dispatch_recv(pid - n_send, tl.num_programs(0) - n_send, tokens, meta, flags,
+                             chunk_flags, state, expert_counter, token_rows, recv_count,
+                             expert_x, expert_x_scale, expert_num_tokens, ctrl, heap_bases,
+                             trace_buf, rank, world, max_tokens, experts_per_rank, cap, H,
+                             KP, WP, FP8, CHUNK, BLOCK_L, BLOCK_H, TRACE)
+
+
+@triton.jit
+def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
+                    stride_wk, num_tokens, send_slot, token_rows, recv_count, weights,
+                    partial, flags, chunk_flags, state, ctrl, heap_bases, trace_buf, rank,
+                    world, max_tokens, cap, num_weight_programs, H: tl.constexpr,
+                    K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                    WEIGHTS_AT_DISPATCH: tl.constexpr, CHUNK: tl.constexpr,
+                    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    epoch = tdl.launch_epoch(state + B.COMBINE_SEND_EPOCH)
+    par = epoch % 2
+    if WEIGHTS_AT_DISPATCH:     # `weights` is dweights: already here, in dispatch's half
+        wpar = tl.load(state + B.DISPATCH_RECV_EPOCH) % 2
+    else:
+        wpar = par
+    t0 = trd.begin(TRACE)
+    if pid < num_weight_programs:
+        push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
+                     weights, flags, state, heap_bases, rank, world, max_tokens,
+                     num_weight_programs, epoch, K, KP, WP, BLOCK_T)
+        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    else:
+        q = pid - num_weight_programs
+        nq = npid - num_weight_programs
+        rs = tl.arange(0, WP)
+        counts = tl.load(recv_count + rs, mask=rs < world, other=0)
+        most = tl.cdiv(tl.max(counts), CHUNK)
+        for item in range(q, most * world, nq):
+            c = item // world
+            s = item % world
+            n = tl.sum(tl.where(rs == s, counts, 0))
+            if c * CHUNK < n:
+                if not WEIGHTS_AT_DISPATCH:
+                    tdl.wait(flags + (B.FLAG_WEIGHTS * 2 + par) * world + s, epoch, ctrl,
+                             rank, s, 11)  # moe_combine
+                for i in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n)):
+                    push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
+                                 partial, heap_bases, rank, world, max_tokens, cap, par,
+                                 wpar, H, KP, BLOCK_H)
+                tdl.signal(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, rank, c, world,
+                                       max_tokens, CHUNK), epoch, rank, s, heap_bases)
+        trd.end(trace_buf, t0, tags.COMBINE, rank, TRACE)
+    if tdl.last_program_out(state + B.COMBINE_SEND_DONE, npid):
+        tl.store(state + B.COMBINE_SEND_EPOCH, epoch)
+
+
+@triton.jit
+def ht_combine_recv(pid, npid, out, num_tokens, send_slot, partial, chunk_flags, state, ctrl,
+                    rank, world, max_tokens, trace_buf, H: tl.constexpr, WP: tl.constexpr,
+                    CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
+    par = epoch % 2
+    t0 = trd.begin(TRACE)
+    for c in range(pid, tl.cdiv(num_tokens, CHUNK), npid):
+        for r in range(world):
+            tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world, max_tokens,
+                                 CHUNK), epoch, ctrl, rank, r, 11)  # moe_combine
+        for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens)):
+            sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP, BLOCK_H)
+    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+    if tdl.last_program_out(state + B.COMBINE_RECV_DONE, npid):
+        tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
+
+
+@triton.jit
+def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stride_wk, out,
+                      num_tokens, send_slot, token_rows, recv_count, weights, partial, flags,
+                      chunk_flags, state, ctrl, heap_bases, trace_buf, rank, world,
+                      max_tokens, cap, num_weight_programs, send_programs,
+                      PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                      WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr,
+                      CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                      TRACE: tl.constexpr):
+    pid = tl.program_id(0)
+    n_send = B.senders(send_programs, PART)
+    if pid < n_send:
+        if PART != B.RECV:
+            ht_combine_send(pid, n_send, expert_y, stride_ye, stride_yr, topk_weights,
+                            stride_wt, stride_wk, num_tokens, send_slot, token_rows,
+                            recv_count, weights, partial, flags, chunk_flags, state, ctrl,
+                            heap_bases, trace_buf, rank, world, max_tokens, cap,
+                            num_weight_programs, H, K, KP, WP, WEIGHTS_AT_DISPATCH, CHUNK,
+                            BLOCK_T, BLOCK_H, TRACE)
+    else:
+        if PART != B.SEND:
+            ht_combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, num_tokens,
+                            send_slot, partial, chunk_flags, state, ctrl, rank, world,
+                            max_tokens, trace_buf, H, WP, CHUNK, BLOCK_H, TRACE)
