@@ -95,3 +95,14 @@ def test_bad_core(pool):
 
 def test_default_core():
     assert _common.GEMM_MODE in _common.GEMM_MODES
+
+
+def _auto_core(ctx):
+    """gemm="auto" takes the tma core from TMA_MIN_M GEMM rows, the classic one below."""
+    small = _common.fused_gemm_config(ctx, _common.TMA_MIN_M - 1, 64, 64, "auto", None, 8)
+    large = _common.fused_gemm_config(ctx, _common.TMA_MIN_M, 64, 64, "auto", None, 8)
+    return small["PERSISTENT"], large["PERSISTENT"]
+
+
+def test_auto_core_by_rows(pool):
+    assert pool.run(_auto_core)[0] == (False, True)

@@ -4,7 +4,13 @@ the switch between the two GEMM cores.
 
 The GEMM core (env TRIDENT_GEMM, read once at import; a call's `gemm=` option overrides
 it and is part of the plan key like every option):
-- "classic" (the default until measured on 2 GPUs): one output tile per GEMM program,
+- "auto" (the default): "tma" for GEMMs of M >= TMA_MIN_M rows, else "classic". Measured
+  2026-11-22 on 2x H200 at M = 8192 (Llama-3-70B TP=2 layers, bench/results/
+  ops-ab-gemm-*-2xh200-2026-11-22.json): "tma" made every fused op 1.16-1.22x faster than
+  "classic" and 1.02-1.15x faster than NCCL + cuBLAS eagerly; on one H200 the core alone
+  was 0.99-1.05x cuBLAS at M >= 4096 and 0.63-0.96x below (gemm-1xh200-2026-11-22.json).
+  Smaller M with "tma" inside the fused kernels is not measured yet.
+- "classic": one output tile per GEMM program,
   pointer loads (gemm_tile), tile sizes from gemm_config.
 - "tma": trident/ops/gemm.py's core inside the fused kernels -- persistent GEMM programs,
   one per SM at most, that take output tiles from a queue word of the workspace (an
@@ -162,19 +168,22 @@ def gemm_config(ctx, m: int, n: int, k: int) -> dict:
     return dict(BM=bm, BN=128, BK=64, num_warps=4 if bm == 64 else 8, num_stages=4)
 
 
-GEMM_MODES = ("classic", "tma")
-GEMM_MODE = os.environ.get("TRIDENT_GEMM", "classic").strip().lower() or "classic"
+GEMM_MODES = ("auto", "classic", "tma")
+GEMM_MODE = os.environ.get("TRIDENT_GEMM", "auto").strip().lower() or "auto"
+TMA_MIN_M = 4096           # "auto": the tma core from this many GEMM rows (see above)
 
 
 def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dict | None,
                       group_m: int) -> dict:
     """The GEMM side of a fused launch: tile sizes, launch options, GROUP_M and PERSISTENT
-    (True on the "tma" core). gemm: "classic" or "tma" (None: TRIDENT_GEMM's value);
+    (True on the "tma" core). gemm: "auto", "classic" or "tma" (None: TRIDENT_GEMM's value);
     config: overrides (an option of the call); group_m: the classic core's GROUP_M."""
     mode = GEMM_MODE if gemm is None else gemm
     if mode not in GEMM_MODES:
         raise ValueError(f"the fused ops' GEMM core must be one of {GEMM_MODES} (env "
                          f"TRIDENT_GEMM or the gemm= option), got {mode!r}")
+    if mode == "auto":
+        mode = "tma" if M >= TMA_MIN_M else "classic"
     if mode == "classic":
         cfg = dict(GROUP_M=group_m, **gemm_config(ctx, M, N, K))
     else:
