@@ -195,3 +195,15 @@ def test_global_scratch_kernel_matches_ordinary_launch():
         torch.testing.assert_close(out, 2 * x)
     finally:
         triton.set_allocator(_allocation._NULL_ALLOCATOR)
+
+
+def test_launch_keeps_tensors_that_are_not_the_calls():
+    """A launch keeps alive every tensor argument that is not (a view of) one of the
+    call's own tensors: a split table or buffer made for the plan must not be freed while
+    the plan launches with its address (the 2x H200 soak's all_to_all use-after-free)."""
+    from trident.triton_launch import not_the_calls
+    call_out, call_in = torch.zeros(8), torch.zeros(8)
+    made_for_plan = torch.zeros(4, dtype=torch.int64)
+    kept = not_the_calls([call_out.view(2, 4), call_in[2:], made_for_plan, 3, None],
+                         (call_out, call_in))
+    assert len(kept) == 1 and kept[0] is made_for_plan

@@ -93,18 +93,30 @@ def _bind(kernel, args, kwargs) -> tuple[list, dict]:
     return list(bound.arguments.values()), options
 
 
+def not_the_calls(values, tensors) -> tuple:
+    """The tensors among `values` whose storage is not that of one of the call's own
+    `tensors` (heap tensors share the heap's storage, which the context owns)."""
+    own = {t.untyped_storage().data_ptr() for t in tensors if isinstance(t, torch.Tensor)}
+    return tuple(v for v in values if isinstance(v, torch.Tensor)
+                 and v.untyped_storage().data_ptr() not in own)
+
+
 class Launch:
     """One kernel launch with fixed grid and arguments; `launch(tensors)` queues it on the
     current stream. Arguments given as `Live(i)` (positional only) are taken from
     `tensors[i]` at each call.
 
-    On GPUs the launch keeps only addresses, never the tensors: the plan's key holds the
-    addresses of the call's tensors, so a plan cannot outlive what it points to unnoticed.
+    On GPUs the launch keeps only the addresses of the call's own tensors (their storage):
+    the plan's key holds those addresses, so a plan cannot outlive them unnoticed. Every
+    other tensor argument -- a split table, a buffer made for this plan -- is kept alive by
+    the launch (`keep`), since nothing else promises to: a cache that dropped such a tensor
+    while a plan still launched with its address made kernels read freed memory (wrong
+    all_to_all results, then a misaligned-address crash, in the 2x H200 soak).
     On the ordinary path (CPU emulation, changed Triton internals) it keeps the arguments.
     """
     __slots__ = ("kernel", "grid", "args", "kwargs", "live", "fast", "direct", "compiled",
                  "prefix", "packed", "tail", "stream", "device", "hooks", "scratch",
-                 "capturing", "one_live", "head", "rest", "torch_device")
+                 "capturing", "one_live", "head", "rest", "torch_device", "keep")
 
     def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, tensors: tuple = ()):
         self.kernel, self.grid = kernel, tuple(grid) + (1,) * (3 - len(grid))
@@ -146,6 +158,7 @@ class Launch:
                 self.scratch = {}
         self.packed = tuple(v.data_ptr() if isinstance(v, torch.Tensor) else v for v in values)
         self.tail = self.prefix + self.packed
+        self.keep = not_the_calls(values, tensors)
         self.compiled, self.args = compiled, None     # addresses only from here on
         self.device = driver.active.get_current_device()
         self.stream = driver.active.get_current_stream
