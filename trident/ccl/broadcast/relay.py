@@ -58,6 +58,19 @@ ITER_BITS = tl.constexpr(32)    # flag = epoch << ITER_BITS + iteration + 1
 # 4 chunks = 512 MiB tensors still pipeline at 1 MiB chunks; signals stay rare).
 DEPTH = 4
 MAX_CHUNK_BYTES = 1 << 20
+# Deeper from 32 MiB: measured on 4x H200 (bench/results/sweep-4xh200-2026-11-22.json,
+# CUDA graph): depth 8 at 32 MiB 1.04x depth 4, depth 16 at 128 MiB 1.07x and at 512 MiB
+# 1.11x (depth 32 there: 1.12x, within noise of 16; depth 16 at 32 MiB: 0.83x).
+DEPTH_BY_SIZE = ((32 << 20, 8), (128 << 20, 16))     # (from bytes, depth), ascending
+
+
+def default_depth(nbytes: int) -> int:
+    """DEPTH below 32 MiB, then DEPTH_BY_SIZE's measured depths."""
+    depth = DEPTH
+    for start, d in DEPTH_BY_SIZE:
+        if nbytes >= start:
+            depth = d
+    return depth
 
 
 class ChunkFlags:
@@ -144,7 +157,7 @@ def chunk_size(n: int, word: int, block: int, grid: int, depth: int = DEPTH) -> 
 def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None, depth=None,
           warps=None):
     """t: a flat word view (checked by the caller). Knobs: chunk, elements per chunk (a
-    multiple of the block); default about `depth` (DEPTH) chunks per program, up to
+    multiple of the block); default about `depth` (default_depth) chunks per program, up to
     MAX_CHUNK_BYTES: the last chunk's second hop is not overlapped, so deeper pipelines
     leave a shorter tail at the price of more flags; warps (common.py)."""
     n, word = t.numel(), t.element_size()
@@ -152,7 +165,7 @@ def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None, depth=N
     if depth is not None and (not isinstance(depth, int) or depth < 1):
         raise ValueError(f"broadcast relay: depth must be a positive int, got {depth!r}")
     if chunk is None:
-        chunk = chunk_size(n, word, block, grid, depth or DEPTH)
+        chunk = chunk_size(n, word, block, grid, depth or default_depth(n * word))
     if chunk <= 0 or chunk % block:
         raise ValueError(f"broadcast relay: chunk must be a positive multiple of the block "
                          f"({block} elements), got {chunk}")
