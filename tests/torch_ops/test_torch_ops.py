@@ -220,7 +220,12 @@ def _check_opcheck(ctx):
         tokens = torch.randn(6, 16, generator=g).to(ctx.device)
         idx = torch.stack([torch.randperm(2 * world, generator=g)[:2] for _ in range(6)])
         idx, weights = idx.to(ctx.device), torch.rand(6, 2, generator=g).to(ctx.device)
-        opcheck(ops.moe_dispatch, (tokens, idx, weights, ep.name))
+        # expert_x rows come in arrival order, which differs between calls at 3+ ranks, so
+        # the check that compares two calls' outputs (test_aot_dispatch_dynamic) cannot
+        # apply; every rank skips it alike (a rank that raised alone left the others
+        # waiting in the next dispatch)
+        opcheck(ops.moe_dispatch, (tokens, idx, weights, ep.name),
+                test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
         expert_x, counts = ops.moe_dispatch(tokens, idx, weights, ep.name)
         opcheck(ops.moe_combine, (expert_x, None, ep.name, 6))
         y = ops.moe_combine(expert_x, None, ep.name, 6)
