@@ -132,7 +132,8 @@ def _init_close_many(ctx, rounds, job):
         with td.init(heap_size=heap, group=ctx.group):   # first use may set up caches
             pass
         fds, maps, free = _fds(), _heap_mappings(), _gpu_free_bytes(ctx)
-        assert _shm_files(job) == [], _shm_files(job)
+        ctx.barrier()                         # every rank has unlinked its file (each
+        assert _shm_files(job) == [], _shm_files(job)   # does so after init's barrier)
         for i in range(rounds):
             with td.init(heap_size=heap, group=ctx.group) as other:
                 x = other.randn(1000)
