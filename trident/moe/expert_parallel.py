@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plans import tensor_key
+from ..plans import live_key, tensor_key
 from . import buffers as B
 from . import plans
 from .high_throughput import HT_MIN_TOKENS
@@ -227,7 +227,7 @@ class ExpertParallel:
         ctx, T = self.ctx, d.num_tokens
         key = ("moe_combine", self._id, tensor_key(expert_y),
                None if topk_weights is None else tensor_key(topk_weights), T, d.has_weights,
-               None if out is None else tensor_key(out)[1:], wait, ctx.capturing())
+               None if out is None else live_key(out), wait, ctx.capturing())
         if out is None:
             out = torch.empty(T, self.hidden_dim, dtype=self.dtype, device=ctx.device)
         self._plan(key, plans.combine, expert_y, d, topk_weights, out, wait)((out,))
