@@ -76,3 +76,32 @@ def _workspace_that_does_not_fit(ctx):
 
 def test_workspace_that_does_not_fit_names_the_op(pool):
     pool.run(_workspace_that_does_not_fit)
+
+
+def _empty_k_shard(ctx):
+    """Row-parallel ops where one rank's K shard is empty (K = 0): valid maths (that rank
+    adds zeros), so it must work on every rank -- rejecting it on that rank alone left the
+    others waiting for it until their timeout."""
+    world, rank = ctx.world_size, ctx.rank
+    ks = [0] + [8 * r for r in range(1, world)]
+    m, n = 4 * world, 16
+    g = torch.Generator().manual_seed(3)
+    a_full = torch.randn(m, sum(ks), generator=g).to(torch.bfloat16)
+    w_full = torch.randn(n, sum(ks), generator=g).to(torch.bfloat16)
+    cols = slice(sum(ks[:rank]), sum(ks[:rank + 1]))
+    a, w = (t[:, cols].contiguous().to(ctx.device) for t in (a_full, w_full))
+    ref = a_full.float() @ w_full.float().T
+    for algorithm, gemm in (("fused", "classic"), ("fused", "tma"), ("plain", None)):
+        kw = {} if gemm is None else {"gemm": gemm}
+        rs = ctx.matmul_reduce_scatter(a, w, algorithm=algorithm, **kw)
+        ar = ctx.matmul_all_reduce(a, w, algorithm=algorithm, **kw)
+        what = f"{algorithm} {gemm}"
+        torch.testing.assert_close(rs.float().cpu(), ref.chunk(world)[rank], rtol=2e-2,
+                                   atol=2e-1, msg=lambda e: f"{what} rs: {e}")
+        torch.testing.assert_close(ar.float().cpu(), ref, rtol=2e-2, atol=2e-1,
+                                   msg=lambda e: f"{what} ar: {e}")
+    ctx.sync()
+
+
+def test_empty_k_shard_on_one_rank(pool):
+    pool.run(_empty_k_shard)

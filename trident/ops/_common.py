@@ -65,8 +65,11 @@ def check_matrix(ctx, t, name: str) -> None:
         raise ValueError(f"{name} is on {t.device}, expected this rank's device {ctx.device}")
 
 
-def check_inputs(ctx, op: str, a, w, bias, out, out_shape) -> torch.Tensor | None:
-    """Validate a, w (nn.Linear layout [N, K]), bias [N] and out; returns out or None."""
+def check_inputs(ctx, op: str, a, w, bias, out, out_shape,
+                 empty_k: bool = False) -> torch.Tensor | None:
+    """Validate a, w (nn.Linear layout [N, K]), bias [N] and out; returns out or None.
+    empty_k: K = 0 is valid (a row-parallel rank whose shard of K is empty contributes
+    zeros; rejecting it on that rank alone would leave its peers waiting)."""
     check_matrix(ctx, a, f"{op}: a")
     check_matrix(ctx, w, f"{op}: w")
     if w.dtype != a.dtype:
@@ -74,7 +77,7 @@ def check_inputs(ctx, op: str, a, w, bias, out, out_shape) -> torch.Tensor | Non
     if a.shape[1] != w.shape[1]:
         raise ValueError(f"{op}: a is [M, K] = {list(a.shape)} and w is [N, K] = "
                          f"{list(w.shape)} (nn.Linear layout): their K differ")
-    if a.shape[0] == 0 or a.shape[1] == 0 or w.shape[0] == 0:
+    if a.shape[0] == 0 or (a.shape[1] == 0 and not empty_k) or w.shape[0] == 0:
         raise ValueError(f"{op}: empty matrix (a {list(a.shape)}, w {list(w.shape)})")
     if a.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError(f"{op}: a and w need a contiguous last dimension (stride 1); got "

@@ -404,10 +404,11 @@ def ensure_allocator() -> None:
 
 
 def tma_compatible(*tensors) -> bool:
-    """Whether TMA descriptors can address these 2-D tensors: rows contiguous, base and
-    row stride 16-byte aligned."""
+    """Whether TMA descriptors can address these 2-D tensors: not empty, rows contiguous,
+    base and row stride 16-byte aligned."""
     for t in tensors:
-        if t.stride(1) != 1 or t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        if not t.numel() or t.stride(1) != 1 or t.data_ptr() % 16 \
+                or (t.stride(0) * t.element_size()) % 16:
             return False
     return True
 

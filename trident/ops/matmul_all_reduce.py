@@ -36,7 +36,7 @@ def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, ())
     shape = (a.shape[0], w.shape[0])
-    check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, shape)
+    check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, shape, empty_k=True)
     path = selector.resolve(ctx, "matmul_all_reduce", algorithm, a.shape[0], w.shape[0], None)
     plan = new_plan(ctx, a, w, bias, out, shape, path)
     if path == "plain":

@@ -213,7 +213,7 @@ def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
         raise ValueError(f"matmul_reduce_scatter: a has {M} rows, which is not divisible by "
                          f"the world size {ctx.world_size}")
     shape = (M // ctx.world_size, w.shape[0])
-    check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, shape)
+    check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, shape, empty_k=True)
     path = selector.resolve(ctx, "matmul_reduce_scatter", algorithm, M, w.shape[0], None)
     plan = new_plan(ctx, a, w, bias, out, shape, path)
     if path == "plain":
