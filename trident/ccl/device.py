@@ -209,6 +209,19 @@ def reduce_slots(local, slots, stride, offs, mask, rank, world_size, OP: tl.cons
 
 
 @triton.jit
+def load_peers(ptrs, oks, offs, mask, WORLD: tl.constexpr, VEC: tl.constexpr):
+    """Every rank's copy of one block (`offs`, `mask`; `ptrs`, `oks` from peer_ptrs), all
+    loads issued before any is used: a tuple in rank order."""
+    xs = ()
+    for src in tl.static_range(WORLD):
+        if VEC:
+            xs = xs + (tl.load(ptrs[src] + offs, mask=mask),)
+        else:
+            xs = xs + (tl.load(ptrs[src] + offs, mask=mask & oks[src]),)
+    return xs
+
+
+@triton.jit
 def reduce_peers(ptrs, oks, offs, mask, WORLD: tl.constexpr, OP: tl.constexpr,
                  VEC: tl.constexpr):
     """Reduce one block (`offs`, `mask`) over every rank's copy (`ptrs`, `oks` from
@@ -217,12 +230,7 @@ def reduce_peers(ptrs, oks, offs, mask, WORLD: tl.constexpr, OP: tl.constexpr,
     round trip, not one per rank, and every link carries traffic at once. (The compiler
     hoists independent loads above the combines anyway, so grouping them in the source
     does not bound the registers they take: the host bounds WORLD x BLOCK instead.)"""
-    xs = ()
-    for src in tl.static_range(WORLD):
-        if VEC:
-            xs = xs + (tl.load(ptrs[src] + offs, mask=mask),)
-        else:
-            xs = xs + (tl.load(ptrs[src] + offs, mask=mask & oks[src]),)
+    xs = load_peers(ptrs, oks, offs, mask, WORLD, VEC)
     acc = xs[0].to(tl.float32)
     for src in tl.static_range(1, WORLD):
         acc = combine(acc, xs[src], OP)

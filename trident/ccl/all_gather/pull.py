@@ -38,9 +38,9 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, peer_ptrs,
-                      peer_shift, peer_shifts, publish_offset, shift_ok, vec_aligned,
-                      vec_shift)
+from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, load_peers,
+                      peer_ptrs, peer_shift, peer_shifts, publish_offset, shift_ok,
+                      vec_aligned, vec_shift)
 
 GPU_BLOCK_BYTES = 2 * common.GPU_BLOCK_BYTES      # see "32 KiB per program step" above
 
@@ -64,12 +64,7 @@ def _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD: tl.constexpr, WORD: 
     for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        xs = ()
-        for src in tl.static_range(WORLD):
-            if VEC:
-                xs = xs + (tl.load(ptrs[src] + offs, mask=mask),)
-            else:
-                xs = xs + (tl.load(ptrs[src] + offs, mask=mask & oks[src]),)
+        xs = load_peers(ptrs, oks, offs, mask, WORLD, VEC)
         for src in tl.static_range(WORLD):
             if VEC:
                 tl.store(out + src * n + offs, xs[src], mask=mask)
