@@ -2,25 +2,13 @@
 top-k, grouped-GEMM SwiGLU experts, combine) and its all_to_all_single version both match
 a dense single-process reference of the same layer, at every test world size, with rank 0
 holding no tokens; both expert GEMM paths, and fp8 dispatch."""
-import importlib.util
-import os
-import sys
-
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "moe_layer.py")
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("moe_layer", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["moe_layer"] = module          # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from ..examples import load_example
 
 
 def _run(ctx, gemm, fp8):
-    ex = _example()
+    ex = load_example("moe_layer")
     return ex.main(ctx, ex.TINY, (6,), gemm, fp8, timing=False, check_tokens=6)
 
 

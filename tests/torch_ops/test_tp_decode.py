@@ -1,25 +1,13 @@
 """examples/tp_decode.py at tiny size: the compiled tensor-parallel decode step (both
 row-parallel sums) gives the single-process logits."""
 import dataclasses
-import importlib.util
-import os
-import sys
 
 from ..conftest import WORLD_SIZES, get_pool
-
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tp_decode.py")
-
-
-def _example():
-    spec = importlib.util.spec_from_file_location("tp_decode", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tp_decode"] = module          # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+from ..examples import load_example
 
 
 def _run(ctx, sum_with):
-    ex = _example()
+    ex = load_example("tp_decode")
     shape = dataclasses.replace(ex.TINY, layers=1)
     return ex.main(ctx, shape, sum_with, iters=1)
 
