@@ -1,7 +1,8 @@
 """Rank pools shared by the whole session: each world size's processes start once.
 
 On the CPU emulation the default world sizes are 2, 3 and 4; on GPUs, 2 and every GPU
-visible. TRIDENT_TEST_WORLD_SIZES=2,4 overrides.
+visible, and on a machine with one GPU 1, 2 and 4 (ranks share the GPU under MPS, see
+trident/placement.py). TRIDENT_TEST_WORLD_SIZES=2,4 overrides.
 """
 import os
 
@@ -18,6 +19,8 @@ def _world_sizes() -> list[int]:
     if BACKEND == "cuda":
         import torch
         n = torch.cuda.device_count()
+        if n == 1:
+            return [1, 2, 4]
         return sorted({w for w in (2, n) if 2 <= w <= n})
     return [2, 3, 4]
 

@@ -6,13 +6,14 @@ import hashlib
 import math
 import os
 import pickle
+import socket
 import uuid
 import weakref
 
 import torch
 import torch.distributed as dist
 
-from . import _env
+from . import _env, placement
 from .errors import CommTimeout, HeapMismatchError, decode_timeout
 from .heap.allocator import Allocator, HeapFullError
 from .language import sync as _sync
@@ -119,6 +120,7 @@ class Context:
     """Created by `trident.init`; holds the heap and offers the collectives and ops.
 
     Attributes: rank, world_size, device, backend ("cuda" or "cpu"), heap_size,
+    ranks_per_device (ranks of the group on this rank's GPU; 1 on the CPU emulation),
     heap_bases (int64 tensor on `device`: where each rank's heap lives in this process),
     ctrl (this rank's control block: error word, timeout, barrier epoch and flags),
     trace_buffer (the event buffer of the active `ctx.trace(...)` session, else None: set
@@ -139,9 +141,15 @@ class Context:
         self.debug = bool(int(os.environ.get("TRIDENT_DEBUG", "0"))) if debug is None else debug
         self.backend = "cpu" if _env.INTERPRET else "cuda"
         if self.backend == "cuda":
-            local_rank = _env_int("LOCAL_RANK", self.rank % torch.cuda.device_count())
-            self.device = torch.device("cuda", local_rank)
+            gpus = torch.cuda.device_count()
+            self.device = torch.device("cuda", placement.device_index(
+                _env_int("LOCAL_RANK", self.rank), gpus))
             torch.cuda.set_device(self.device)
+            self.ranks_per_device = self._count_ranks_on_device()
+            placement.set_ranks_per_device(self.ranks_per_device)
+            if self.ranks_per_device > 1:
+                # torch symmetric memory refuses peers on one device unless told
+                os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
             from .heap.cuda import CudaHeap
             self._heap = CudaHeap(self.heap_size, self.rank, self.world_size, self.group,
                                   self.device)
@@ -150,6 +158,7 @@ class Context:
             from .heap.cpu import CpuHeap
             emulation.install()
             self.device = torch.device("cpu")
+            self.ranks_per_device = 1
             self._heap = CpuHeap(self.heap_size, self.rank, self.world_size, self.group,
                                  self._job_id())
         self._closed = False
@@ -176,6 +185,53 @@ class Context:
         self.set_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
         self.barrier()
         self._register_name()
+
+    def _count_ranks_on_device(self) -> int:
+        """How many ranks of the group use this rank's GPU (same host, same GPU UUID). Over
+        an NCCL group they are 1 by construction (NCCL refuses two ranks on one device, so
+        a group that works has none), checked up front through LOCAL_WORLD_SIZE where
+        torchrun sets it, since NCCL's own error comes late and says less."""
+        gpus = torch.cuda.device_count()
+        if dist.get_backend(self.group) != "gloo":
+            local = _env_int("LOCAL_WORLD_SIZE", 0)
+            if local > gpus:
+                raise ValueError(
+                    f"{local} ranks on this host and {gpus} GPU(s): ranks share GPUs, which "
+                    f"NCCL cannot serve; initialise the process group with backend 'gloo' "
+                    f"(trident.init does under torchrun when ranks outnumber GPUs) and run an "
+                    f"MPS daemon (nvidia-cuda-mps-control -d)")
+            return 1
+        me = (socket.gethostname(), str(torch.cuda.get_device_properties(self.device).uuid))
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, me, group=self.group)
+        return everyone.count(me)
+
+    @property
+    def shares_device(self) -> bool:
+        """True when other ranks of this context use the same GPU (see trident/placement.py)."""
+        return self.ranks_per_device > 1
+
+    @property
+    def nccl_available(self) -> bool:
+        """Whether the "nccl" algorithm (torch.distributed collectives on this context's
+        tensors) can run: not on GPUs whose ranks share a GPU, where the group is gloo."""
+        return self.backend == "cpu" or not self.shares_device
+
+    @property
+    def usable_sms(self) -> int | None:
+        """SMs this rank's grids may fill (its share of the GPU; None on the CPU emulation)."""
+        return placement.usable_sms(self.device) if self.backend == "cuda" else None
+
+    @property
+    def heap_mapping(self) -> str:
+        """How the peers' heaps are mapped into this process (for `trident info`, logs)."""
+        if self.backend == "cpu":
+            return "CPU emulation: one /dev/shm file per rank, mapped by every rank"
+        shared = (f"; {self.ranks_per_device} ranks share each GPU (torch's "
+                  f"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1, set by trident)"
+                  if self.shares_device else "")
+        return ("torch symmetric memory (CUDA virtual memory handles exchanged over the "
+                "process group, peers mapped through NVLink peer access)" + shared)
 
     def _register_name(self) -> None:
         """`name`: how trident's torch custom ops (trident/torch_ops.py) find this context
@@ -653,13 +709,20 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
          debug: bool | None = None) -> Context:
     """Collective over `group` (default: the whole job): map every rank's symmetric heap.
 
-    Under torchrun (RANK/WORLD_SIZE set) the process group is created if it is not yet.
+    Under torchrun (RANK/WORLD_SIZE set) the process group is created if it is not yet:
+    NCCL with a GPU per rank; gloo when LOCAL_WORLD_SIZE exceeds the visible GPUs, which
+    ranks then share round-robin (LOCAL_RANK % GPUs; start an MPS daemon first,
+    `nvidia-cuda-mps-control -d`, or every cross-rank wait costs a time slice).
     heap_size defaults to $TRIDENT_HEAP_SIZE or 1 GiB; timeout (seconds) bounds every
     device wait; debug=True checks for timed-out waits after every op.
     """
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        backend = "gloo" if _env.INTERPRET else "nccl"
-        if backend == "nccl":
-            torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+        backend = "gloo"
+        if not _env.INTERPRET:
+            gpus = torch.cuda.device_count()
+            torch.cuda.set_device(placement.device_index(_env_int("LOCAL_RANK", 0), gpus))
+            # ranks that outnumber the GPUs share them: NCCL cannot, gloo can
+            if _env_int("LOCAL_WORLD_SIZE", 1) <= gpus:
+                backend = "nccl"
         dist.init_process_group(backend)
     return Context(heap_size=heap_size, group=group, timeout=timeout, debug=debug)

@@ -1,4 +1,11 @@
-"""Start N ranks (one per GPU with NCCL, or CPU processes with gloo) and run code in them.
+"""Start N ranks (GPU processes, or CPU processes with gloo) and run code in them.
+
+On GPUs, ranks are placed round-robin over the visible GPUs (trident/placement.py). With
+one GPU per rank the host group is NCCL. With more ranks than GPUs, ranks share GPUs: the
+host group is gloo (NCCL refuses two ranks on one device), the ranks run under MPS (a
+private daemon for the job when none runs: trident/mps.py), and their kernels size their
+grids by their share of the SMs. That mode checks correctness and host cost on one GPU;
+it does not measure NVLink.
 
 `launch(fn, world_size, *args)` runs `fn(ctx, *args)` once on every rank and returns the
 list of results. `RankPool` keeps the ranks alive so that many functions can run in the
@@ -42,6 +49,22 @@ def default_world_size(backend: str) -> int:
         import torch
         return torch.cuda.device_count()
     return 4
+
+
+def sharing_env(world_size: int, gpus: int):
+    """For ranks that outnumber the GPUs: (the rank processes' environment, the private MPS
+    daemon to stop at the end or None, a line saying which MPS the job uses)."""
+    from . import mps
+    from .placement import ranks_on_each_gpu
+    env, daemon, note = mps.ensure()
+    env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+    if env.get("CUDA_MPS_PIPE_DIRECTORY"):
+        # each rank an equal share of the GPU's threads, so that none can crowd out a peer
+        # it waits for (NVSHMEM's condition for PEs on one GPU); a user's setting wins
+        share = 100 // max(ranks_on_each_gpu(world_size, gpus))
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = os.environ.get(
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(share))
+    return env, daemon, note
 
 
 def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str, int]:
@@ -102,13 +125,20 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
 
     import torch
     import torch.distributed as dist
+
+    from .placement import device_index
     # host collectives (barriers, debug checks) give up after the context's timeout too
     pg_timeout = datetime.timedelta(seconds=timeout or 30.0)
     if backend == "cuda":
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, device_id=torch.device("cuda", rank),
-                                timeout=pg_timeout)
+        gpus = torch.cuda.device_count()
+        device = torch.device("cuda", device_index(rank, gpus))
+        torch.cuda.set_device(device)
+        if world_size <= gpus:
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world_size, device_id=device, timeout=pg_timeout)
+        else:      # ranks share GPUs: NCCL refuses two ranks on one device
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                    world_size=world_size, timeout=pg_timeout)
     else:
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -160,17 +190,23 @@ class RankPool:
         self.world_size = world_size or default_world_size(self.backend)
         if self.world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {self.world_size}")
+        self.mps_note, self._mps = None, None
+        self._procs, self._conns = [], []
+        env = {}
         if self.backend == "cuda":
             import torch
-            if torch.cuda.device_count() < self.world_size:
-                raise ValueError(f"world_size {self.world_size} needs as many GPUs; "
-                                 f"{torch.cuda.device_count()} visible")
+            gpus = torch.cuda.device_count()
+            if gpus < 1:
+                raise ValueError("backend 'cuda' needs a visible GPU; none is (backend='cpu' "
+                                 "runs the CPU emulation)")
+            if self.world_size > gpus:     # ranks share GPUs (module docstring)
+                env, self._mps, self.mps_note = sharing_env(self.world_size, gpus)
         self.run_timeout = run_timeout
         # how long the other ranks may take to report after one failed or died: they may be
         # in a wait that ends only at the context's timeout
         self.failure_grace = (timeout or 30.0) + (5.0 if self.backend == "cpu" else 2.0)
         self.job = uuid.uuid4().hex[:12]
-        env = {"TRIDENT_BACKEND": self.backend, "TRIDENT_JOB_ID": self.job}
+        env.update(TRIDENT_BACKEND=self.backend, TRIDENT_JOB_ID=self.job)
         if self.backend == "cpu":
             env["TRITON_INTERPRET"] = "1"
         saved = {k: os.environ.get(k) for k in env}
@@ -326,6 +362,9 @@ class RankPool:
             if p.is_alive():
                 p.kill()
                 p.join()
+        if self._mps is not None:     # after its clients (the ranks) are gone
+            self._mps.stop()
+            self._mps = None
         for path in glob.glob(f"/dev/shm/trident-{self.job}-*"):
             try:
                 os.unlink(path)
@@ -344,8 +383,9 @@ def launch(fn, world_size: int | None = None, *args, backend: str | None = None,
            run_timeout: float = 600.0) -> list:
     """Spawn `world_size` ranks, run fn(ctx, *args) on each, return the per-rank results.
 
-    backend: "cuda" (one process per GPU, NCCL) or "cpu" (gloo, Triton interpreter);
-    default: cuda when GPUs are visible. fn must be a module-level function.
+    backend: "cuda" (GPU processes: one per GPU with NCCL, or several per GPU round-robin,
+    under MPS, with gloo when world_size exceeds the GPUs) or "cpu" (gloo, Triton
+    interpreter); default: cuda when GPUs are visible. fn must be a module-level function.
     timeout: seconds every device wait and host collective may take (the context's
     timeout); run_timeout: seconds the whole of fn may take before the ranks are stopped.
     """

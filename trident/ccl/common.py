@@ -166,7 +166,9 @@ def launch_size(ctx, n: int, elem_size: int, block=None, programs=None) -> tuple
         block = max(16, (GPU_BLOCK_BYTES if gpu else CPU_BLOCK_BYTES) // elem_size)
     if block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
-    limit = programs or (GPU_MAX_PROGRAMS if gpu else CPU_MAX_PROGRAMS)
+    # on a GPU shared by several ranks, at most the rank's share of the SMs, so that every
+    # rank's programs are resident at once (trident/placement.py)
+    limit = programs or (min(GPU_MAX_PROGRAMS, ctx.usable_sms) if gpu else CPU_MAX_PROGRAMS)
     if not 1 <= limit <= device.MAX_PROGRAMS:
         raise ValueError(f"programs must be in 1..{device.MAX_PROGRAMS}, got {limit}")
     return block, max(1, min(limit, triton.cdiv(n, block)))

@@ -123,8 +123,8 @@ class ExpertParallel:
         ctx.register_reset(self)
         self.block_h = B.block_h(hidden_dim)
         if ctx.backend == "cuda":
-            sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
-            self.max_programs, self.num_warps = 2 * sms, 4
+            # two programs per SM of the rank's share (all ranks' programs resident at once)
+            self.max_programs, self.num_warps = 2 * ctx.usable_sms, 4
         else:
             self.max_programs, self.num_warps = 3, 1   # emulation: few programs, still > 1
         self._seq = 0

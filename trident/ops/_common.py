@@ -165,7 +165,7 @@ def gemm_config(ctx, m: int, n: int, k: int) -> dict:
     if ctx.backend != "cuda":
         return dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1)
     bm = 64 if m <= 64 else 128
-    sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    sms = ctx.usable_sms
     if bm == 128 and triton.cdiv(m, 128) * triton.cdiv(n, 256) >= sms:
         return dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=3)
     return dict(BM=bm, BN=128, BK=64, num_warps=4 if bm == 64 else 8, num_stages=4)
@@ -212,7 +212,7 @@ def gemm_programs(ctx, cfg: dict, num_tiles: int, tma: bool) -> int:
 def num_sms(ctx) -> int:
     if ctx.backend != "cuda":
         return 4
-    return torch.cuda.get_device_properties(ctx.device).multi_processor_count
+    return ctx.usable_sms
 
 
 # ---------------------------------------------------------------------------- workspace

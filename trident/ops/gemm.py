@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 
 from .._env import INTERPRET
+from ..placement import usable_sms
 from ..triton_launch import Launch, Live
 from ._common import DOT_UPCAST, DTYPES, gemm_tile
 
@@ -413,19 +414,14 @@ def tma_compatible(*tensors) -> bool:
     return True
 
 
-_NUM_SMS: dict = {}
-
-
 def num_sms(device: torch.device) -> int:
-    """Persistent programs at most: one per SM (INTERPRET_PROGRAMS under the interpreter).
-    A constexpr of the kernel -- the stride of its tile loop -- fixed per device, so that
-    every shape shares one compiled kernel; a launch with fewer tiles starts fewer programs."""
+    """Persistent programs at most: one per SM of this rank's share of the GPU
+    (trident/placement.py; INTERPRET_PROGRAMS under the interpreter). A constexpr of the
+    kernel -- the stride of its tile loop -- fixed per device, so that every shape shares
+    one compiled kernel; a launch with fewer tiles starts fewer programs."""
     if INTERPRET or device.type != "cuda":
         return INTERPRET_PROGRAMS
-    sms = _NUM_SMS.get(device.index)
-    if sms is None:
-        sms = _NUM_SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return sms
+    return usable_sms(device)
 
 
 def check(a, w, bias=None, out=None) -> None:

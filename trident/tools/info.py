@@ -21,7 +21,8 @@ def info() -> int:
     print(f"heap size per rank: {heap} B ({heap / 2**20:.0f} MiB; TRIDENT_HEAP_SIZE to change)")
     if not _env.INTERPRET and torch.cuda.is_available():
         n = torch.cuda.device_count()
-        print(f"ranks: {n} (one per GPU)")
+        print(f"ranks: {n} by default (one per GPU)")
+        _sharing_info(n)
         for i in range(n):
             p = torch.cuda.get_device_properties(i)
             print(f"  GPU {i}: {p.name}, {p.total_memory / 2**30:.0f} GiB, "
@@ -36,6 +37,25 @@ def info() -> int:
         print("ranks: 4 CPU processes by default (trident demo --world-size N)")
     _selector_info()
     return 0
+
+
+def _sharing_info(gpus: int) -> None:
+    """How more ranks than GPUs would run, and how the heap is mapped."""
+    from .. import mps
+    binary = mps.control_binary()
+    pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", mps.DEFAULT_PIPE_DIR)
+    if mps.daemon_reachable(binary, pipe_dir):
+        state = f"an MPS daemon runs at {pipe_dir}"
+    elif binary:
+        state = f"no MPS daemon runs; the launcher starts a private one ({binary})"
+    else:
+        state = "no MPS daemon and no nvidia-cuda-mps-control: ranks would time-slice"
+    print(f"more ranks than GPUs (trident demo --world-size N, td.launch(fn, N)): round-robin "
+          f"over the {gpus} GPU(s), gloo host group, grids sized by each rank's share of the "
+          f"SMs; {state}")
+    print("heap mapping: torch symmetric memory (CUDA virtual-memory handles exchanged over "
+          "the process group; peers mapped through NVLink peer access, or on the same GPU "
+          "with TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 when ranks share it)")
 
 
 def _selector_info() -> None:
