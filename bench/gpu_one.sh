@@ -12,7 +12,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/nvidia/bin
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
-GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9]*' | tr A-Z a-z)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr A-Z a-z)
 DAY=$(date +%F)
 LOG=$OUT/gpu-tests-1x${GPU:-gpu}-$DAY${TAG:-}.log
 say() { echo "$@" | tee -a $LOG; }
