@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-BENCH_SUITES = ("p2p", "ccl", "ops", "moe", "tp")
+BENCH_SUITES = ("p2p", "ccl", "ops", "moe", "tp", "gemm")
 
 
 def main(argv: list[str] | None = None) -> int:

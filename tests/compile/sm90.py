@@ -330,9 +330,9 @@ def _ops() -> list[Kernel]:
 
 def _gemm() -> list[Kernel]:
     """trident/ops/gemm.py's persistent GEMM: every candidate config of its table on the
-    TMA path with host-side descriptors (bf16; warp-specialised ones must show setmaxnreg,
-    split-K ones run SPLIT), with in-kernel descriptors at the large, a warp-specialised
-    and a split-K config, fp16 and an fp32 bias once, and the pointer path (unaligned
+    TMA path with host-side descriptors (bf16; split-K ones run SPLIT), with in-kernel
+    descriptors at the large, a warp-specialised (must show setmaxnreg) and a split-K
+    config, fp16 and an fp32 bias once, and the pointer path (unaligned
     tensors) at the large and the small tile, split-K once."""
     from trident.ops import gemm
     ints = ("M", "N", "K", "stride_am", "stride_wn", "stride_om")
@@ -358,7 +358,9 @@ def _gemm() -> list[Kernel]:
         add(cfg, True)
     big, small = gemm.CANDIDATES["128x256x64_s3_w8"], gemm.CANDIDATES["64x128x64_s4_w4"]
     add(big, True, host=False)
-    add(gemm.CANDIDATES["128x128x64_s4_w4_ws"], True, host=False)
+    # warp-specialised (no candidate is: trident/ops/gemm.py), in-kernel descriptors only
+    add(dict(gemm.CANDIDATES["128x128x64_s4_w8"], num_warps=4, WARP_SPECIALIZE=True), True,
+        host=False)
     add(gemm.CANDIDATES["128x128x64_s4_w8_sk8"], True, bias=True, host=False)
     add(big, True, dict(a=PF16, w=PF16, bias=PF32, out=PF16), bias=True)
     add(big, False, even_k=False, bias=True)

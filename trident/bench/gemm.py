@@ -10,41 +10,60 @@ squares. bf16, random data, out = a @ w.T with w in nn.Linear layout [N, K].
 
 For each shape: cuBLAS, then every candidate of gemm.CANDIDATES (TMA path, host-side
 descriptors), then the table's config with in-kernel descriptors ("table:kdesc", what the
-host descriptors save; never chosen), each timed
-with bench/common.time_modes (eager_us: calls queued back to back; graph_us: replayed
-from one CUDA graph; host_us) and checked against torch.matmul first (a candidate whose
-values differ is reported and not timed). vs_cublas = cuBLAS graph time / this graph
-time. `table` marks the candidate that trident/ops/gemm_table.json picks now. Split-K candidates
+host descriptors save; never chosen), each checked against torch.matmul first and then
+timed with bench/common.time_modes (eager_us: calls queued back to back; graph_us:
+replayed from one CUDA graph; host_us). vs_cublas = cuBLAS graph time / this graph time.
+`table` marks the candidate that trident/ops/gemm_table.json picks now. Split-K candidates
 (name ending _sk<n>) run split_k_for's number of K slices (column split_k); where that is
 1 they are their base candidate's kernel and copy its row (same_as) instead of timing it
 again. To time only small M: --m 256,1024 --squares ''.
+
+Nothing can hang the run. Every (shape, candidate) runs in a worker process that holds
+the CUDA context (trident/bench/bounded.py), under a limit of --timeout-s seconds: a
+candidate that stalls is killed with its worker, reported as status "timeout", and the
+next one starts a fresh worker. A candidate whose values differ from torch.matmul's is
+reported ("wrong: max err ...") and not timed; one that does not compile or launch is
+"error: ...". The whole run stops measuring at 95% of --budget-s (the rest is for
+writing the results): what it did not reach is printed and kept in the JSON
+(`not_reached`). Column status says what became of each row ("ok" where it was timed).
+
+Floors beside every row: weight_floor_us = reading w once (N*K*2 bytes) at the HBM read
+bandwidth measured in the same run (a torch.sum over 1 GiB; hbm_read_gbps in the JSON),
+what bounds decode-sized M; flop_floor_us = 2*M*N*K at 750 TFLOP/s; floor_us = the larger;
+vs_floor = floor_us / this graph time (1.0 is at the floor).
+
 --write-table PATH writes, per shape class, the candidate of the best geometric-mean
 vs_cublas over that class's shapes (measured: true), keeping unmeasured classes as they
 were. Prints a table and a per-class summary; writes JSON (bench/results or --out-dir).
 
     PYTHONPATH=. python3 -m trident.bench.gemm --out-dir $OUT --write-table $OUT/gemm_table.json
-On a machine without a GPU it runs one tiny shape under the interpreter (paths only).
+On a machine without a GPU it runs two tiny shapes under the interpreter (paths only),
+with the same workers and limits.
 
-One GPU and no peers: time_modes takes a context; this suite makes a one-rank stand-in
+One GPU and no peers: time_modes takes a context; the worker makes a one-rank stand-in
 (`_Solo`) over a world-1 process group, so the common helpers run unchanged.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import math
 import os
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
 
 from . import common
+from .bounded import BoundedWorker
 from .ops import COLUMN_PARALLEL, ROW_PARALLEL
 
 DTYPE = torch.bfloat16
 DEFAULT_M = (256, 1024, 4096, 8192)
 SQUARES = (4096, 8192)
 TOLERANCE = 1e-2        # relative Frobenius error against torch.matmul (bf16 output)
+MEASURE_SHARE = 0.95    # of --budget-s spent measuring; the rest writes the results
 
 
 class _Solo:
@@ -52,10 +71,10 @@ class _Solo:
 
     rank, world_size, group = 0, 1, None
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, init_group: bool = True):
         self.device = device
         self.backend = "cuda" if device.type == "cuda" else "cpu"
-        if not dist.is_initialized():
+        if init_group and not dist.is_initialized():
             dist.init_process_group("nccl" if self.backend == "cuda" else "gloo",
                                     store=dist.HashStore(), rank=0, world_size=1)
 
@@ -91,61 +110,214 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-6)).item()
 
 
-def _measure(ctx, cases, candidates, timing, progress, budget_s: float) -> list[dict]:
+# ------------------------------------------------------------------ the worker's side
+_worker: dict = {}      # in the worker process: its context and the current shape's inputs
+
+
+def _device(index: bool = True) -> torch.device:
+    """The GPU (the current one with index=True: the worker's), or the CPU under the
+    interpreter."""
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if index else torch.device("cuda")
+
+
+def read_bandwidth_gbps(device: torch.device, nbytes: int | None = None) -> float:
+    """HBM read rate: bytes / time of a torch.sum over a buffer far larger than L2 (1 GiB
+    on GPUs; 64 MiB on the CPU, where the figure only lets the floor columns exist)."""
+    nbytes = nbytes or ((1 << 30) if device.type == "cuda" else (64 << 20))
+    x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=device)
+    times = []
+    for rep in range(6):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            x.sum(dtype=torch.float32)
+            end.record()
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3
+        else:
+            t0 = time.perf_counter()
+            x.sum(dtype=torch.float32)
+            seconds = time.perf_counter() - t0
+        if rep:                                          # the first one warms up
+            times.append(seconds)
+    del x
+    return nbytes / statistics.median(times) / 1e9
+
+
+def _context() -> _Solo:
+    if "ctx" not in _worker:
+        _worker["ctx"] = _Solo(_device())
+    return _worker["ctx"]
+
+
+def _inputs(m: int, n: int, k: int):
+    """a, w and torch.matmul's a @ w.T for this shape (kept until the next shape)."""
+    if _worker.get("shape") != (m, n, k):
+        _worker.pop("inputs", None)
+        device = _context().device
+        gen = torch.Generator(device=device).manual_seed(m * 1_000_003 + n * 1009 + k)
+        a = torch.randn(m, k, dtype=DTYPE, device=device, generator=gen)
+        w = torch.randn(n, k, dtype=DTYPE, device=device, generator=gen)
+        _worker["inputs"] = (a, w, torch.matmul(a, w.t()))
+        _worker["shape"] = (m, n, k)
+    return _worker["inputs"]
+
+
+def _callable(cfg: dict | None, desc: str | None, a, w):
+    """What one row times: cuBLAS, a config of the GEMM core, or (a test hook) a planted
+    function "module:function" called as f(a, w)."""
     from ..ops import gemm
-    rows = []
-    t0 = time.monotonic()
-    for i, (label, m, n, k) in enumerate(cases):
-        if time.monotonic() - t0 > budget_s:
-            print(f"\n  time budget of {budget_s:.0f} s spent: {len(cases) - i} shapes not measured")
-            break
-        progress.step(f"{m}x{n}x{k}")
-        cls = gemm.shape_class(m, n, k)
-        table_cfg = gemm.config_for(m, n, k, split_k=True)
-        a = torch.randn(m, k, dtype=DTYPE, device=ctx.device)
-        w = torch.randn(n, k, dtype=DTYPE, device=ctx.device)
-        ref = torch.matmul(a, w.t())
-        flops = 2.0 * m * n * k
-        sms = gemm.num_sms(ctx.device)
-        base = dict(shape=label, M=m, N=n, K=k, shape_class=cls)
-        impls = [("cublas", None, lambda: torch.matmul(a, w.t()), None)]
-        for name, cfg in candidates.items():
-            impls.append((name, cfg, lambda cfg=cfg: gemm.matmul(a, w, config=cfg), "host"))
-        # the table's config with the descriptors made in the kernel (global scratch per
-        # launch): what host descriptors save (host_us, eager_us); not a table candidate
-        impls.append(("table:kdesc", table_cfg,
-                      lambda: gemm.matmul(a, w, config=table_cfg, desc="kernel"), "kernel"))
-        cublas_us = None
-        done = {}
-        for name, cfg, fn, desc in impls:
-            row = {**base, "impl": name, "table": cfg == table_cfg if cfg else None}
-            if cfg is not None:
-                row["desc"] = desc
-                row["split_k"] = gemm.split_k_for(m, n, k, cfg, sms)
-            basis = gemm.base_candidate(name)
-            if row.get("split_k") == 1 and basis in done:
-                # split_k_for gives one slice here: the same kernel as its base candidate
-                rows.append({**done[basis], **row, "same_as": basis})
-                continue
-            try:
-                err = rel_error(fn(), ref)
-            except Exception as exc:            # a config that does not fit or compile
-                rows.append({**row, "error": f"{type(exc).__name__}: {str(exc)[:120]}"})
-                continue
-            row["rel_err"] = err
-            if err > TOLERANCE:
-                rows.append({**row, "error": f"wrong values: relative error {err:.2e}"})
-                continue
-            t = common.time_modes_or_skip(ctx, fn, **timing)
-            us = common.device_us(t)
-            if name == "cublas":
-                cublas_us = us
-            rows.append({**row, **t, "tflops": flops / us / 1e6 if us else None,
-                         "vs_cublas": common.ratio(cublas_us, us) if name != "cublas" else 1.0,
-                         "sol_us": flops / (common.BF16_TFLOPS * 1e6)})
-            done[name] = rows[-1]
-        del a, w, ref
+    if cfg is None:
+        return lambda: torch.matmul(a, w.t())
+    if "plant" in cfg:
+        module, name = cfg["plant"].split(":")
+        fn = getattr(importlib.import_module(module), name)
+        return lambda: fn(a, w)
+    return lambda: gemm.matmul(a, w, config=cfg, desc=desc)
+
+
+def _context_ok() -> bool:
+    """Whether this worker's CUDA context still works after an error (an illegal address
+    breaks it for good: then the parent replaces the worker)."""
+    try:
+        _context().device_barrier()
+        return True
+    except Exception:
+        return False
+
+
+def serve(task: dict) -> dict:
+    """The worker's handler (BoundedWorker): "device" -> the device's name, SMs and HBM
+    read rate; "measure" -> the status and times of one (shape, implementation)."""
+    ctx = _context()
+    if task["kind"] == "device":
+        from ..ops import gemm
+        name = torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "cpu"
+        return {"device": name, "sms": gemm.num_sms(ctx.device),
+                "hbm_read_gbps": read_bandwidth_gbps(ctx.device)}
+    m, n, k = task["M"], task["N"], task["K"]
+    try:
+        a, w, ref = _inputs(m, n, k)
+        fn = _callable(task["config"], task["desc"], a, w)
+        out = fn()
+        err = rel_error(out, ref)
+        if not err <= TOLERANCE:                         # NaN included
+            worst = (out.float() - ref.float()).abs().max().item()
+            return {"status": f"wrong: max err {worst:.3g} (relative {err:.2e})", "rel_err": err}
+        return {"status": "ok", "rel_err": err,
+                **common.time_modes_or_skip(ctx, fn, **task["timing"])}
+    except Exception as exc:                             # a config that does not fit or compile
+        return {"status": f"error: {type(exc).__name__}: {str(exc)[:160]}",
+                "restart": not _context_ok()}
+
+
+# ------------------------------------------------------------------ the parent's side
+def _impls(m: int, n: int, k: int, candidates: dict):
+    """(name, config, desc) of one shape's rows: cuBLAS, each candidate, the table's config
+    with in-kernel descriptors."""
+    from ..ops import gemm
+    rows = [("cublas", None, None)]
+    for name, cfg in candidates.items():
+        rows.append((name, cfg, None if "plant" in cfg else
+                     "kernel" if cfg.get("WARP_SPECIALIZE") else "host"))
+    rows.append(("table:kdesc", gemm.config_for(m, n, k, split_k=True), "kernel"))
     return rows
+
+
+def _floors(m: int, n: int, k: int, gbps: float) -> dict:
+    weight = n * k * 2 / (gbps * 1e3)
+    flop = 2.0 * m * n * k / (common.BF16_TFLOPS * 1e6)
+    return {"weight_floor_us": weight, "flop_floor_us": flop, "floor_us": max(weight, flop)}
+
+
+def _outcome_fields(outcome, timeout_s: float) -> dict:
+    """The row fields of a worker's answer that is not a measurement."""
+    if outcome.status == "timeout":
+        return {"status": f"timeout after {timeout_s:.0f} s (worker replaced)"}
+    if outcome.status == "budget":
+        return {"status": "stopped: the budget ran out during this row"}
+    return {"status": f"{outcome.status}: {str(outcome.value)[:200]}"}
+
+
+def _shape_rows(worker, case, candidates: dict, sms: int, gbps: float, timing: dict,
+                timeout_s: float, deadline: float) -> tuple[list[dict], list[str]]:
+    """(rows, names not reached before the deadline) of one shape."""
+    from ..ops import gemm
+    label, m, n, k = case
+    impls = _impls(m, n, k, candidates)
+    table_cfg = impls[-1][1]
+    base = dict(shape=label, M=m, N=n, K=k, shape_class=gemm.shape_class(m, n, k),
+                **_floors(m, n, k, gbps))
+    rows, missed, done, cublas_us = [], [], {}, None
+    for name, cfg, desc in impls:
+        if time.monotonic() >= deadline:
+            missed.append(name)
+            continue
+        row = {**base, "impl": name, "table": cfg == table_cfg if cfg else None}
+        if cfg is not None and desc is not None:
+            row["desc"] = desc
+            row["split_k"] = gemm.split_k_for(m, n, k, cfg, sms)
+        basis = gemm.base_candidate(name)
+        if row.get("split_k") == 1 and basis in done:
+            # split_k_for gives one slice here: the same kernel as its base candidate
+            rows.append({**done[basis], **row, "same_as": basis})
+            continue
+        task = dict(kind="measure", M=m, N=n, K=k, impl=name, config=cfg, desc=desc,
+                    timing=timing)
+        outcome = worker.run(task, timeout_s, deadline)
+        if outcome.status != "ok":
+            rows.append({**row, **_outcome_fields(outcome, timeout_s)})
+            continue
+        result = dict(outcome.value)
+        if result.pop("restart", False):
+            worker.restart()
+        row.update(result)
+        us = common.device_us(row) if row["status"] == "ok" else None
+        if row["status"] == "ok" and not us:
+            row["status"] = f"not timed: {row.get('graph_note')}"
+        if name == "cublas":
+            cublas_us = us
+        if us:
+            row.update(tflops=2.0 * m * n * k / us / 1e6, vs_floor=row["floor_us"] / us,
+                       vs_cublas=common.ratio(cublas_us, us) if name != "cublas" else 1.0)
+            done[name] = row
+        rows.append(row)
+    return rows, missed
+
+
+def measure(cases, candidates: dict, timing: dict, budget_s: float, timeout_s: float,
+            progress=None, start: float | None = None) -> dict:
+    """Every (shape, implementation) of `cases`, each in the bounded worker (see the module
+    docstring), within MEASURE_SHARE of budget_s from `start` (time.monotonic(), default
+    now). Returns {rows, not_reached, device, hbm_read_gbps, worker_restarts}."""
+    deadline = (time.monotonic() if start is None else start) + budget_s * MEASURE_SHARE
+    worker = BoundedWorker(serve)
+    rows, not_reached = [], []
+    try:
+        info = worker.run({"kind": "device"}, timeout_s, deadline)
+        if info.status != "ok":
+            return {"rows": [], "device": None, "hbm_read_gbps": None, "worker_restarts":
+                    worker.replaced, "failed": _outcome_fields(info, timeout_s)["status"],
+                    "not_reached": [dict(shape=c[0], M=c[1], N=c[2], K=c[3], impls="all",
+                                         why="no worker started") for c in cases]}
+        for case in cases:
+            missed = "all"
+            if time.monotonic() < deadline:
+                if progress is not None:
+                    progress.step("x".join(map(str, case[1:])))
+                done, missed = _shape_rows(worker, case, candidates, info.value["sms"],
+                                           info.value["hbm_read_gbps"], timing, timeout_s,
+                                           deadline)
+                rows += done
+            if missed:
+                not_reached.append(dict(shape=case[0], M=case[1], N=case[2], K=case[3],
+                                        impls=missed, why="budget"))
+    finally:
+        worker.close()
+    return {"rows": rows, "not_reached": not_reached, "device": info.value["device"],
+            "hbm_read_gbps": info.value["hbm_read_gbps"], "worker_restarts": worker.replaced}
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -165,7 +337,34 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def main(argv=None) -> int:
+def _print_report(result: dict, best: dict) -> None:
+    columns = ["M", "N", "K", "shape_class", "impl", "table", "split_k", "status", "eager_us",
+               "graph_us", "host_us", "vs_cublas", "tflops", "weight_floor_us", "floor_us",
+               "vs_floor", "rel_err"]
+    rows = result["rows"]
+    common.print_table(rows, columns)
+    failed = [r for r in rows if r.get("status") != "ok"]
+    print(f"\nHBM read rate (torch.sum, see the module docstring): "
+          f"{result['hbm_read_gbps'] or 0:.4g} GB/s; "
+          f"{len(rows) - len(failed)} rows timed, {len(failed)} not ({result['worker_restarts']} "
+          f"worker(s) replaced)")
+    for r in failed:
+        print(f"  {r['M']}x{r['N']}x{r['K']} {r['impl']}: {r.get('status')}")
+    for miss in result["not_reached"]:
+        what = "every implementation" if miss["impls"] == "all" else ", ".join(miss["impls"])
+        print(f"  not reached ({miss['why']}): {miss['M']}x{miss['N']}x{miss['K']}: {what}")
+    print("\nper shape class: best candidate, geometric mean of cuBLAS time / its time "
+          "(graph), shapes; the table's current choice")
+    for cls in sorted(best):
+        name, mean, count, means = best[cls]
+        current = next((r["impl"] for r in rows if r["shape_class"] == cls and r.get("table")), "-")
+        print(f"  {cls:<20} {name:<22} {mean:5.3f}x  {count:2d} shapes   table now: {current}"
+              f" ({means.get(current, float('nan')):.3f}x)")
+
+
+def main(argv=None, planted: dict | None = None) -> int:
+    """planted: a test hook, extra candidates name -> "module:function" (called as f(a, w)
+    in the worker in place of the GEMM core), e.g. one that never returns."""
     p = argparse.ArgumentParser(prog="python -m trident.bench.gemm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2, help="tensor parallelism of the shapes")
@@ -177,54 +376,61 @@ def main(argv=None) -> int:
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out-dir", default=None)
-    p.add_argument("--budget-s", type=float, default=200.0,
-                   help="stop starting new shapes after this many seconds")
+    p.add_argument("--budget-s", type=float, default=420.0,
+                   help="the whole run's time: measuring stops at 95%% of it")
+    p.add_argument("--timeout-s", type=float, default=None,
+                   help="the most one (shape, candidate) may take, compile, check and timing "
+                        "included (default 90 on GPUs, 60 on the CPU emulation)")
     p.add_argument("--write-table", default=None, metavar="PATH",
                    help="write the measured best config per shape class as a gemm table")
+    t0 = time.monotonic()
     args = p.parse_args(argv)
     from ..ops import gemm
 
-    gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
-    ctx = _Solo(torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu"))
+    device = _device(index=False)        # no CUDA context here: the worker makes it
+    gpu = device.type == "cuda"
     if gpu:
         ms = [int(x) for x in args.m.split(",") if x]
         squares = [int(x) for x in args.squares.split(",") if x]
         cases = shapes(args.world, ms, squares)
         candidates = dict(gemm.CANDIDATES)
         if args.candidates:
+            unknown = [c for c in args.candidates.split(",") if c not in candidates]
+            if unknown:
+                p.error(f"unknown candidate(s) {unknown}; choose from {list(candidates)}")
             candidates = {c: candidates[c] for c in args.candidates.split(",")}
         timing = dict(calls=args.calls, reps=args.reps, warmup=2, synced_iters=0)
     else:
         cases = [("tiny", 40, 48, 64), ("tiny odd", 33, 24, 40)]
         candidates = {"interpret": gemm.INTERPRET_CONFIG}
         timing = dict(calls=1, reps=1, warmup=0, synced_iters=0)
-    t0 = time.monotonic()
-    rows = _measure(ctx, cases, candidates, timing, common.Progress(len(cases), "gemm"),
-                    args.budget_s)
-    columns = ["M", "N", "K", "shape_class", "impl", "table", "split_k", "eager_us", "graph_us",
-               "host_us", "vs_cublas", "tflops", "sol_us", "rel_err", "error"]
-    common.print_table(rows, columns)
-    best = summarize(rows)
-    print("\nper shape class: best candidate, geometric mean of cuBLAS time / its time "
-          "(graph), shapes; the table's current choice")
-    for cls in sorted(best):
-        name, mean, count, means = best[cls]
-        current = next((r["impl"] for r in rows if r["shape_class"] == cls and r.get("table")), "-")
-        print(f"  {cls:<20} {name:<22} {mean:5.3f}x  {count:2d} shapes   table now: {current}"
-              f" ({means.get(current, float('nan')):.3f}x)")
+    candidates.update({name: {"plant": fn} for name, fn in (planted or {}).items()})
+    timeout_s = args.timeout_s or (90.0 if gpu else 60.0)
+    result = measure(cases, candidates, timing, args.budget_s, timeout_s,
+                     common.Progress(len(cases), "gemm"), start=t0)
+    if result.get("failed"):
+        print(f"gemm: no worker could start: {result['failed']}")
+    best = summarize(result["rows"])
+    _print_report(result, best)
     extra = {"dtype": str(DTYPE), "world_for_shapes": args.world, "seconds": time.monotonic() - t0,
+             "budget_s": args.budget_s, "timeout_s": timeout_s, "gpu": result["device"],
+             "hbm_read_gbps": result["hbm_read_gbps"], "not_reached": result["not_reached"],
+             "worker_restarts": result["worker_restarts"],
              "marked": None if gpu else "cpu-emulation", "summary": {c: {"best": b[0],
              "geomean_vs_cublas": b[1], "shapes": b[2], "all": b[3]} for c, b in best.items()},
-             "columns": "eager_us/graph_us/host_us: bench/common.time_modes; vs_cublas = cuBLAS "
-                        "graph time / this graph time; table: the config gemm_table.json picks now"}
-    path = common.write_results(ctx, "gemm", rows, extra, out_dir=args.out_dir)
+             "columns": "status: ok (timed), timeout, wrong, error, died or stopped (budget); "
+                        "eager_us/graph_us/host_us: bench/common.time_modes; vs_cublas = cuBLAS "
+                        "graph time / this graph time; table: the config gemm_table.json picks "
+                        "now; weight_floor_us = N*K*2 bytes at hbm_read_gbps; flop_floor_us = "
+                        "flops at 750 TFLOP/s; floor_us = the larger; vs_floor = floor_us / time"}
+    path = common.write_results(_Solo(device, init_group=False), "gemm", result["rows"], extra,
+                                out_dir=args.out_dir)
     print(f"results: {path}")
     if args.write_table:
         if not gpu:
             print("--write-table: nothing measured on the CPU emulation; no table written")
-        else:
-            name = torch.cuda.get_device_name(ctx.device)
-            date = time.strftime("%Y-%m-%d")
+        elif best:
+            name, date = result["device"], time.strftime("%Y-%m-%d")
             choices = {cls: (b[0], {"geomean_vs_cublas": round(b[1], 3), "shapes": b[2],
                                     "device": name, "date": date})
                        for cls, b in best.items()}

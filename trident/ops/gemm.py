@@ -10,10 +10,11 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
 - Persistent programs, one per SM, each taking output tiles pid, pid + P, pid + 2P, ...
   in grouped order (GROUP_M row blocks share one column block of w in L2).
 - Warp specialisation (`tl.range(..., warp_specialize=True)`: a producer warp group
-  issues TMA loads, a consumer group runs wgmma) as a per-config switch, TMA path only.
-  On sm_90 with triton 3.6 it takes effect only with num_warps=4 (one consumer group)
-  and an unflattened tile loop -- with 8 warps or flatten=True the compiler silently
-  emits the plain pipelined kernel (tests/compile/sm90.py checks for setmaxnreg).
+  issues TMA loads, consumer groups run wgmma) as a per-config switch, TMA path only,
+  with in-kernel descriptors only (launch_args), and no candidate uses it: see the note
+  above CANDIDATES. On sm_90 with triton 3.6 it takes effect only with num_warps=4 and
+  an unflattened tile loop -- with 8 warps or flatten=True the compiler silently emits
+  the plain pipelined kernel (tests/compile/sm90.py checks for setmaxnreg).
 - Configurations per shape class from gemm_table.json beside this file (look-up is a
   few comparisons and a dict get; no autotuning at run time). `python -m
   trident.bench.gemm --write-table PATH` measures every candidate on one GPU and writes
@@ -65,7 +66,32 @@ TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tabl
 
 # Candidates the benchmark tries for every shape class (names are table values).
 # Shared memory per stage is (BM + BN) * BK * 2 bytes, plus a BM x BN output tile.
-# (64x256 with warp specialisation trips an assertion in triton 3.6's sm_90 backend.)
+#
+# No warp-specialised candidate (WARP_SPECIALIZE=True): triton 3.6's sm_90 warp
+# specialisation (the "hopper warpspec" pass, NVGPUWarpSpecialization) cannot serve this
+# kernel, so the two such candidates are dropped (issue 21). What the compiled kernels
+# show (TTGIR/PTX for sm_90, num_warps=4, num_stages=4):
+# - 128x128x64_s4_w4_ws hangs with host-side descriptors (the default since host
+#   descriptors came in). The pass runs the 128-row tile as two consumer warp groups of
+#   64 rows (12 warps in all) and splits the load of a into two [64, 64] TMA copies, each
+#   into a 64x64 buffer with an mbarrier expecting 8192 bytes. It can re-block a
+#   descriptor made in the kernel (tensormap_create gets box [64, 64]), but not one made
+#   on the host: both copies go through the host's CUtensorMap with box [128, 64] and
+#   deliver 16384 bytes each: the barriers' byte counts no longer balance, and the
+#   consumers wait on them for ever (GPU busy, host in the sync after the launch),
+#   while each copy writes 8 KB past its buffer. Later triton rejects this at compile
+#   time ("descriptor block and tensor must have the same number of elements",
+#   triton-lang/triton#11587); 3.6 compiles it silently. It is triton's bug, met by our
+#   switch to host descriptors: with in-kernel descriptors the same config ran right
+#   (bench/results/gemm-1xh200-2026-11-22.json) but lost to a plain candidate in every
+#   shape class (0.56-0.92x cuBLAS against the class's best 0.63-1.05x).
+# - 64x128x64_s4_w4_ws does not hang (its copies match the descriptors' blocks) but
+#   both consumer warp groups compute the same whole 64x128 tile and both store it:
+#   twice the wgmma work: 0.44-0.58x cuBLAS in that run (class best 0.63-1.05x).
+# So launch_args takes warp specialisation with in-kernel descriptors only (a config
+# that asks for it gets them by default, and desc="host" is refused), and the
+# candidates below are the plain pipelined kernel. (64x256 with warp specialisation
+# also trips an assertion in triton 3.6's sm_90 backend.)
 def _config(bm: int, bn: int, bk: int, stages: int, warps: int, ws: bool = False,
             split_k: int = 1) -> dict:
     return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_stages=stages, num_warps=warps,
@@ -75,11 +101,9 @@ def _config(bm: int, bn: int, bk: int, stages: int, warps: int, ws: bool = False
 CANDIDATES = {
     "128x256x64_s3_w8": _config(128, 256, 64, 3, 8),
     "128x128x64_s4_w8": _config(128, 128, 64, 4, 8),
-    "128x128x64_s4_w4_ws": _config(128, 128, 64, 4, 4, ws=True),
     "128x128x128_s3_w8": _config(128, 128, 128, 3, 8),
     "64x128x64_s4_w4": _config(64, 128, 64, 4, 4),
     "64x256x64_s4_w4": _config(64, 256, 64, 4, 4),
-    "64x128x64_s4_w4_ws": _config(64, 128, 64, 4, 4, ws=True),
     # split-K (at most SPLIT_K slices; split_k_for picks how many per shape, 1 when the
     # output tiles fill the GPU): for small M. Named <base candidate>_sk<SPLIT_K>.
     "128x128x64_s4_w8_sk8": _config(128, 128, 64, 4, 8, split_k=8),
@@ -502,8 +526,10 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     """(grid, args, kwargs) of one launch of the GEMM kernel for checked tensors.
     config: a config dict (default: the table's for this shape); tma: force the TMA
     (True) or the pointer path (False); default TMA where the tensors allow it. desc:
-    where the TMA descriptors are made, "host" (default) or "kernel". split_k: this many
-    K slices exactly (default: split_k_for's choice for the config's SPLIT_K)."""
+    where the TMA descriptors are made, "host" or "kernel": default "host", but "kernel"
+    for a warp-specialised launch, which refuses "host" (see the note above CANDIDATES).
+    split_k: this many K slices exactly (default: split_k_for's choice for the config's
+    SPLIT_K)."""
     M, K = a.shape
     N = w.shape[0]
     cfg = dict(config) if config is not None else config_for(M, N, K, split_k=True)
@@ -512,12 +538,6 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     elif tma and not tma_compatible(a, w, out):
         raise ValueError("gemm: TMA needs 16-byte aligned tensors and row strides (K and N "
                          "multiples of 8 for bf16/fp16)")
-    desc = "host" if desc is None else desc
-    if desc not in DESCS:
-        raise ValueError(f"gemm: desc must be one of {DESCS}, got {desc!r}")
-    host_desc = tma and desc == "host"
-    if tma and not host_desc and not INTERPRET:
-        ensure_allocator()
     sms = num_sms(a.device)
     if split_k is None:
         split = split_k_for(M, N, K, cfg, sms)
@@ -525,6 +545,19 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
         raise ValueError(f"gemm: split_k must be a positive int, got {split_k!r}")
     else:
         split = split_k
+    ws = bool(cfg["WARP_SPECIALIZE"]) and tma and split == 1
+    if desc is None:
+        desc = "kernel" if ws else "host"
+    if desc not in DESCS:
+        raise ValueError(f"gemm: desc must be one of {DESCS}, got {desc!r}")
+    if ws and desc == "host":
+        raise ValueError("gemm: a warp-specialised config (WARP_SPECIALIZE) needs in-kernel "
+                         "descriptors: triton 3.6 splits its TMA loads into blocks that a "
+                         "host-made descriptor cannot match, and the kernel hangs; pass "
+                         "desc='kernel' or leave desc unset")
+    host_desc = tma and desc == "host"
+    if tma and not host_desc and not INTERPRET:
+        ensure_allocator()
     bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     if split > 1:
@@ -542,7 +575,7 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
         a_arg, w_arg = a, w
     kwargs = dict(NUM_PROGRAMS=sms, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"], TMA=tma,
                   HOST_DESC=host_desc, SPLIT=split > 1,
-                  WARP_SPECIALIZE=bool(cfg["WARP_SPECIALIZE"]) and tma and split == 1,
+                  WARP_SPECIALIZE=ws,
                   EVEN_K=K % bk == 0, HAS_BIAS=bias is not None,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     args = (a_arg, w_arg, bias if bias is not None else a, out, partials, counters, M, N, K,
