@@ -11,6 +11,9 @@ to NCCL in each mode beside each row. Prints a table, writes JSON under bench/re
 and a PNG per op. --update-selector writes the selector's eager and graph tables for
 this world size from the measured columns (bench/selection.py).
 
+Where ranks share a GPU, NCCL cannot run: its rows say so (`note`), the ratios to it are
+empty, and torch's symmetric-memory ops (which need the group's store, not NCCL) stay.
+
 Size per rank: all_reduce/broadcast the tensor, all_gather the input block,
 reduce_scatter the output block, all_to_all the input. Data is bf16.
 
@@ -108,7 +111,7 @@ def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
              if size <= SCRATCH_LIMIT or name in NO_SCRATCH.get(op, ()) or op == "all_to_all"}
     if full:
         impls["trident_auto"] = _call(ctx, op, sym)
-    impls["nccl"] = _nccl(ctx, op, plain)
+    impls["nccl"] = _nccl(ctx, op, plain) if common.nccl_runs(ctx) else None
     return impls
 
 
@@ -116,6 +119,7 @@ def measure(ctx, ops, sizes, timing: dict, full: bool = True):
     """Rows of every implementation at every op and size (see the module docstring)."""
     from ..ccl import select
     w = ctx.world_size
+    has_nccl = common.nccl_runs(ctx)
     rows = []
     progress = common.Progress(len(ops) * len(sizes), "ccl", enabled=ctx.rank == 0)
     for op in ops:
@@ -127,10 +131,12 @@ def measure(ctx, ops, sizes, timing: dict, full: bool = True):
             extra, tbuf = _torch_symm_mem(ctx, numel) if full and op == "all_reduce" else ({}, None)
             impls.update(extra)
             floor = common.nvlink_floor_us(link * scale * size)
-            choice = f"{select(op, size, w)} / {select(op, size, w, graph=True)}"
+            choice = (f"{select(op, size, w, nccl=has_nccl)} / "
+                      f"{select(op, size, w, graph=True, nccl=has_nccl)}")
             case = []
             for name, fn in impls.items():
-                t = common.time_modes_or_skip(ctx, fn, **timing)
+                t = common.skipped(common.NO_NCCL) if fn is None else \
+                    common.time_modes_or_skip(ctx, fn, **timing)
                 device_us = common.device_us(t)
                 case.append({"op": op, "bytes": size, "size": common.fmt_bytes(size), "impl": name,
                              "choice": choice if name == "trident_auto" else None, **t,
@@ -179,16 +185,19 @@ def _plots(ctx, rows, ops, stem) -> None:
 
 
 def _run(ctx, ops, sizes, timing, out_dir, update):
+    if update is not None and common.shares_gpu(ctx):
+        raise ValueError("--update-selector: ranks share one GPU here, so the times say "
+                         "nothing about NVLink and NCCL cannot run; measure the selector's "
+                         "tables with one GPU per rank")
     rows = measure(ctx, ops, sizes, timing)
     if ctx.rank != 0:
         return None
-    if ctx.backend != "cuda":
-        print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
+    if common.headline(ctx):
+        print(common.headline(ctx))
     common.print_table(rows, COLUMNS)
     from ..ccl import selector
     in_use = selector.tables_for(ctx.world_size)
-    extra = {"dtype": str(DTYPE), "marked": "cpu-emulation" if ctx.backend != "cuda" else None,
-             **ABOUT, "selector": {"in_use": in_use.source, **in_use.rows}}
+    extra = {"dtype": str(DTYPE), **ABOUT, "selector": {"in_use": in_use.source, **in_use.rows}}
     path = common.write_results(ctx, "ccl", rows, extra, out_dir=out_dir)
     _plots(ctx, rows, ops, path[:-len(".json")])
     print(f"results: {path}")
@@ -214,7 +223,7 @@ def heap_bytes(gpu: bool, world: int, hi: int) -> int:
 
 
 def main(argv=None) -> int:
-    from ..launch import default_backend, default_world_size, launch
+    from ..launch import default_backend, launch
     p = common.suite_parser("trident bench ccl", __doc__, OPS)
     p.add_argument("--min-size", default="1K")
     p.add_argument("--max-size", default=None, help="default 512M on GPUs, 4K on the CPU emulation")
@@ -232,7 +241,7 @@ def main(argv=None) -> int:
         sizes = sizes_between(lo, hi, args.factor)
     except ValueError as exc:
         p.error(str(exc))
-    world = args.world_size or (default_world_size(backend) if gpu else 2)
+    world = args.world_size or common.default_world(backend)
     heap = heap_bytes(gpu, world, hi)
     os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
     launch(_run, world, ops, sizes, common.timing_options(args, gpu, iters=20), args.out_dir,

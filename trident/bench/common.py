@@ -12,6 +12,11 @@ first, median of repetitions):
              single-call figure, kept because it is cheap; it is neither of the above
 On the CPU emulation the host clock is used, graph_us is None and rows are marked
 cpu-emulation: they show that the paths run and say nothing about GPU speed.
+
+Where ranks share a GPU (a one-GPU machine runs 2 ranks by default, `default_world`),
+every table's headline and the JSON's "marked" say SHARED_GPU (peers reach each other
+through HBM, not NVLink), and the baselines that need NCCL (a GPU per rank) are rows
+`skipped(NO_NCCL)`; trident's rows, host_us included, are measured as everywhere.
 """
 from __future__ import annotations
 
@@ -33,6 +38,9 @@ import torch.distributed as dist
 NVLINK_GBPS = 370.0      # usable one-way NVLink 4 bandwidth per H100/H200
 HBM_GBPS = 4300.0        # H200 device-to-device copy, read + write
 BF16_TFLOPS = 750.0      # dense bf16 matrix rate
+
+SHARED_GPU = "ranks share one GPU: correctness and host figures, not link speed"
+NO_NCCL = "not available: ranks share one GPU (NCCL needs one GPU per rank)"
 
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "bench", "results")
@@ -212,12 +220,50 @@ def time_modes_or_skip(ctx, fn, **options) -> dict:
                 "graph_note": f"skipped: {type(exc).__name__}"}
 
 
+def skipped(reason: str) -> dict:
+    """The timing columns of an implementation not run here, and why (`note`, a column
+    of the printed table)."""
+    return {**dict.fromkeys(MODE_COLUMNS), "calls": None, "graph_note": reason, "note": reason}
+
+
+def nccl_runs(ctx) -> bool:
+    """Whether the NCCL / torch.distributed baselines can run (not where ranks share a
+    GPU: trident/ccl/nccl.py)."""
+    from ..ccl import nccl
+    return nccl.available(ctx)
+
+
+def shares_gpu(ctx) -> bool:
+    return bool(getattr(ctx, "shares_device", False))
+
+
+def marked(ctx) -> str | None:
+    """What the figures are not: 'cpu-emulation' and/or SHARED_GPU; None on GPUs of
+    their own (the JSON's "marked")."""
+    marks = (["cpu-emulation"] if ctx.backend != "cuda" else []) + \
+        ([SHARED_GPU] if shares_gpu(ctx) else [])
+    return "; ".join(marks) or None
+
+
+def headline(ctx) -> str:
+    """The lines printed above every table of a run whose figures are marked ("" if none)."""
+    lines = []
+    if ctx.backend != "cuda":
+        lines.append("cpu-emulation: host-clock times, no CUDA graphs; they say nothing "
+                     "about GPU speed")
+    if shares_gpu(ctx):
+        lines.append(f"{SHARED_GPU} ({getattr(ctx, 'ranks_per_device', '?')} ranks per GPU; "
+                     f"NCCL baselines {NO_NCCL})")
+    return "\n".join(lines)
+
+
 def max_over_ranks(ctx, value: float) -> float:
     return _max_over_ranks(ctx, [value])[0]
 
 
 def _max_over_ranks(ctx, values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    from ..ccl.nccl import host_device            # the CPU under a gloo group of GPU ranks
+    t = torch.tensor(values, dtype=torch.float64, device=host_device(ctx))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
     return t.tolist()
 
@@ -248,7 +294,24 @@ def fmt_bytes(n: int) -> str:
 def device_kind(ctx) -> str:
     if ctx.backend != "cuda":
         return f"cpu-emulation ({platform.processor() or platform.machine()}, {ctx.world_size} ranks)"
-    return f"{ctx.world_size}x {torch.cuda.get_device_name(ctx.device)}"
+    name = torch.cuda.get_device_name(ctx.device)
+    if shares_gpu(ctx):
+        return f"{ctx.world_size} ranks on {_gpus(ctx)}x {name} (ranks share one GPU)"
+    return f"{ctx.world_size}x {name}"
+
+
+def _gpus(ctx) -> int:
+    """GPUs the job's ranks use (round-robin placement, trident/placement.py)."""
+    return -(-ctx.world_size // getattr(ctx, "ranks_per_device", 1))
+
+
+def default_world(backend: str, cpu: int = 2) -> int:
+    """A suite's ranks unless --world-size says: one per GPU, and 2 on a one-GPU machine
+    (the ranks share it: correctness and host figures); `cpu` on the CPU emulation."""
+    if backend != "cuda":
+        return cpu
+    from ..launch import default_world_size
+    return max(2, default_world_size(backend))
 
 
 def metadata(ctx, suite: str) -> dict:
@@ -259,6 +322,7 @@ def metadata(ctx, suite: str) -> dict:
         "device": device_kind(ctx),
         "backend": ctx.backend,
         "world_size": ctx.world_size,
+        "ranks_per_gpu": getattr(ctx, "ranks_per_device", 1),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": sys.version.split()[0],
@@ -276,16 +340,21 @@ def metadata(ctx, suite: str) -> dict:
 
 def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
                   out_dir: str | None = None) -> str:
-    """Write {metadata, rows} as JSON (rank 0 only); returns the path."""
+    """Write {metadata, extra, marked, rows} as JSON (rank 0 only); returns the path.
+    "marked" (see `marked`) is this function's to write, whatever `extra` says."""
     out_dir = out_dir or RESULTS_DIR
     meta = metadata(ctx, suite)
-    tag = "cpu" if ctx.backend != "cuda" else f"{ctx.world_size}x" + torch.cuda.get_device_name(
-        ctx.device).split()[-1].lower()
+    tag = "cpu"
+    if ctx.backend == "cuda":
+        gpu = torch.cuda.get_device_name(ctx.device).split()[-1].lower()
+        tag = (f"{ctx.world_size}on{_gpus(ctx)}x{gpu}" if shares_gpu(ctx) else
+               f"{ctx.world_size}x{gpu}")
     path = os.path.join(out_dir, f"{suite}-{tag}-{meta['date'][:10]}.json")
     if ctx.rank == 0:
         os.makedirs(out_dir, exist_ok=True)
         with open(path, "w") as f:
-            json.dump({**meta, **(extra or {}), "rows": rows}, f, indent=1)
+            json.dump({**meta, **(extra or {}), "marked": marked(ctx), "rows": rows}, f,
+                      indent=1)
     return path
 
 
@@ -325,6 +394,10 @@ def parse_ops(parser: argparse.ArgumentParser, text: str, ops: list[str]) -> lis
 
 
 def print_table(rows: list[dict], columns: list[str], file=sys.stdout) -> None:
+    """One line per row; a last column `note` where some row has one (e.g. `skipped`)."""
+    if "note" not in columns and any(r.get("note") for r in rows):
+        columns = [*columns, "note"]
+
     def cell(v):
         if isinstance(v, float):
             return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"

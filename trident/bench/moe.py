@@ -17,6 +17,8 @@ barrier); max over ranks, for
   - the NVLink floor: the bytes that must cross NVLink, per GPU and direction (a token
     once per remote rank owning any of its experts), over the usable NVLink rate.
 On the CPU emulation tiny shapes are run (marked cpu-emulation): they only show the path.
+Where ranks share a GPU, the torch.distributed rows say that NCCL is not available there
+(`note`); trident's rows are checked against the identity experts' result as everywhere.
 """
 from __future__ import annotations
 
@@ -94,8 +96,10 @@ def _nvlink_bytes(ctx, idx, L, H, esize) -> tuple[float, float]:
     hit.scatter_(1, ranks, True)
     hit[:, ctx.rank] = False
     out = hit.sum(dim=0).to(torch.float64) * H * esize       # bytes to each peer
-    everyone = torch.zeros(ctx.world_size, ctx.world_size, dtype=torch.float64, device=ctx.device)
-    everyone[ctx.rank] = out
+    from trident.ccl.nccl import host_device   # the CPU under a gloo group of GPU ranks
+    everyone = torch.zeros(ctx.world_size, ctx.world_size, dtype=torch.float64,
+                           device=host_device(ctx))
+    everyone[ctx.rank] = out.to(everyone.device)
     dist.all_reduce(everyone, group=ctx.group)
     per_gpu = torch.maximum(everyone.sum(dim=1), everyone.sum(dim=0))
     return float(per_gpu.max()), float(everyone.sum())
@@ -166,7 +170,22 @@ def _case(ctx, model, E, k, H, T, timing, bar):
         _trident_rows(ctx, td, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
                       high_throughput)
     bar.step(f"{model} T={T} trident")
+    if common.nccl_runs(ctx):
+        _torch_rows(ctx, E, x, idx, w, want, add, timing)
+    else:
+        for phase in ("dispatch", "combine", "total"):
+            add("torch.distributed", phase, common.skipped(common.NO_NCCL))
+    bar.step(f"{model} T={T} torch")
+    torch_eager = {r["phase"]: r["eager_us"] for r in rows if r["impl"] == "torch.distributed"}
+    for r in rows:
+        r["eager_vs_torch"] = common.ratio(torch_eager.get(r["phase"].split()[0]), r["eager_us"])
+    if ctx.backend == "cuda":
+        torch.cuda.empty_cache()
+    return rows
 
+
+def _torch_rows(ctx, E, x, idx, w, want, add, timing):
+    """The torch.distributed baseline's rows of a case (it needs NCCL on GPUs)."""
     base = TorchBaseline(ctx, E)
     ex, _, st = base.dispatch(x, idx)
     yb = base.combine(ex, st, w)
@@ -186,14 +205,6 @@ def _case(ctx, model, E, k, H, T, timing, bar):
     add("torch.distributed", "combine", common.time_modes(
         ctx, lambda: base.combine(ex, st, w), **host_bound))
     add("torch.distributed", "total", common.time_modes(ctx, b_both, **host_bound))
-    del ex, st, holder
-    bar.step(f"{model} T={T} torch")
-    torch_eager = {r["phase"]: r["eager_us"] for r in rows if r["impl"] == "torch.distributed"}
-    for r in rows:
-        r["eager_vs_torch"] = common.ratio(torch_eager.get(r["phase"].split()[0]), r["eager_us"])
-    if ctx.backend == "cuda":
-        torch.cuda.empty_cache()
-    return rows
 
 
 COLUMNS = ["model", "tokens", "impl", "phase", "eager_us", "graph_us", "host_us", "synced_us",
@@ -214,9 +225,8 @@ def _bench_rank(ctx, models, tokens, timing, out_dir):
     for model, T in todo:
         E, k, H = models[model]
         rows += _case(ctx, model, E, k, H, T, timing, bar)
-    path = common.write_results(ctx, "moe", rows, {
-        "marked": "cpu-emulation" if ctx.backend != "cuda" else None, "columns": ABOUT,
-        "models": models}, out_dir=out_dir)
+    path = common.write_results(ctx, "moe", rows, {"columns": ABOUT, "models": models},
+                                out_dir=out_dir)
     png = None
     if ctx.rank == 0:
         series = {}
@@ -232,7 +242,7 @@ def _bench_rank(ctx, models, tokens, timing, out_dir):
         png = common.plot(os.path.splitext(path)[0] + ".png", series, "tokens per rank",
                           "dispatch + combine (us)", f"MoE dispatch + combine, "
                           f"{common.device_kind(ctx)}", logx=True, logy=True)
-    return rows, path, png
+    return rows, path, png, common.headline(ctx)
 
 
 def main(argv=None) -> int:
@@ -242,11 +252,11 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", default=None, help="comma-separated tokens per rank "
                         f"(default {GPU_TOKENS} on GPUs, {CPU_TOKENS} on the CPU emulation)")
     args = parser.parse_args(argv)
-    from trident.launch import default_backend, default_world_size, launch
+    from trident.launch import default_backend, launch
     from trident.moe import ExpertParallel
     backend = args.backend or default_backend()
     gpu = backend == "cuda"
-    world = args.world_size or default_world_size(backend)
+    world = args.world_size or common.default_world(backend, cpu=4)
     if gpu:
         names = args.models.split(",") if args.models else list(MODELS)
         unknown = [n for n in names if n not in MODELS]
@@ -261,9 +271,9 @@ def main(argv=None) -> int:
     heap = heap + (256 << 20) if gpu else 64 << 20
     results = launch(_bench_rank, world, models, tokens, common.timing_options(args, gpu, iters=10),
                      args.out_dir, backend=backend, heap_size=heap)
-    rows, path, png = results[0]
-    if not gpu:
-        print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
+    rows, path, png, headline = results[0]
+    if headline:
+        print(headline)
     common.print_table(rows, COLUMNS)
     print(f"results: {path}" + (f"\nplot: {png}" if png else ""))
     return 0

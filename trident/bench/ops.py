@@ -23,7 +23,9 @@ and graph, into the selector's table.
 
     trident bench ops                                   # every GPU, all layers, M 64..16384
     trident bench ops --ops all_gather_matmul --m 1024,8192 --layers llama70b
-On the CPU emulation (2 ranks, tiny shapes) it only shows that everything runs.
+On the CPU emulation (2 ranks, tiny shapes) it only shows that everything runs. Where
+ranks share a GPU, NCCL cannot run: the plain rows say so (`note`), comm_us is empty (the
+floor is the GEMM alone) and torch_symm_mem (no NCCL in it) stays.
 """
 from __future__ import annotations
 
@@ -129,9 +131,10 @@ def _bench(ctx, ops, ms, layer_names, timing):
             continue
         a, wt, n, k, flops, link = _problem(ctx, op, n_full, k_full, m)
         fn = getattr(ctx, op)
+        has_nccl = common.nccl_runs(ctx)
         impls = {"trident_fused": lambda: fn(a, wt, algorithm="fused"),
                  "trident_auto": lambda: fn(a, wt),
-                 "plain": lambda: fn(a, wt, algorithm="plain")}
+                 "plain": (lambda: fn(a, wt, algorithm="plain")) if has_nccl else None}
         tsm = _torch_symm_mem(ctx, op, a, wt)
         if tsm is not None:
             impls["torch_symm_mem"] = tsm
@@ -139,9 +142,10 @@ def _bench(ctx, ops, ms, layer_names, timing):
             if op == "all_gather_matmul" else a
         alone = {"gemm_us": lambda: torch.matmul(gemm_in, wt.t()),
                  "gemm_only_us": lambda: gemm.matmul(gemm_in, wt),
-                 "comm_us": _comm_alone(ctx, op, a, n)}
+                 "comm_us": _comm_alone(ctx, op, a, n) if has_nccl else None}
         unsynced = {**timing, "synced_iters": 0}
-        alone = {key: common.device_us(common.time_modes_or_skip(ctx, f, **unsynced))
+        alone = {key: None if f is None else
+                 common.device_us(common.time_modes_or_skip(ctx, f, **unsynced))
                  for key, f in alone.items()}
         floor = max(alone["gemm_us"] or 0.0, alone["comm_us"] or 0.0) or None
         sol = max(flops / ctx.world_size / (common.BF16_TFLOPS * 1e6), common.nvlink_floor_us(link))
@@ -152,7 +156,8 @@ def _bench(ctx, ops, ms, layer_names, timing):
                                                                  alone["gemm_only_us"]))
         case_rows = []
         for name, f in impls.items():
-            t = common.time_modes_or_skip(ctx, f, **timing)
+            t = common.skipped(common.NO_NCCL) if f is None else \
+                common.time_modes_or_skip(ctx, f, **timing)
             us = common.device_us(t)
             case_rows.append({**base, "impl": name, "choice": choice if name == "trident_auto"
                               else None, **t, "tflops": flops / us / 1e6 if us else None,
@@ -202,16 +207,19 @@ ABOUT = ("eager_us: calls queued back to back after a device barrier, device tim
 
 
 def _run(ctx, ops, ms, layer_names, timing, out_dir, update):
+    if update is not None and common.shares_gpu(ctx):
+        raise ValueError("--update-crossover: ranks share one GPU here, so the plain path "
+                         "(NCCL) cannot run and the times say nothing about NVLink; measure "
+                         "the crossover with one GPU per rank")
     rows = _bench(ctx, ops, ms, layer_names, timing)
     if ctx.rank != 0:
         return None
-    if ctx.backend != "cuda":
-        print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
+    if common.headline(ctx):
+        print(common.headline(ctx))
     common.print_table(rows, COLUMNS)
     from ..ops._common import GEMM_MODE
     print(f"fused GEMM core: {GEMM_MODE} (env TRIDENT_GEMM)")
-    extra = {"dtype": str(DTYPE), "marked": "cpu-emulation" if ctx.backend != "cuda" else None,
-             "trident_gemm": GEMM_MODE, "columns": ABOUT}
+    extra = {"dtype": str(DTYPE), "trident_gemm": GEMM_MODE, "columns": ABOUT}
     path = common.write_results(ctx, "ops", rows, extra, out_dir=out_dir)
     stem = path[:-len(".json")]
     for op in ops:
@@ -236,7 +244,7 @@ def _run(ctx, ops, ms, layer_names, timing, out_dir, update):
 
 
 def main(argv=None) -> int:
-    from ..launch import default_backend, default_world_size, launch
+    from ..launch import default_backend, launch
     p = common.suite_parser("trident bench ops", __doc__, OPS)
     p.add_argument("--m", default=None, help="comma-separated total M (default "
                    f"{','.join(map(str, DEFAULT_M))} on GPUs, {','.join(map(str, TINY_M))} on CPU)")
@@ -253,7 +261,7 @@ def main(argv=None) -> int:
     ms = [int(x) for x in args.m.split(",")] if args.m else list(DEFAULT_M if gpu else TINY_M)
     ms = [m for m in ms if args.min_m <= m <= args.max_m]
     layers = [s.strip() for s in args.layers.split(",") if s.strip()]
-    world = args.world_size or (default_world_size(backend) if gpu else 2)
+    world = args.world_size or common.default_world(backend)
     heap = (6 << 30) if gpu else (64 << 20)
     os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
     launch(_run, world, ops, ms, layers, common.timing_options(args, gpu, iters=10), args.out_dir,

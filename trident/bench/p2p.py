@@ -4,7 +4,9 @@ Every rank moves `--size` bytes to (push) or from (pull) each of its peers at th
 time, with a persistent grid of G programs and 16-byte accesses; the figure is bytes
 leaving (push) or entering (pull) one GPU per second, the max time over ranks. Beside it:
 the same traffic through the copy engines (torch copy_ into peer mappings) and the NVLink
-floor. On the CPU emulation the numbers only show that the path works.
+floor. On the CPU emulation the numbers only show that the path works; where ranks share
+a GPU (2 ranks on a one-GPU machine by default) the traffic stays in one GPU's HBM, and
+the output says so.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import triton.language as tl
 
 import trident.language as tdl
 from trident.bench import common
+from trident.ccl.nccl import host_device
 
 
 @triton.jit
@@ -58,9 +61,10 @@ def _run(ctx, size: int, grids: list[int], iters: int):
         bar.step(f"{direction} grid {grid}")
     # correctness of what was just timed: slot r of every rank's dst holds rank r's src
     ctx.barrier()
-    got = [dst[r * n:(r + 1) * n] for r in range(ctx.world_size)]
-    everyone = [torch.empty_like(src) for _ in range(ctx.world_size)]
-    torch.distributed.all_gather(everyone, src, group=ctx.group)
+    host = host_device(ctx)                # the CPU under a gloo group of GPU ranks
+    got = [dst[r * n:(r + 1) * n].to(host) for r in range(ctx.world_size)]
+    everyone = [torch.empty_like(src, device=host) for _ in range(ctx.world_size)]
+    torch.distributed.all_gather(everyone, src.to(host), group=ctx.group)
     for r in range(ctx.world_size):
         if r != ctx.rank and not torch.equal(got[r], everyone[r]):
             raise RuntimeError(f"rank {ctx.rank}: p2p data from rank {r} is wrong")
@@ -89,15 +93,18 @@ def main(argv=None) -> int:
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args(argv)
     from trident.launch import default_backend, launch
-    gpu = default_backend() == "cuda"
+    backend = default_backend()
+    gpu = backend == "cuda"
     size = args.size or ((256 << 20) if gpu else (16 << 10))
     grids = [int(g) for g in args.grids.split(",")] if args.grids else \
         ([16, 32, 64, 132, 264, 528] if gpu else [1, 4])
     heap = max(1 << 30, size * 6) if gpu else 64 << 20
     iters = args.iters or (20 if gpu else 2)
-    results = launch(_bench_rank, args.world_size, size, grids, iters, args.out_dir,
-                     heap_size=heap)
-    rows, path = results[0]
+    world = args.world_size or common.default_world(backend, cpu=4)
+    results = launch(_bench_rank, world, size, grids, iters, args.out_dir, heap_size=heap)
+    rows, path, headline = results[0]
+    if headline:
+        print(headline)
     common.print_table(rows, ["impl", "grid", "bytes_per_peer", "us", "GBps", "floor_us"])
     print(f"results: {path}")
     return 0
@@ -108,7 +115,7 @@ def _bench_rank(ctx, size, grids, iters, out_dir):
     path = common.write_results(ctx, "p2p", rows, {"note": "GBps = bytes leaving (push) or "
                                 "entering (pull) one GPU per second, all peers at once"},
                                 out_dir=out_dir)
-    return rows, path
+    return rows, path, common.headline(ctx)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,9 @@ sweep-*-suggested.json: the fastest correct variant per op and size, its options
 margin over the default -- what a lead would copy into the algorithms' defaults or the
 selector).
 
+It needs NCCL, so it refuses to run where ranks share a GPU (nor would the times say
+anything about NVLink there).
+
 The grid is budgeted to finish in about 90 s on 4x H200 (about 55 variants plus NCCL, some
 17 distinct kernels to compile, fewer replays at 512M). Every rank must run the same grid.
 
@@ -178,6 +181,10 @@ def _time(ctx, fn, timing) -> float | None:
 
 
 def measure(ctx, ops, sizes, timing_for) -> list[dict]:
+    if not common.nccl_runs(ctx):
+        raise ValueError(f"sweep: NCCL, its baseline and reference, is {common.NO_NCCL}; "
+                         "and there the times say nothing about NVLink, which the sweep "
+                         "tunes for: run it with one GPU per rank")
     w = ctx.world_size
     gpu = ctx.backend == "cuda"
     plan = [(op, size, variants(op, size, gpu)) for op in ops for size in sizes]
@@ -274,8 +281,8 @@ def _run(ctx, ops, sizes, timing_for, out_dir):
     rows = measure(ctx, ops, sizes, timing_for)
     if ctx.rank != 0:
         return None
-    if ctx.backend != "cuda":
-        print("cpu-emulation: host-clock times; they say nothing about GPU speed")
+    if common.headline(ctx):
+        print(common.headline(ctx))
     common.print_table(rows, COLUMNS)
     best = suggest(rows)
     print("suggested (fastest correct variant per op and size):")
@@ -283,7 +290,7 @@ def _run(ctx, ops, sizes, timing_for, out_dir):
         for size, s in by_size.items():
             print(f"  {op:15s} {size:>8s}  {s['variant']:24s} {s['options']}  "
                   f"x{s['vs_default'] or 0:.3f} vs default, x{s['vs_nccl'] or 0:.3f} vs nccl")
-    extra = {"dtype": str(DTYPE), "marked": "cpu-emulation" if ctx.backend != "cuda" else None,
+    extra = {"dtype": str(DTYPE),
              "about": "graph_us: device time per call replayed from one CUDA graph (max over "
                       "ranks); busbw: nccl-tests' formulas; vs_*: time of NCCL / the op's "
                       "default variant over this one; ok: result checked against NCCL once",

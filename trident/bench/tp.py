@@ -15,7 +15,9 @@ Rows: kind "step" (a whole decode step of --layers layers) and kind "sum_norm" (
 alone on [batch, hidden]; with trident_all_reduce_alone, ctx.all_reduce alone, for the
 issue's target: fused <= 1.2x the all-reduce alone). Times from common.time_modes: eager
 (calls back to back) and graph (replayed from one CUDA graph), max over ranks. The final
-hidden state of one step is checked against the nccl implementation's (rel_err).
+hidden state of one step is checked against the nccl implementation's (rel_err). Where
+ranks share a GPU, NCCL cannot run: its rows say so (`note`) and rel_err is taken against
+the same step with the sum done by the host group on CPU copies.
 
     NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
         trident bench tp --world-size 2            # Llama-3-8B layers, batch 1,2,4,8
@@ -86,6 +88,8 @@ def _sum_norms(ctx, batch: int, hidden: int) -> dict:
         "trident": lambda p, r, w: torch_add_rmsnorm(ctx.all_reduce(p), r, w),
         "trident_fused": lambda p, r, w: ctx.all_reduce_add_rmsnorm(p, r, w, EPS),
     }
+    if not common.nccl_runs(ctx):
+        del impls["nccl"]
     if ctx.backend == "cuda":
         try:
             import torch.distributed._symmetric_memory as symm_mem
@@ -106,6 +110,16 @@ def _sum_norms(ctx, batch: int, hidden: int) -> dict:
             if ctx.rank == 0:
                 print(f"torch_symm_mem skipped: {type(exc).__name__}: {str(exc)[:120]}")
     return impls
+
+
+def _host_sum_norm(ctx):
+    """SUM_NORM with the sum taken by the host group (gloo) on fp32 CPU copies: the
+    reference of rel_err where NCCL cannot run (ranks that share a GPU); never timed."""
+    def sum_norm(p, r, w):
+        s = p.float().cpu()
+        dist.all_reduce(s, group=ctx.group)
+        return torch_add_rmsnorm(s.to(p.device, p.dtype), r, w)
+    return sum_norm
 
 
 def decode_step(sum_norm, s: Shape, wts: dict, residual, h):
@@ -137,6 +151,9 @@ def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
         for name, fn in impls.items():
             finals[name] = decode_step(fn, shape, wts, wts["residual"].clone(), h0).float()
         base = finals.get("nccl")
+        if base is None and not common.nccl_runs(ctx):
+            base = decode_step(_host_sum_norm(ctx), shape, wts, wts["residual"].clone(),
+                               h0).float()
         residual = wts["residual"].clone()
         g = torch.Generator(device=ctx.device).manual_seed(1 + ctx.rank)
         partial = torch.randn(batch, shape.hidden, generator=g, device=ctx.device).to(DTYPE)
@@ -161,6 +178,10 @@ def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
                 rows.append(dict(kind=kind, batch=batch, layers=shape.layers, impl=name,
                                  rel_err=err, **t))
             alone[name] = t_op
+        if "nccl" in impl_names and "nccl" not in impls:
+            rows += [dict(kind=kind, batch=batch, layers=shape.layers, impl="nccl",
+                          rel_err=None, **common.skipped(common.NO_NCCL))
+                     for kind in ("step", "sum_norm")]
         rows.append(dict(kind="sum_norm", batch=batch, layers=shape.layers,
                          impl="trident_all_reduce_alone", rel_err=None, **t_ar))
         for kind in ("step", "sum_norm"):
@@ -186,25 +207,25 @@ ABOUT = ("step: one decode step of `layers` Llama-3-8B-shaped layers (TP = world
          "[batch, hidden] (trident_all_reduce_alone: ctx.all_reduce alone; "
          "fused_vs_all_reduce = trident_fused / all-reduce alone, device time); eager_us: "
          "calls back to back, graph_us: replayed from a CUDA graph; max over ranks; "
-         "*_vs_nccl = nccl time / time; rel_err: final hidden state of one step vs nccl's")
+         "*_vs_nccl = nccl time / time; rel_err: final hidden state of one step vs nccl's "
+         "(where NCCL cannot run: vs the host group's sum on CPU copies)")
 
 
 def _run(ctx, shape, batches, impls, timing, out_dir):
     rows = _bench(ctx, shape, batches, impls, timing)
     if ctx.rank != 0:
         return None
-    if ctx.backend != "cuda":
-        print("cpu-emulation: host-clock times, no CUDA graphs; they say nothing about GPU speed")
+    if common.headline(ctx):
+        print(common.headline(ctx))
     common.print_table(rows, COLUMNS)
-    extra = {"dtype": str(DTYPE), "shape": shape.__dict__,
-             "marked": "cpu-emulation" if ctx.backend != "cuda" else None, "columns": ABOUT}
+    extra = {"dtype": str(DTYPE), "shape": shape.__dict__, "columns": ABOUT}
     path = common.write_results(ctx, "tp", rows, extra, out_dir=out_dir)
     print(f"results: {path}")
     return path
 
 
 def main(argv=None) -> int:
-    from ..launch import default_backend, default_world_size, launch
+    from ..launch import default_backend, launch
     p = common.suite_parser("trident bench tp", __doc__, list(IMPLS))
     p.add_argument("--batch", default=None, help="comma-separated batch sizes (default 1,2,4,8 "
                    "on GPUs, 2 on CPU)")
@@ -219,7 +240,7 @@ def main(argv=None) -> int:
         shape = replace(shape, layers=args.layers)
     batches = [int(b) for b in args.batch.split(",")] if args.batch else \
         ([1, 2, 4, 8] if gpu else [2])
-    world = args.world_size or (default_world_size(backend) if gpu else 2)
+    world = args.world_size or common.default_world(backend)
     heap = (1 << 30) if gpu else (64 << 20)
     os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
     timing = {**common.timing_options(args, gpu), "synced_iters": 0}

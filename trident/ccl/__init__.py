@@ -36,10 +36,13 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
     """The algorithm a call runs: `algorithm` by name, or the selector's choice for "auto"
     (also None, the default of earlier versions)."""
     auto = algorithm is None or algorithm == "auto"
-    name = select(op, nbytes, ctx.world_size, graph=graph) if auto else algorithm
-    if name != "nccl" and name not in ALGORITHMS[op]:
-        raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of "
-                         f"{['auto'] + sorted(ALGORITHMS[op]) + ['nccl']}")
+    has_nccl = nccl.available(ctx)        # not where ranks share a GPU
+    name = select(op, nbytes, ctx.world_size, graph=graph, nccl=has_nccl) if auto else algorithm
+    choices = ["auto"] + sorted(ALGORITHMS[op]) + (["nccl"] if has_nccl else [])
+    if name == "nccl":
+        nccl.check_available(ctx, f"{op}: algorithm 'nccl'", choices)
+    elif name not in ALGORITHMS[op]:
+        raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of {choices}")
     return name
 
 
@@ -279,7 +282,7 @@ def _check_splits_agree(ctx, out_splits, in_splits) -> None:
 def _check_splits_matched(ctx) -> None:
     st = common.state(ctx)
     ctx.sync()
-    bad = torch.tensor([int(st.a2a_check.item())], device=ctx.device)
+    bad = torch.tensor([int(st.a2a_check.item())], device=nccl.host_device(ctx))
     st.a2a_check.zero_()
     dist.all_reduce(bad, group=ctx.group)
     if bad.item():

@@ -26,8 +26,10 @@ is computed in fp32 from the rounded residual; out is rounded once.
 
 Algorithms: "one_shot" (above), "unfused" (trident's all_reduce of a copy of x, then the
 add and the norm in torch: several launches, any size), "nccl" (torch.distributed
-all_reduce, then torch; not graphable). "auto" picks one_shot up to ONE_SHOT_MAX_BYTES of
-x per rank (the one-shot scratch is 2 * world * that), unfused above.
+all_reduce, then torch; not graphable; not where ranks share a GPU, see ccl/nccl.py).
+"auto" picks one_shot up to ONE_SHOT_MAX_BYTES of x per rank (the one-shot scratch is
+2 * world * that), unfused above (whose all_reduce is the selector's, never NCCL where
+NCCL cannot run).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ import torch.distributed as dist
 import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
-from . import common
+from . import common, nccl
 from .device import DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, reduce_slots, scratch_half
 from ..plans import Live, Plan, tensor_key
 
@@ -144,6 +146,9 @@ def _name(ctx, algorithm, nbytes: int) -> str:
     if algorithm not in ALGORITHMS:
         raise ValueError(f"{NAME}: unknown algorithm {algorithm!r}; choose one of "
                          f"{['auto', *ALGORITHMS]}")
+    if algorithm == "nccl":                 # not where ranks share a GPU
+        nccl.check_available(ctx, f"{NAME}: algorithm 'nccl'",
+                             ["auto", *(a for a in ALGORITHMS if a != "nccl")])
     return algorithm
 
 

@@ -1,5 +1,11 @@
 """The "nccl" algorithm: hand the collective to torch.distributed on the context's group
-(NCCL on GPUs, gloo on the CPU emulation). The selector picks it where trident loses."""
+(NCCL on GPUs, gloo on the CPU emulation). The selector picks it where trident loses.
+
+It cannot run where GPU ranks share a GPU (`ctx.nccl_available` False): NCCL refuses two
+ranks on one device, so the group is gloo there, which lacks most collectives on CUDA
+tensors. Then the selectors never pick it, asking for it raises a ValueError that says
+why (`check_available`), and host-side values cross the group on the CPU (`host_device`).
+"""
 import math
 
 import torch
@@ -9,6 +15,33 @@ import torch.distributed as dist
 # images have torch 2.11, which only has the old names.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def available(ctx) -> bool:
+    """Whether torch.distributed collectives on this context's device tensors can run."""
+    return getattr(ctx, "nccl_available", True)
+
+
+def unavailable_reason(ctx) -> str:
+    """Why they cannot: how many ranks share this rank's GPU."""
+    n = getattr(ctx, "ranks_per_device", 2)
+    return (f"NCCL is not available: {n} ranks share one GPU here (NCCL needs one GPU per "
+            f"rank; the host group is gloo)")
+
+
+def check_available(ctx, what: str, choices) -> None:
+    """Raise a ValueError naming the ranks per GPU and `choices` (the algorithms that can
+    run) unless the NCCL path can run on `ctx`."""
+    if not available(ctx):
+        raise ValueError(f"{what}: {unavailable_reason(ctx)}; choose one of {list(choices)}")
+
+
+def host_device(ctx) -> torch.device:
+    """Where a tensor of host-side values (checks, timings) must live for a collective on
+    ctx.group: ctx.device under NCCL (and on the CPU emulation), the CPU under a gloo group
+    of GPU ranks that share a GPU."""
+    return ctx.device if available(ctx) else torch.device("cpu")
+
 
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 

@@ -5,7 +5,9 @@ launch work is on the critical path of a small message; replayed from a CUDA gra
 device time counts. So there are two tables per op and world size, "eager" and "graph",
 and `select(..., graph=True)` (the calls made while a graph is being captured) reads the
 second. A table is a list of rows [largest bytes per rank or None, algorithm], first
-match wins; "nccl" hands the call to torch.distributed.
+match wins; "nccl" hands the call to torch.distributed. Where ranks share a GPU, NCCL
+cannot run and a "nccl" row gives way to a trident algorithm of a neighbouring row
+(`select(..., nccl=False)`).
 
 Where the tables come from, first found wins (loaded once per process and world size):
   1. `trident tune` on this machine: a file in the user's cache keyed by GPU model, world
@@ -80,10 +82,11 @@ def tables_for(world_size: int, doc: dict | None = None, origin: str = "") -> Ta
 
 
 def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
-           graph: bool = False) -> str:
+           graph: bool = False, nccl: bool = True) -> str:
     """The algorithm for `op` at `nbytes` per rank on `world_size` ranks; graph=True for a
     call being captured into a CUDA graph. `table`: a tables document to use instead of
-    the machine's (tests)."""
+    the machine's (tests). nccl=False (ranks that share a GPU, where NCCL cannot run)
+    never returns "nccl" (see `_row`)."""
     if table is not None:
         active = tables_for(world_size, table, "given")
     else:
@@ -91,10 +94,25 @@ def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
         if active is None:
             active = _active[world_size] = tables_for(world_size)
     rows = active.rows["graph" if graph else "eager"][op]
-    for limit, name in rows:
-        if limit is None or nbytes <= limit:
+    name = _row(rows, nbytes, nccl)
+    if name is None:                       # every row is "nccl": the cost model's choice
+        name = _row(builtin()["cost_model"]["eager"][op], nbytes, False)
+    return name
+
+
+def _row(rows: list, nbytes: int, nccl: bool) -> str | None:
+    """The algorithm of the first row that takes `nbytes`. Without nccl, where that row is
+    "nccl": the first trident row above it (the algorithm measured best at the next larger
+    sizes: where NCCL wins, the bandwidth regime has begun), else the last one below it;
+    None if there is no trident row."""
+    at = next((i for i, (limit, _) in enumerate(rows) if limit is None or nbytes <= limit),
+              len(rows) - 1)
+    if nccl or rows[at][1] != "nccl":
+        return rows[at][1]
+    for limit, name in rows[at + 1:] + rows[at::-1]:
+        if name != "nccl":
             return name
-    return rows[-1][1]
+    return None
 
 
 def describe(world_size: int) -> str:

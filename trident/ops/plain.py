@@ -1,7 +1,8 @@
 """The plain path: torch.distributed (NCCL on GPUs, gloo on the CPU emulation) + torch.matmul
 (cuBLAS). What the selector falls back to where fusion does not pay, and the baseline of
 `trident bench ops`. Inputs are checked by the callers. The bias is added by rank 0's GEMM
-before the reduction, so it is added once and costs no extra pass.
+before the reduction, so it is added once and costs no extra pass. It cannot run where
+ranks share a GPU (NCCL needs a GPU per rank): selector.resolve never leads here then.
 """
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ measured shape of the same op, GPU model and world size -- nearest in log2 of M,
 K, and at most MAX_DISTANCE away -- measured the fused path faster.
 Anything unmeasured takes the plain path, so trident never picks a path measured slower
 than the baseline. On the CPU emulation there is nothing to measure: the fused path is
-the default there, so that the kernels are what the tests exercise.
+the default there, so that the kernels are what the tests exercise. Where ranks share a
+GPU (`ctx.nccl_available` False) the plain path cannot run (NCCL needs a GPU per rank):
+"auto" is fused, and asking for "plain" raises a ValueError that says why.
 
 Vocabulary, shared with the collectives (trident/ccl/selector.py): `algorithm=` names
 the path, "auto" (the default) asks `select`, and "nccl" is the path through
@@ -22,6 +24,8 @@ from __future__ import annotations
 import json
 import math
 import os
+
+from ..ccl import nccl
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crossover.json")
 MAX_DISTANCE = 1.0          # in log2 units per dimension (a factor of 2)
@@ -70,7 +74,7 @@ def select(ctx, op: str, M: int, N: int, K: int | None, table: list[dict] | None
     is captured into a CUDA graph (default: whether the current stream is capturing).
     K=None matches on M and N only: row-parallel ops pass it, since their K is each rank's
     own shard and may differ between ranks, which must all choose alike."""
-    if ctx.backend != "cuda":
+    if ctx.backend != "cuda" or not nccl.available(ctx):   # (ranks sharing a GPU: no NCCL)
         return "fused"
     graph = _capturing(ctx) if graph is None else graph
     name = device_name(ctx)
@@ -101,10 +105,14 @@ choose = select                # the name of earlier versions
 def resolve(ctx, op: str, algorithm: str, M: int, N: int, K: int) -> str:
     """The path a call takes: `algorithm` by name ("nccl" = "plain"), or select's choice
     for "auto"."""
+    asked = algorithm
     algorithm = ALIASES.get(algorithm, algorithm)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"{op}: algorithm must be one of {ALGORITHMS + tuple(ALIASES)}, "
                          f"got {algorithm!r}")
+    if algorithm == "plain":
+        nccl.check_available(ctx, f"{op}: algorithm {asked!r} (cuBLAS + NCCL)",
+                             [a for a in ALGORITHMS if a != "plain"])
     return select(ctx, op, M, N, K) if algorithm == "auto" else algorithm
 
 

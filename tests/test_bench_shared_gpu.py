@@ -1,0 +1,117 @@
+"""`trident bench` where ranks share a GPU (forced on the CPU emulation, tests/shared_gpu.py):
+every suite's JSON says so ("marked", "ranks_per_gpu") and so does its printed headline,
+the NCCL / torch.distributed / plain baselines are rows that say why they did not run,
+trident's rows are still timed (host_us included) and checked, and the selector-table
+updates and the NCCL-based sweep refuse with a clear error."""
+import importlib
+import io
+import json
+
+import pytest
+
+from trident.bench import ccl, common, moe, ops, p2p, sweep, tp
+
+from .conftest import get_pool
+from .shared_gpu import RANKS_PER_GPU, as_shared_gpu
+
+TIMING = {"calls": 1, "reps": 1, "warmup": 1, "synced_iters": 0}
+
+
+def _suites(ctx, out_dir):
+    """Each suite once at its smallest, forced shared: {suite: its JSON document}, and the
+    headline, the updates' errors and the sweep's."""
+    paths, errors = {}, {}
+    with as_shared_gpu(ctx):
+        headline = common.headline(ctx)
+        paths["ccl"] = ccl._run(ctx, ["all_reduce"], [1024], TIMING, out_dir, None)
+        paths["ops"] = ops._run(ctx, ["matmul_all_reduce"], [64], [], TIMING, out_dir, None)
+        paths["tp"] = tp._run(ctx, tp.TINY, [2], list(tp.IMPLS), TIMING, out_dir)
+        paths["moe"] = moe._bench_rank(ctx, {"tiny-top1": (ctx.world_size, 1, 96)}, [4],
+                                       TIMING, out_dir)[1]
+        paths["p2p"] = p2p._bench_rank(ctx, 1024, [2], 1, out_dir)[1]
+        for name, call in (
+                ("ccl", lambda: ccl._run(ctx, ["all_reduce"], [1024], TIMING, out_dir, "")),
+                ("ops", lambda: ops._run(ctx, ["matmul_all_reduce"], [64], [], TIMING,
+                                         out_dir, "")),
+                ("sweep", lambda: sweep.measure(ctx, ["all_reduce"], [2048],
+                                                lambda size: TIMING))):
+            try:
+                call()
+            except ValueError as exc:
+                errors[name] = str(exc)
+    if ctx.rank != 0:
+        return None
+    docs = {}
+    for suite, path in paths.items():
+        with open(path) as f:
+            docs[suite] = json.load(f)
+    return docs, headline, errors
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    return get_pool(2).run(_suites, str(tmp_path_factory.mktemp("bench")))[0]
+
+
+def test_every_suite_is_marked_shared(shared_run):
+    docs, headline, _ = shared_run
+    assert common.SHARED_GPU in headline and common.NO_NCCL in headline
+    for suite, doc in docs.items():
+        assert doc["ranks_per_gpu"] == RANKS_PER_GPU, suite
+        assert common.SHARED_GPU in doc["marked"], (suite, doc["marked"])
+
+
+@pytest.mark.parametrize("suite,impl,kinds", [
+    ("ccl", "nccl", 1), ("ops", "plain", 1), ("tp", "nccl", 2), ("moe", "torch.distributed", 3)])
+def test_nccl_baselines_are_rows_that_say_why(shared_run, suite, impl, kinds):
+    rows = shared_run[0][suite]["rows"]
+    skipped = [r for r in rows if r["impl"] == impl]
+    assert len(skipped) == kinds, skipped
+    for r in skipped:
+        assert r["note"] == common.NO_NCCL, r
+        assert r["eager_us"] is None and r["host_us"] is None and r["graph_us"] is None, r
+    others = [r for r in rows if r["impl"] != impl and not r.get("note")]
+    assert others, f"{suite}: no trident rows"
+    for r in others:                      # host time per warm call measured for every call
+        assert r["eager_us"] > 0 and r["host_us"] > 0, r
+        assert not any(v for k, v in r.items() if k.endswith(("_vs_nccl", "_vs_plain",
+                                                                "_vs_torch"))), r
+
+
+def test_trident_rows_are_checked_without_nccl(shared_run):
+    docs = shared_run[0]
+    auto = [r for r in docs["ccl"]["rows"] if r["impl"] == "trident_auto"]
+    assert auto and all("nccl" not in r["choice"] for r in auto), auto
+    fused = [r for r in docs["ops"]["rows"] if r["impl"] == "trident_auto"]
+    assert fused and all(r["choice"] == "fused / fused" for r in fused), fused
+    assert docs["ops"]["rows"][0]["comm_us"] is None
+    errs = [r["rel_err"] for r in docs["tp"]["rows"] if r["impl"].startswith("trident")
+            and r["rel_err"] is not None]
+    assert len(errs) == 4 and max(errs) < 3e-2, errs      # 2 impls x (step, sum_norm)
+    assert {r["impl"] for r in docs["p2p"]["rows"]} == {"trident push", "trident pull"}
+
+
+def test_updates_and_sweep_refuse(shared_run):
+    errors = shared_run[2]
+    assert set(errors) == {"ccl", "ops", "sweep"}, errors
+    assert "ranks share one GPU" in errors["ccl"] and "--update-selector" in errors["ccl"]
+    assert "ranks share one GPU" in errors["ops"] and "--update-crossover" in errors["ops"]
+    assert common.NO_NCCL in errors["sweep"], errors["sweep"]
+
+
+def test_print_table_adds_the_note_column():
+    out = io.StringIO()
+    common.print_table([{"impl": "nccl", "eager_us": None, "note": common.NO_NCCL},
+                        {"impl": "trident", "eager_us": 3.5}], ["impl", "eager_us"], file=out)
+    head, nccl_line, trident_line = out.getvalue().splitlines()
+    assert head.split()[-1] == "note" and nccl_line.endswith(common.NO_NCCL)
+    assert trident_line.split()[-1] == "-"
+
+
+def test_default_world_is_at_least_two_on_gpus(monkeypatch):
+    launch = importlib.import_module("trident.launch")    # (trident.launch is a function)
+    monkeypatch.setattr(launch, "default_world_size", lambda backend: 1)
+    assert common.default_world("cuda") == 2
+    monkeypatch.setattr(launch, "default_world_size", lambda backend: 8)
+    assert common.default_world("cuda") == 8
+    assert common.default_world("cpu") == 2 and common.default_world("cpu", cpu=4) == 4
