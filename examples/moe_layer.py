@@ -230,14 +230,21 @@ def tokens_of(ctx, s: Shape, T: int, seed: int) -> torch.Tensor:
     return torch.randn(T, s.hidden, generator=g, device=ctx.device).to(torch.bfloat16)
 
 
+def layers(ctx, s: Shape, w: Weights, max_tokens: int, gemm: str, fp8: bool):
+    """(name, layer) pairs: trident's, then the all_to_all_single baseline where NCCL can
+    run (not where ranks share a GPU: the host group is gloo there)."""
+    yield "trident", TridentMoE(ctx, s, w, max_tokens, gemm, fp8)
+    if ctx.nccl_available:
+        yield "all_to_all_single", AllToAllMoE(ctx, s, w, gemm)
+
+
 def check(ctx, s: Shape, w: Weights, max_tokens: int, gemm: str, fp8: bool) -> dict:
     """Both layers against the dense reference; rank 0 has no tokens, the others 1..M."""
     g = torch.Generator().manual_seed(5 + ctx.rank)
     T = 0 if ctx.rank == 0 else int(torch.randint(1, max_tokens + 1, (1,), generator=g))
     x = tokens_of(ctx, s, T, 1)
     errs = {}
-    for name, layer in (("trident", TridentMoE(ctx, s, w, max_tokens, gemm, fp8)),
-                        ("all_to_all_single", AllToAllMoE(ctx, s, w, gemm))):
+    for name, layer in layers(ctx, s, w, max_tokens, gemm, fp8):
         ref = reference(x, s, w.E, w.router, fp8 and name == "trident")   # baseline: bf16
         y = layer(x)
         scale = max(ref.abs().max().item(), 1e-6) if T else 1.0
@@ -252,8 +259,7 @@ def bench(ctx, s: Shape, w: Weights, T: int, gemm: str, fp8: bool) -> list[dict]
     from trident.bench.common import time_modes
     x = tokens_of(ctx, s, T, 2)
     rows = []
-    for name, layer in (("trident", TridentMoE(ctx, s, w, T, gemm, fp8)),
-                        ("all_to_all_single", AllToAllMoE(ctx, s, w, gemm))):
+    for name, layer in layers(ctx, s, w, T, gemm, fp8):
         gpu_graph = ctx.backend == "cuda" and name == "trident" and gemm == "grouped"
         opts = {} if ctx.backend == "cuda" else dict(calls=2, reps=1, warmup=1)
         t = time_modes(ctx, lambda: layer(x), graph=gpu_graph, **opts)

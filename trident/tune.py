@@ -55,6 +55,13 @@ def main(argv=None) -> int:
     world = args.world_size or (default_world_size(backend) if gpu else 2)
     if world < 2:
         p.error(f"tuning needs at least 2 ranks, got world size {world}")
+    if gpu:
+        import torch
+        if world > torch.cuda.device_count():
+            # ranks sharing a GPU time HBM, not NVLink: such a table would mislead the
+            # selector on a machine with a GPU per rank (and NCCL cannot run there)
+            p.error(f"tuning measures the links between GPUs: {world} ranks need {world} "
+                    f"GPUs, {torch.cuda.device_count()} visible")
     lo, hi = (1 << 10, 64 << 20) if gpu else (256, 1 << 10)
     hi = ccl.parse_size(args.max_size) if args.max_size else hi
     sizes = ccl.sizes_between(lo, hi, 4 if args.quick or not gpu else 2)

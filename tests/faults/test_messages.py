@@ -91,7 +91,8 @@ def _empty_k_shard(ctx):
     cols = slice(sum(ks[:rank]), sum(ks[:rank + 1]))
     a, w = (t[:, cols].contiguous().to(ctx.device) for t in (a_full, w_full))
     ref = a_full.float() @ w_full.float().T
-    for algorithm, gemm in (("fused", "classic"), ("fused", "tma"), ("plain", None)):
+    paths = [("fused", "classic"), ("fused", "tma")] + [("plain", None)] * ctx.nccl_available
+    for algorithm, gemm in paths:
         kw = {} if gemm is None else {"gemm": gemm}
         rs = ctx.matmul_reduce_scatter(a, w, algorithm=algorithm, **kw)
         ar = ctx.matmul_all_reduce(a, w, algorithm=algorithm, **kw)

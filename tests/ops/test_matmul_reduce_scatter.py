@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from .reference import assert_close, make
+from .reference import assert_close, make, refused_without_nccl
 
 
 def _check(ctx, op, m, n, k_local, dtype, with_bias, algorithm, calls=2):
@@ -16,6 +16,9 @@ def _check(ctx, op, m, n, k_local, dtype, with_bias, algorithm, calls=2):
         cols = slice(rank * k_local, (rank + 1) * k_local)
         a, w = a_full[:, cols], w_full[:, cols].contiguous()
         ref = a_full.float() @ w_full.float().T + (bias.float() if with_bias else 0)
+        fused_op = ctx.matmul_reduce_scatter if op == "reduce_scatter" else ctx.matmul_all_reduce
+        if refused_without_nccl(ctx, algorithm, lambda: fused_op(a, w, algorithm=algorithm)):
+            return
         if op == "reduce_scatter":
             out = ctx.matmul_reduce_scatter(a, w, bias=bias, algorithm=algorithm)
             ref = ref.chunk(world)[rank]

@@ -59,7 +59,9 @@ def _median_us(ctx, fn, iters: int) -> float:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e6)
-    value = torch.tensor([statistics.median(times)], dtype=torch.float64, device=ctx.device)
+    from ..ccl.nccl import host_device      # the CPU where the host group is gloo
+    value = torch.tensor([statistics.median(times)], dtype=torch.float64,
+                         device=host_device(ctx))
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=ctx.group)
     return float(value.item())
 
