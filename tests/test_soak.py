@@ -1,10 +1,15 @@
 """The GPU soak script (trident/bench/soak.py), run small on whatever backend the tests use:
-its ops must all match torch.distributed, and a corrupted op must be caught and named."""
+its ops must all match torch.distributed and the torch reference (soak_reference.py), and
+a corrupted op must be caught and named."""
 import os
+import random
 
 import pytest
+import torch
 
 from trident.bench import soak
+from trident.ccl import ALGORITHMS
+from trident.ccl.all_to_all import rows
 
 from .conftest import get_pool
 
@@ -17,21 +22,27 @@ def pool2():
     return get_pool(2)
 
 
-def _args(*extra):
-    return soak.parse(["--ops", str(OPS), "--check-every", "50", "--graph-ops", "16",
+def _args(*extra, ops=OPS):
+    return soak.parse(["--ops", str(ops), "--check-every", "50", "--graph-ops", "16",
                        "--replays", "2", "--max-numel", "512", *extra])
 
 
 def test_soak_small(pool2):
-    """--ops 200 (half of them from CUDA graphs on GPUs): zero mismatches on every rank."""
-    args = _args()
+    """--ops 100 (half of them from CUDA graphs on GPUs) against the default reference
+    (torch.distributed here): zero mismatches on every rank."""
+    args = _args(ops=OPS // 2)
     results = pool2.run(soak.run_rank, args)
     text, bad = soak.summary(args, results, 0.0)
     assert bad == 0, text
     r0 = results[0]
-    assert r0["eager_ops"] + r0["graph_ops"] == OPS
-    assert sum(r0["counts"].values()) == OPS
+    assert r0["reference"] == ("nccl" if pool2.run(_nccl_available)[0] else "torch")
+    assert r0["eager_ops"] + r0["graph_ops"] == OPS // 2
+    assert sum(r0["counts"].values()) == OPS // 2
     assert {op for (_, op, _) in r0["counts"]} == set(soak.OPS), text
+
+
+def _nccl_available(ctx):
+    return ctx.nccl_available
 
 
 def test_soak_catches_a_wrong_result(pool2):
@@ -46,11 +57,134 @@ def test_soak_catches_a_wrong_result(pool2):
     assert "op 5: 1 elements differ" in text
 
 
-def test_main_writes_the_log(tmp_path):
-    """The command line end to end (its own ranks, through trident.launch), tiny."""
+@pytest.mark.parametrize("world,ops", [(2, OPS), (3, OPS // 2)])
+def test_soak_torch_reference(world, ops):
+    """--reference torch (what runs where ranks share a GPU): every rank regenerates every
+    rank's inputs and checks against plain torch; zero mismatches at 2 ranks (200 ops)
+    and 3 (100, to keep the test short), and the summary names the reference."""
+    args = _args("--reference", "torch", ops=ops)
+    results = get_pool(world).run(soak.run_rank, args)
+    text, bad = soak.summary(args, results, 0.0)
+    assert bad == 0, text
+    assert {r["reference"] for r in results} == {"torch"}
+    assert sum(results[0]["counts"].values()) == ops
+    assert {op for (_, op, _) in results[0]["counts"]} == set(soak.OPS), text
+    assert soak.REFERENCES["torch"] in text
+
+
+def test_main_torch_reference_catches_a_wrong_result(tmp_path):
+    """The command line end to end (its own ranks, through trident.launch), tiny, with the
+    torch reference: op 3 corrupted on rank 0 is the one mismatch, and the exit status is
+    1; the log says which reference checked it."""
     log = tmp_path / "soak.log"
-    argv = ["--ops", "10", "--world", "2", "--max-numel", "64", "--no-graph", "--log", str(log)]
-    assert soak.main(argv) == 0
+    argv = ["--ops", "10", "--world", "2", "--max-numel", "64", "--no-graph",
+            "--reference", "torch", "--inject", "3", "--log", str(log)]
+    assert soak.main(argv) == 1
     text = log.read_text()
     assert "command: python -m trident.bench.soak --ops 10" in text
-    assert "mismatches: 0" in text
+    assert "op 3: 1 elements differ" in text
+    assert "mismatches: 1 " in text
+    assert soak.REFERENCES["torch"] in text
+
+
+def test_setting_says_one_gpu_checks_correctness():
+    """Ranks that share a GPU: the log says the run checks correctness, not link speed."""
+    assert soak.setting("torch", 1) == [soak.REFERENCES["torch"]]
+    shared = soak.setting("torch", 2)
+    assert shared[0] == soak.REFERENCES["torch"]
+    assert "2 per GPU" in shared[1] and "not link speed" in shared[1]
+
+
+def test_reference_nccl_refused_where_unavailable():
+    """--reference nccl on a context without NCCL is a clear ValueError; the default
+    there is torch."""
+    class NoNccl:
+        nccl_available = False
+    with pytest.raises(ValueError, match="--reference torch"):
+        soak.choose_reference(NoNccl(), "nccl")
+    assert soak.choose_reference(NoNccl(), None) == "torch"
+    assert soak.choose_reference(NoNccl(), "torch") == "torch"
+
+
+def test_split_cache_entries_is_the_caches_size():
+    """SPLIT_CACHE_ENTRIES is how many split tables rows.splits_tensor keeps: the first
+    table survives that many distinct splits, and one more clears the cache."""
+    class Ctx:
+        device = "cpu"
+
+        def __init__(self):
+            self.cache = {}
+
+        def workspace(self, key, factory):
+            return self.cache.setdefault(key, factory(self))
+    ctx = Ctx()
+    first = rows.splits_tensor(ctx, [0, 1], [1, 0], 1)
+    for i in range(1, soak.SPLIT_CACHE_ENTRIES):
+        rows.splits_tensor(ctx, [i, 1], [1, i], 1)
+    assert rows.splits_tensor(ctx, [0, 1], [1, 0], 1) is first
+    rows.splits_tensor(ctx, [-1, 1], [1, -1], 1)
+    assert rows.splits_tensor(ctx, [0, 1], [1, 0], 1) is not first
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_default_run_exceeds_the_split_cache(world):
+    """With the GPU defaults (100000 ops, 1M elements), each half (eager, graph) draws
+    more distinct all_to_all splits on a rank than the split-table cache holds, and the
+    summary line says so. Host only: the op sequence as the ranks draw it."""
+    args = soak.parse(["--backend", "cuda", "--world", str(world)])
+    g, size_set = random.Random(args.seed), soak.sizes(args.max_numel, args.seed)
+    n_eager = soak.eager_ops(args, "cuda")
+    keys = {"eager": set(), "graph": set()}
+    draws = [("eager", 0)] * n_eager + [("graph", soak.SPLIT_PATTERNS)] * sum(
+        k for _, k, _ in soak.graph_batches(args, n_eager))
+    for mode, base in draws:
+        spec = soak.draw(g, world, size_set, ALGORITHMS, base)
+        if spec["op"] == "all_to_all":
+            keys[mode].add(soak.split_key(spec, world - 1))
+    patterns = {mode: len(k) for mode, k in keys.items()}
+    assert min(patterns.values()) > soak.SPLIT_CACHE_ENTRIES, patterns
+    line = soak.split_line(patterns, {("eager", "all_to_all", "push"): 1,
+                                      ("graph", "all_to_all", "auto"): 1})
+    assert "more than the 256 entries" in line and "eager and graph" in line, line
+
+
+def test_reference_inputs_agree_with_the_expected_outputs():
+    """soak_reference on one process: every rank's input, fed through a reference written
+    differently here (stack, sum in float64, per-rank row slices), gives `expected`, for
+    random ops of every kind; every rank's input differs from the others' and from the
+    same op's at the next replay."""
+    from trident.bench import soak_reference as ref
+    world, g = 3, random.Random(7)
+    size_set = soak.sizes(64, 0)
+    for index in range(60):
+        spec = soak.draw(g, world, size_set, ALGORITHMS)
+        key = ref.op_key(0, index, torch.zeros((), dtype=torch.int64))
+        ins = [ref.input_of(spec, r, world, key) for r in range(world)]
+        assert not torch.equal(ins[0], ins[1]) or ins[0].numel() < 4, spec
+        again = ref.input_of(spec, 0, world, ref.op_key(0, index, torch.ones((), dtype=torch.int64)))
+        assert not torch.equal(ins[0], again) or again.numel() < 4, spec
+        for r in range(world):
+            assert torch.equal(ref.expected(spec, r, world, key), _naive(spec, ins, r)), spec
+
+
+def _naive(spec, ins, r):
+    """The output on rank r from every rank's input `ins`, spelled differently from
+    soak_reference.expected."""
+    op, n, world = spec["op"], spec["numel"], len(ins)
+    if op == "all_gather":
+        return torch.cat(ins)
+    if op == "broadcast":
+        return ins[spec["src"]].clone()
+    if op == "all_to_all":
+        S, c = spec["splits"], spec["cols"]
+        parts = []
+        for s in range(world):
+            at = sum(S[s][:r]) * c
+            parts.append(ins[s][at:at + S[s][r] * c])
+        return torch.cat(parts)
+    blocks = [x if op == "all_reduce" else x[r * n:(r + 1) * n] for x in ins]
+    stacked = torch.stack([b.double() for b in blocks])
+    how = spec["reduce"]
+    out = stacked.sum(0) if how == "sum" else stacked.max(0).values if how == "max" \
+        else stacked.min(0).values
+    return out.to(spec["dtype"])
