@@ -203,8 +203,8 @@ class Launch:
         """A kernel with global scratch, through a buffer the Launch keeps per stream.
 
         Launches on one stream run in order, so one buffer per stream is never used by two
-        launches at once; the buffer is allocated on that stream, so the caching allocator
-        reuses its memory, once the Launch is gone, only in that stream's order. During a
+        launches at once; the caching allocator reuses its memory, once the Launch is gone,
+        only after that stream's work (kept_buffer: never from a CUDA-graph pool). During a
         CUDA-graph capture the scratch is allocated per launch as Triton does (from the
         graph's pool, which lives as long as the graph): a buffer of the Launch's could be
         freed with its plan (ctx.reset, free, eviction) while the graph still replays."""
@@ -224,7 +224,33 @@ class Launch:
         gx, gy, gz = self.grid
         size = gx * gy * gz * launcher.num_ctas * launcher.global_scratch_size
         align = max(1, launcher.global_scratch_align)
-        # torch.empty allocates on the current stream, the one this launch goes to
-        buf = torch.empty(size + align, dtype=torch.uint8, device=self.torch_device)
+        buf = kept_buffer(size + align, self.torch_device)
         entry = self.scratch[stream] = (-(-buf.data_ptr() // align) * align, buf)
         return entry
+
+
+_alloc_streams: dict = {}          # device index -> the stream kept buffers are allocated on
+
+
+def kept_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """A buffer kept past the call (by a Launch) for work on the current stream, from the
+    caching allocator's general pool.
+
+    Not allocated on the current stream itself: torch.compile's CUDA graphs
+    (mode="reduce-overhead", cudagraph trees) run their eager warm-up with the current
+    stream's allocations routed into the tree's private pool, whose blocks the tree may
+    free and hand out again when it records another graph (it resets the pool to a
+    checkpoint) -- a buffer kept from the warm-up would then be another tensor's memory. So it is allocated on a stream of trident's
+    own (no pool routes it) and the allocator is told that the current stream uses it
+    (record_stream: after the buffer dies, its memory is reused only once the work queued
+    there is done)."""
+    if device.type != "cuda":
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    user = torch.cuda.current_stream(device)
+    side = _alloc_streams.get(device.index)
+    if side is None:
+        side = _alloc_streams[device.index] = torch.cuda.Stream(device)
+    with torch.cuda.stream(side):
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    buf.record_stream(user)
+    return buf

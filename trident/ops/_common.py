@@ -106,22 +106,58 @@ def check_inputs(ctx, op: str, a, w, bias, out, out_shape,
 def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> torch.Tensor:
     """Run the launch plan of this call's signature (trident/plans.py), building it first
     if the signature is new; allocate `out` (shape from the plan) when not given."""
+    capturing = ctx.capturing()
     key = (op, tensor_key(a), tensor_key(w), None if bias is None else tensor_key(bias),
            None if out is None else tensor_key(out), algorithm,
-           _options_key(options) if options else None, ctx.capturing())
-    debug = ctx.debug
+           _options_key(options) if options else None, capturing)
+    # debug mode's checks are a host collective and a synchronisation, which a CUDA-graph
+    # capture cannot contain: skipped while capturing (a replay's errors still surface at
+    # the next ctx.sync() / ctx.barrier())
+    debug = ctx.debug and not capturing
     if debug:             # one host collective per call, before anything is allocated
         ctx.agree(op, *debug_signature(op, a, w, bias, algorithm))
     plan = ctx.plans.get(key)
     if plan is None:
         with ctx.building(op):
-            plan = ctx.plans.put(key, build(ctx, a, w, bias, out, algorithm, options))
+            plan = ctx.plans.put(key, build(ctx, a, w, bias, out, algorithm, options),
+                                 for_capture=capturing)
+            if ctx.backend == "cuda" and not capturing:
+                _build_capture_twin(ctx, key, build, a, w, bias, out, algorithm, options)
     if out is None:
         out = plan.new_out()     # a fresh tensor per call: the caller keeps it
     plan.run((a, w, bias, out))
     if debug:
         ctx.sync()
     return out
+
+
+class _AsCaptured:
+    """The context as a capture's build sees it: capturing() is True, everything else is
+    the context's own (its workspaces, heap, rank, ...)."""
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    @staticmethod
+    def capturing() -> bool:
+        return True
+
+
+def _build_capture_twin(ctx, key, build, a, w, bias, out, algorithm, options) -> None:
+    """An eager first call also builds the plan that a capture of the same call uses.
+    A capture selects from the graph times (selector.py), which may pick the other path;
+    that path's first build would create its workspace -- a host barrier with device
+    synchronisation, which invalidates the capture. Built now, with the selector told
+    that the stream is capturing, its workspace exists before any capture (as trident/
+    ccl's _run does for the collectives)."""
+    twin = key[:-1] + (True,)
+    if twin not in ctx.plans:
+        ctx.plans.put(twin, build(_AsCaptured(ctx), a, w, bias, out, algorithm, options),
+                      for_capture=True)
 
 
 def _options_key(options: dict) -> tuple:
@@ -244,7 +280,18 @@ def workspace(ctx, op: str, data_bytes: int, num_flags: int) -> Workspace:
     """The op's workspace for this size class: allocated on first use (on every rank, at the
     same call, since every rank makes the same calls) and reused afterwards."""
     key = ("trident.ops", op, _bucket(max(data_bytes, 256)), _bucket(max(num_flags, 64)))
-    return ctx.workspace(key, lambda c: Workspace(c, key[2], key[3]))
+
+    def make(c):
+        # creation ends with a host barrier (device sync + host collective), which would
+        # invalidate a CUDA-graph capture with an obscure CUDA error: say what to do instead
+        if c.capturing():
+            raise RuntimeError(
+                f"{op}: the first call of this size is being captured into a CUDA graph, "
+                f"but it must create the op's workspace first (a host barrier, which a "
+                f"capture cannot contain). Call the op once eagerly before capturing (a "
+                f"warm-up; torch.compile's mode='reduce-overhead' does one itself).")
+        return Workspace(c, key[2], key[3])
+    return ctx.workspace(key, make)
 
 
 # ---------------------------------------------------------------------------- device side

@@ -1,0 +1,267 @@
+"""Every public op as a capture case: `inputs(i)` (this rank's inputs of call i, new random
+data per call), `fn(*inputs)` (the op on them, inputs left unchanged: in-place ops work on
+a copy) and `expected(i)` (plain torch on every rank's inputs of call i, rebuilt from the
+same seeds). The same case runs eagerly, replayed from a CUDA graph, through
+torch.compile(mode="reduce-overhead") (tests/torch_ops/test_capture_all.py) and under a
+fake capture on the CPU emulation (tests/plans/test_capture_safety.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from trident.ccl import ALGORITHMS as CCL_ALGORITHMS
+
+from ..ops.reference import assert_close, make
+
+ROWS, HIDDEN = 4, 512          # all_reduce_add_rmsnorm
+EPS = 1e-5
+
+
+def _n(ctx) -> int:
+    """Collectives: elements per rank (not a multiple of a block); fewer under the
+    interpreter."""
+    return 4096 + 17 if ctx.backend == "cuda" else 1024 + 17
+
+
+def _mnk(ctx) -> tuple[int, int, int]:
+    """Fused ops: rows (divisible by 1 to 4), outputs, K shard (multiples of 8: TMA);
+    smaller under the interpreter, whose GEMM tiles are 16x32."""
+    return (64, 256, 128) if ctx.backend == "cuda" else (24, 64, 32)
+
+
+@dataclass
+class Case:
+    inputs: Callable             # i -> tuple of this rank's input tensors of call i
+    fn: Callable                 # (*inputs) -> tuple of outputs
+    expected: Callable           # i -> tuple of the outputs' references
+    close: Callable = field(default=lambda: None)    # frees what the case made (collective)
+
+
+def check(got, want, what: str) -> None:
+    """Outputs against references: floats within bf16 rounding (relative to the
+    reference's size), integers exactly."""
+    assert len(got) == len(want), f"{what}: {len(got)} outputs, expected {len(want)}"
+    for j, (g, w) in enumerate(zip(got, want)):
+        if w.dtype.is_floating_point:
+            assert_close(g, w, f"{what} output {j}")
+        else:
+            assert torch.equal(g.cpu(), w.cpu()), f"{what} output {j}: {g} != {w}"
+
+
+def _per_rank(ctx, shape, dtype, seed):
+    """Every rank's input of one call (the same on every rank: each builds all of them)."""
+    return [make(shape, seed * 16 + p, dtype, ctx.device) for p in range(ctx.world_size)]
+
+
+def _sum(xs):
+    return torch.stack([x.float() for x in xs]).sum(0)
+
+
+# ---------------------------------------------------------------------------- collectives
+def all_reduce(ctx, algorithm):
+    xs = lambda i: _per_rank(ctx, (_n(ctx),), torch.float32, 100 + i)  # noqa: E731
+
+    def fn(x):
+        t = x.clone()
+        ctx.all_reduce(t, algorithm=algorithm)
+        return (t,)
+    return Case(lambda i: (xs(i)[ctx.rank],), fn, lambda i: (_sum(xs(i)),))
+
+
+def all_gather(ctx, algorithm):
+    xs = lambda i: _per_rank(ctx, (_n(ctx),), torch.bfloat16, 200 + i)  # noqa: E731
+
+    def fn(x):
+        out = x.new_empty(ctx.world_size * x.shape[0])
+        ctx.all_gather(out, x, algorithm=algorithm)
+        return (out,)
+    return Case(lambda i: (xs(i)[ctx.rank],), fn, lambda i: (torch.cat(xs(i)),))
+
+
+def reduce_scatter(ctx, algorithm):
+    w = ctx.world_size
+    xs = lambda i: _per_rank(ctx, (w * _n(ctx),), torch.float32, 300 + i)  # noqa: E731
+
+    def fn(x):
+        out = x.new_empty(x.shape[0] // w)
+        ctx.reduce_scatter(out, x, algorithm=algorithm)
+        return (out,)
+    return Case(lambda i: (xs(i)[ctx.rank],), fn,
+                lambda i: (_sum(xs(i)).chunk(w)[ctx.rank],))
+
+
+def all_to_all(ctx, algorithm):
+    w = ctx.world_size
+    xs = lambda i: _per_rank(ctx, (w * 8, 3), torch.float16, 400 + i)  # noqa: E731
+
+    def fn(x):
+        out = torch.empty_like(x)
+        ctx.all_to_all(out, x, algorithm=algorithm)
+        return (out,)
+    return Case(lambda i: (xs(i)[ctx.rank],), fn,
+                lambda i: (torch.cat([x.chunk(w)[ctx.rank] for x in xs(i)]),))
+
+
+def broadcast(ctx, algorithm):
+    src = ctx.world_size - 1
+    xs = lambda i: _per_rank(ctx, (_n(ctx),), torch.float32, 500 + i)  # noqa: E731
+
+    def fn(x):
+        t = x.clone()
+        ctx.broadcast(t, src=src, algorithm=algorithm)
+        return (t,)
+    return Case(lambda i: (xs(i)[ctx.rank],), fn, lambda i: (xs(i)[src],))
+
+
+def add_rmsnorm(ctx, algorithm):
+    """x differs per rank; residual and weight are the same everywhere (the replicated
+    residual stream of tensor parallelism)."""
+    bf = torch.bfloat16
+    xs = lambda i: _per_rank(ctx, (ROWS, HIDDEN), bf, 600 + i)  # noqa: E731
+    shared = lambda i: (make((ROWS, HIDDEN), 6100 + i, bf, ctx.device),  # noqa: E731
+                        make((HIDDEN,), 6200 + i, bf, ctx.device))
+
+    def fn(x, residual, weight):
+        res = residual.clone()
+        out = ctx.all_reduce_add_rmsnorm(x, res, weight, EPS, algorithm=algorithm)
+        return out, res
+
+    def expected(i):
+        residual, weight = shared(i)
+        r = (residual.float() + _sum(xs(i))).to(bf)
+        rf = r.float()
+        out = rf * torch.rsqrt(rf.pow(2).mean(-1, keepdim=True) + EPS) * weight.float()
+        return out, r
+    return Case(lambda i: (xs(i)[ctx.rank], *shared(i)), fn, expected)
+
+
+# ---------------------------------------------------------------------------- fused ops
+def _fused_call(ctx, op, algorithm, gemm):
+    options = {} if gemm is None else {"gemm": gemm}
+    return lambda a, w, b: (getattr(ctx, op)(a, w, b, algorithm=algorithm, **options),)
+
+
+def row_parallel(op):
+    """matmul_all_reduce / matmul_reduce_scatter: rank r holds columns [r*K, (r+1)*K) of
+    A [M, world*K] and W [N_OUT, world*K]; the bias [N_OUT] is the same everywhere."""
+    def case(ctx, algorithm, gemm=None):
+        w, r, bf = ctx.world_size, ctx.rank, torch.bfloat16
+        M, N_OUT, K = _mnk(ctx)
+
+        def full(i):
+            return (make((M, w * K), 700 + i, bf, ctx.device),
+                    make((N_OUT, w * K), 7100 + i, bf, ctx.device),
+                    make((N_OUT,), 7200 + i, bf, ctx.device))
+
+        def inputs(i):
+            a, wt, b = full(i)
+            cols = slice(r * K, (r + 1) * K)
+            return a[:, cols].contiguous(), wt[:, cols].contiguous(), b
+
+        def expected(i):
+            a, wt, b = full(i)
+            ref = a.float() @ wt.float().T + b.float()
+            return (ref if op == "matmul_all_reduce" else ref.chunk(w)[r],)
+        return Case(inputs, _fused_call(ctx, op, algorithm, gemm), expected)
+    return case
+
+
+def all_gather_matmul(ctx, algorithm, gemm=None):
+    """Rank r holds rows [r*M/world, ...) of A [M, K] and its own W [N_OUT, K] and bias."""
+    w, r, bf = ctx.world_size, ctx.rank, torch.bfloat16
+    M, N_OUT, K = _mnk(ctx)
+    rows = M // w
+    a_full = lambda i: make((M, K), 800 + i, bf, ctx.device)  # noqa: E731
+    mine = lambda i: (make((N_OUT, K), 8100 + 16 * i + r, bf, ctx.device),  # noqa: E731
+                      make((N_OUT,), 8200 + 16 * i + r, bf, ctx.device))
+
+    def expected(i):
+        wt, b = mine(i)
+        return (a_full(i).float() @ wt.float().T + b.float(),)
+    return Case(lambda i: (a_full(i)[r * rows:(r + 1) * rows].contiguous(), *mine(i)),
+                _fused_call(ctx, "all_gather_matmul", algorithm, gemm), expected)
+
+
+# ---------------------------------------------------------------------------- MoE
+def moe(ctx, path):
+    """dispatch then combine through trident's torch ops, with expert_y = 2 * expert_x:
+    every token comes back as 2 * x * (sum of its weights); expert_num_tokens counts the
+    tokens every rank routed to this rank's experts. path: "low_latency" or
+    "high_throughput" (the kernels of each)."""
+    from trident import ExpertParallel
+    world, topk, tokens, hidden = ctx.world_size, 2, 8, 128
+    experts = 2 * world
+    ep = ExpertParallel(ctx, experts, topk, hidden, max_num_tokens=16, dtype=torch.bfloat16,
+                        high_throughput=path == "high_throughput")
+
+    def data(i, p):
+        g = torch.Generator().manual_seed(900 + 16 * i + p)
+        x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+        idx = torch.stack([torch.randperm(experts, generator=g)[:topk] for _ in range(tokens)])
+        wts = torch.rand(tokens, topk, generator=g)
+        return x.to(ctx.device), idx.to(ctx.device), wts.to(ctx.device)
+
+    def fn(x, idx, wts):
+        expert_x, counts = torch.ops.trident.moe_dispatch(x, idx, None, ep.name)
+        y = torch.ops.trident.moe_combine(expert_x * 2, wts, ep.name, x.shape[0])
+        return y, counts
+
+    def expected(i):
+        x, _, wts = data(i, ctx.rank)
+        ids = torch.cat([data(i, p)[1].flatten() for p in range(world)])
+        local = torch.arange(ep.num_local_experts, device=ctx.device) + ctx.rank * ep.num_local_experts
+        counts = (ids[None, :] == local[:, None]).sum(1).to(torch.int32)
+        return 2 * x.float() * wts.sum(1, keepdim=True), counts
+    return Case(lambda i: data(i, ctx.rank), fn, expected, ep.close)
+
+
+# ---------------------------------------------------------------------------- the list
+# name -> (make(ctx, variant) -> Case, its variants: algorithms, or (algorithm, gemm core))
+CASES = {
+    "all_reduce": (all_reduce, sorted(CCL_ALGORITHMS["all_reduce"]) + ["auto", "nccl"]),
+    "all_gather": (all_gather, sorted(CCL_ALGORITHMS["all_gather"]) + ["auto", "nccl"]),
+    "reduce_scatter": (reduce_scatter, sorted(CCL_ALGORITHMS["reduce_scatter"]) + ["auto", "nccl"]),
+    "all_to_all": (all_to_all, sorted(CCL_ALGORITHMS["all_to_all"]) + ["auto", "nccl"]),
+    "broadcast": (broadcast, sorted(CCL_ALGORITHMS["broadcast"]) + ["auto", "nccl"]),
+    "all_reduce_add_rmsnorm": (add_rmsnorm, ["one_shot", "unfused", "auto", "nccl"]),
+    "all_gather_matmul": (all_gather_matmul, ["fused/classic", "fused/tma", "auto", "plain"]),
+    "matmul_reduce_scatter": (row_parallel("matmul_reduce_scatter"),
+                              ["fused/classic", "fused/tma", "auto", "plain"]),
+    "matmul_all_reduce": (row_parallel("matmul_all_reduce"),
+                          ["fused/classic", "fused/tma", "auto", "plain"]),
+    "moe": (moe, ["low_latency", "high_throughput"]),
+}
+NCCL_VARIANTS = ("nccl", "plain")     # torch.distributed: not where ranks share a GPU
+
+
+def all_variants() -> list[tuple[str, str]]:
+    return [(name, v) for name, (_, variants) in CASES.items() for v in variants]
+
+
+def make_case(ctx, name: str, variant: str) -> Case:
+    build, _ = CASES[name]
+    if "/" in variant:                                  # fused op: algorithm/gemm core
+        algorithm, gemm = variant.split("/")
+        return build(ctx, algorithm, gemm)
+    return build(ctx, variant)
+
+
+def combined(cases: list[Case]) -> Case:
+    """Several cases as one (one function, one graph): inputs and outputs concatenated."""
+    sizes = [len(c.inputs(0)) for c in cases]
+
+    def fn(*args):
+        outs, at = [], 0
+        for c, n in zip(cases, sizes):
+            outs.extend(c.fn(*args[at:at + n]))
+            at += n
+        return tuple(outs)
+
+    def close():
+        for c in cases:
+            c.close()
+    return Case(lambda i: tuple(t for c in cases for t in c.inputs(i)), fn,
+                lambda i: tuple(t for c in cases for t in c.expected(i)), close)
