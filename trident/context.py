@@ -384,8 +384,9 @@ class Context:
                                                  self.rank if rank is None else rank))
 
     def after_op(self) -> None:
-        """Called by every op after its launch: in debug mode, synchronise and check errors."""
-        if self.debug:
+        """Called by every op after its launch: in debug mode, synchronise and check errors
+        (not while a CUDA graph is captured: a sync there invalidates the capture)."""
+        if self.debug and not self.capturing():
             self.sync()
 
     def barrier(self) -> None:

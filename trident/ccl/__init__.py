@@ -91,10 +91,11 @@ def _run(ctx, key, build, tensors, *options):
                 if twin not in ctx.plans:
                     ctx.plans.put(twin, build(ctx, *tensors, *options[:-1], True),
                                   for_capture=True)
-    if ctx.debug and plan.debug_before is not None:
+    debug = ctx.debug and not key[-1]     # no host sync or exchange inside a CUDA-graph capture
+    if debug and plan.debug_before is not None:
         plan.debug_before(ctx, tensors)
     plan.run(tensors)
-    if ctx.debug:
+    if debug:
         ctx.sync()
         if plan.debug_after is not None:
             plan.debug_after(ctx, tensors)
