@@ -37,6 +37,8 @@ def _bad_inputs(ctx):
         ctx.all_gather(torch.empty(4 * ctx.world_size + 1, device=ctx.device), inp)
     with pytest.raises(TypeError, match="same dtype"):
         ctx.all_gather(torch.empty(4 * ctx.world_size, dtype=torch.float16, device=ctx.device), inp)
+    if ctx.world_size == 1:     # one rank cannot differ from itself
+        return
     ctx.debug = True
     try:
         with pytest.raises(ValueError, match="same sizes"):

@@ -95,6 +95,8 @@ def _algorithms_and_debug(ctx):
         out = ctx.all_reduce_add_rmsnorm(x, res, weight.to(ctx.device))
         r, ref = reference(xs, residual, weight, 1e-6)
         close(out, ref, "debug")
+        if ctx.world_size == 1:     # one rank cannot differ from itself
+            return
         with pytest.raises(ValueError, match="every rank must pass the same sizes"):
             y = torch.ones(1 + ctx.rank, 8, dtype=dtype, device=ctx.device)
             ctx.all_reduce_add_rmsnorm(y, y.clone(), torch.ones(8, dtype=dtype,

@@ -126,6 +126,14 @@ def _bad_knobs(ctx):
                        algorithm="pull", order="diagonal")
     with pytest.raises(ValueError, match="depth must be"):
         ctx.broadcast(t, 0, algorithm="relay", depth=0)
+    # the same where no kernel runs (an empty tensor; at one rank, every call above)
+    empty = torch.ones(0, device=ctx.device)
+    with pytest.raises(ValueError, match="warps must be one of"):
+        ctx.all_reduce(empty, algorithm="two_shot", warps=3)
+    with pytest.raises(ValueError, match="chunk must be a positive multiple of the block"):
+        ctx.broadcast(empty, 0, algorithm="relay", chunk=5)
+    with pytest.raises(ValueError, match="block must be a power of two"):
+        ctx.all_to_all(empty, empty.clone(), algorithm="push", block=48)
     ctx.barrier()
 
 

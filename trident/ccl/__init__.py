@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from . import common, nccl
+from .options import knobs
 from .all_gather import ALGORITHMS as ALL_GATHER
 from .all_reduce import ALGORITHMS as ALL_REDUCE
 from .all_to_all import ALGORITHMS as ALL_TO_ALL
@@ -44,24 +45,6 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
     elif name not in ALGORITHMS[op]:
         raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of {choices}")
     return name
-
-
-def knobs(op: str, name: str, options: tuple) -> dict:
-    """The knobs (keyword options beyond block and programs, as sorted (name, value) pairs)
-    for algorithm `name` of `op`, checked against what it takes: at plan build only."""
-    if not options:
-        return {}
-    if name == "nccl":
-        raise ValueError(f"{op}: nccl takes no options, got {dict(options)}")
-    import inspect
-    params = inspect.signature(ALGORITHMS[op][name]).parameters
-    takes = [p for p in params if params[p].kind == params[p].KEYWORD_ONLY
-             or p not in ("ctx", "plan") and params[p].default is not params[p].empty]
-    bad = [k for k, _ in options if k not in takes or k in ("block", "programs")]
-    if bad:
-        raise ValueError(f"{op} {name}: unknown option(s) {bad}; it takes "
-                         f"{[p for p in takes if p not in ('block', 'programs')]}")
-    return dict(options)
 
 
 def signature(tensors, options, rows: bool = True) -> tuple:
@@ -118,7 +101,7 @@ def _plan_all_reduce(ctx, t, op, algorithm, block, programs, kw, graph) -> Plan:
     common.check_tensor(ctx, t, "all_reduce: t")
     code = common.check_reduce(t, "all_reduce: t", op)
     name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size(), graph)
-    kw = knobs("all_reduce", name, kw)
+    kw = knobs(ctx, "all_reduce", name, ALL_REDUCE.get(name), kw, block, programs)
     plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op), graphable=False)
@@ -149,7 +132,7 @@ def _plan_all_gather(ctx, out, inp, algorithm, block, programs, kw, graph) -> Pl
                          f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
                          f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
     name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size(), graph)
-    kw = knobs("all_gather", name, kw)
+    kw = knobs(ctx, "all_gather", name, ALL_GATHER.get(name), kw, block, programs)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]), graphable=False)
@@ -187,7 +170,7 @@ def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, kw, grap
         raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
                          f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
     name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size(), graph)
-    kw = knobs("reduce_scatter", name, kw)
+    kw = knobs(ctx, "reduce_scatter", name, REDUCE_SCATTER.get(name), kw, block, programs)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op), graphable=False)
@@ -247,7 +230,9 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
     # between ranks, so the choice cannot depend on them: take the large-message row.
     nbytes = inp.numel() * inp.element_size() if even else 1 << 62
     name = _algorithm(ctx, "all_to_all", algorithm, nbytes, graph)
-    kw = knobs("all_to_all", name, kw)
+    kw = knobs(ctx, "all_to_all", name, ALL_TO_ALL.get(name), kw, block, programs)
+    if ctx.world_size == 1:     # one rank sends to itself: a mismatch is known here
+        _match_splits([(out_splits, in_splits)])
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits),
@@ -272,6 +257,12 @@ def _check_splits_agree(ctx, out_splits, in_splits) -> None:
     split matrix, so all raise together instead of some entering the collective."""
     everyone = [None] * ctx.world_size
     dist.all_gather_object(everyone, (list(out_splits), list(in_splits)), group=ctx.group)
+    _match_splits(everyone)
+
+
+def _match_splits(everyone) -> None:
+    """Raise ValueError unless every rank's in_splits[p] is rank p's out_splits for it
+    (`everyone`: each rank's (out_splits, in_splits), in rank order)."""
     for src, (_, sends) in enumerate(everyone):
         for dst, (receives, _) in enumerate(everyone):
             if sends[dst] != receives[src]:
@@ -308,7 +299,8 @@ def _plan_broadcast(ctx, t, src, algorithm, block, programs, kw, graph) -> Plan:
     if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < ctx.world_size:
         raise ValueError(f"broadcast: src must be a rank in 0..{ctx.world_size - 1}, got {src!r}")
     name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size(), graph)
-    kw = knobs("broadcast", name, kw)
+    word = common.word_type([t.numel() * t.element_size()])[1]
+    kw = knobs(ctx, "broadcast", name, BROADCAST.get(name), kw, block, programs, word)
     plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src), graphable=False)

@@ -169,6 +169,8 @@ def _plan(ctx, x, residual, weight, out, fresh, eps, algorithm, block, programs,
     plan = Plan((x, residual, weight, out), name)
     plan.out_shape = tuple(x.shape)
     eps = float(eps)
+    if name == "one_shot":      # its launch checks these; so does an empty x
+        common.check_launch(block, programs)
     if rows == 0 or hidden == 0:
         return plan
     if name == "nccl":

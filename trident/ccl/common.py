@@ -120,6 +120,13 @@ def check_same_dtype(a: torch.Tensor, b: torch.Tensor, names: str) -> None:
         raise TypeError(f"{names} must have the same dtype, got {a.dtype} and {b.dtype}")
 
 
+def word_type(nbytes, unit: int = 0) -> tuple[torch.dtype, int]:
+    """(dtype, bytes) of the widest integer type (int32/int16/int8) that tiles every size in
+    `nbytes` and `unit` bytes: as_words' word, known from sizes alone."""
+    return next((w, s) for w, s in ((torch.int32, 4), (torch.int16, 2), (torch.int8, 1))
+                if unit % s == 0 and all(n % s == 0 for n in nbytes))
+
+
 def as_words(ctx, plan, specs, unit: int = 0):
     """Flat views of the call's tensors as the widest integer type (int32/int16/int8) that
     tiles all of them and `unit` bytes (e.g. a row), so data movement works for any dtype
@@ -133,8 +140,7 @@ def as_words(ctx, plan, specs, unit: int = 0):
     kernel's step is added). Returns (views, finish).
     """
     nbytes = [t.numel() * t.element_size() for t, *_ in specs]
-    wide, size = next((w, s) for w, s in ((torch.int32, 4), (torch.int16, 2), (torch.int8, 1))
-                      if unit % s == 0 and all(n % s == 0 for n in nbytes))
+    wide, size = word_type(nbytes, unit)
     views, back = [], []
     for (t, index, is_in, is_out), n in zip(specs, nbytes):
         flat = t.reshape(-1).view(torch.uint8)
@@ -162,16 +168,30 @@ def launch_size(ctx, n: int, elem_size: int, block=None, programs=None) -> tuple
     """(BLOCK elements, number of programs) for a kernel over `n` elements per program
     loop; block/programs override (tests use them to force several steps)."""
     gpu = ctx.backend == "cuda"
-    if block is None:
-        block = max(16, (GPU_BLOCK_BYTES if gpu else CPU_BLOCK_BYTES) // elem_size)
-    if block & (block - 1):
-        raise ValueError(f"block must be a power of two, got {block}")
+    block = block_size(ctx, elem_size, block)
+    check_launch(block, programs)
     # on a GPU shared by several ranks, at most the rank's share of the SMs, so that every
     # rank's programs are resident at once (trident/placement.py)
     limit = programs or (min(GPU_MAX_PROGRAMS, ctx.usable_sms) if gpu else CPU_MAX_PROGRAMS)
-    if not 1 <= limit <= device.MAX_PROGRAMS:
-        raise ValueError(f"programs must be in 1..{device.MAX_PROGRAMS}, got {limit}")
     return block, max(1, min(limit, triton.cdiv(n, block)))
+
+
+def block_size(ctx, elem_size: int, block=None) -> int:
+    """launch_size's block: `block`, or the default for elements of `elem_size` bytes."""
+    if block is None:
+        block = max(16, (GPU_BLOCK_BYTES if ctx.backend == "cuda" else CPU_BLOCK_BYTES)
+                    // elem_size)
+    return block
+
+
+def check_launch(block=None, programs=None) -> None:
+    """The launch-size overrides' checks: launch_size makes them, and so does a collective
+    that launches no kernel (one rank, empty tensors), so that a bad override is rejected
+    the same way whether or not a kernel runs."""
+    if block is not None and (block < 1 or block & (block - 1)):
+        raise ValueError(f"block must be a power of two, got {block}")
+    if programs and not 1 <= programs <= device.MAX_PROGRAMS:
+        raise ValueError(f"programs must be in 1..{device.MAX_PROGRAMS}, got {programs}")
 
 
 WARPS = (1, 2, 4, 8, 16, 32)
@@ -181,6 +201,11 @@ def kernel_options(ctx, warps=None) -> dict:
     """Launch options: GPU_NUM_WARPS warps per program on GPUs, or `warps` (a knob: fewer
     warps with more programs, or more warps with a larger block; the interpreter ignores
     it, but it is checked there too)."""
+    check_warps(warps)
+    return {"num_warps": warps or GPU_NUM_WARPS} if ctx.backend == "cuda" else {}
+
+
+def check_warps(warps=None) -> None:
+    """The warps knob's check (kernel_options makes it; so does a call without a kernel)."""
     if warps is not None and warps not in WARPS:
         raise ValueError(f"warps must be one of {WARPS}, got {warps!r}")
-    return {"num_warps": warps or GPU_NUM_WARPS} if ctx.backend == "cuda" else {}

@@ -119,11 +119,16 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
 ORDERS = ("peer", "block")
 
 
+def check_knobs(order="peer") -> None:
+    """The order knob's check (also made where no kernel runs: one rank, empty input)."""
+    if order not in ORDERS:
+        raise ValueError(f"all_gather pull: order must be one of {ORDERS}, got {order!r}")
+
+
 def pull(ctx, plan, out, inp, block=None, programs=None, warps=None, order="peer"):
     """out, inp: flat word views (checked by the caller); out has world * inp.numel().
     warps, order: knobs (module docstring)."""
-    if order not in ORDERS:
-        raise ValueError(f"all_gather pull: order must be one of {ORDERS}, got {order!r}")
+    check_knobs(order)
     n = inp.numel()
     src = common.stage(ctx, plan, inp, 1, "stage.in")
     st = common.state(ctx)

@@ -154,6 +154,17 @@ def chunk_size(n: int, word: int, block: int, grid: int, depth: int = DEPTH) -> 
     return max(block, min(want, MAX_CHUNK_BYTES // word // block * block))
 
 
+def check_knobs(ctx, word: int, block=None, chunk=None, depth=None) -> None:
+    """The depth and chunk knobs' checks, for words of `word` bytes (also made where no
+    kernel runs: one rank, an empty tensor)."""
+    if depth is not None and (not isinstance(depth, int) or depth < 1):
+        raise ValueError(f"broadcast relay: depth must be a positive int, got {depth!r}")
+    block = common.block_size(ctx, word, block)
+    if chunk is not None and (chunk <= 0 or chunk % block):
+        raise ValueError(f"broadcast relay: chunk must be a positive multiple of the block "
+                         f"({block} elements), got {chunk}")
+
+
 def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None, depth=None,
           warps=None):
     """t: a flat word view (checked by the caller). Knobs: chunk, elements per chunk (a
@@ -162,13 +173,9 @@ def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None, depth=N
     leave a shorter tail at the price of more flags; warps (common.py)."""
     n, word = t.numel(), t.element_size()
     block, grid = common.launch_size(ctx, n, word, block, programs)
-    if depth is not None and (not isinstance(depth, int) or depth < 1):
-        raise ValueError(f"broadcast relay: depth must be a positive int, got {depth!r}")
+    check_knobs(ctx, word, block, chunk, depth)
     if chunk is None:
         chunk = chunk_size(n, word, block, grid, depth or default_depth(n * word))
-    if chunk <= 0 or chunk % block:
-        raise ValueError(f"broadcast relay: chunk must be a positive multiple of the block "
-                         f"({block} elements), got {chunk}")
     grid = min(grid, triton.cdiv(n, chunk))
     buf = common.stage(ctx, plan, t, 0, "stage.in", copy_in=ctx.rank == src)
     st = common.state(ctx)

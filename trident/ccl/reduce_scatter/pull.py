@@ -73,10 +73,12 @@ GPU_IN_FLIGHT_BYTES = 4 * common.GPU_BLOCK_BYTES
 
 def reduce_block(ctx, elem_size: int, block):
     """The block (elements) of a pull reduction: common.py's, or smaller above 4 ranks so
-    that WORLD blocks stay within GPU_IN_FLIGHT_BYTES."""
+    that WORLD blocks stay within GPU_IN_FLIGHT_BYTES (a power of two: at 5-7 ranks, which
+    ranks sharing GPUs make possible, the plain quotient is not one)."""
     if block is None and ctx.backend == "cuda":
         block = min(common.GPU_BLOCK_BYTES,
                     GPU_IN_FLIGHT_BYTES // ctx.world_size) // elem_size
+        block = 1 << (block.bit_length() - 1)
     return block
 
 
