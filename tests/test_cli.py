@@ -25,8 +25,9 @@ def test_info():
     assert "trident backend:" in _trident("info")
 
 
-def test_demo_checks_every_part():
-    out = _trident("demo", "--world-size", "2")
+@pytest.mark.parametrize("world", [1, 2])
+def test_demo_checks_every_part(world):
+    out = _trident("demo", "--world-size", str(world))
     for part in ("ring:", "atomics:", "all_reduce:", "all_gather:", "matmul_all_reduce:",
                  "moe dispatch+combine:"):
         assert part in out, (part, out)
