@@ -1,6 +1,6 @@
 """Rank pools shared by the whole session: each world size's processes start once.
 
-On the CPU emulation the default world sizes are 2, 3 and 4; on GPUs, 2 and every GPU
+On the CPU emulation the default world sizes are 1, 2, 3 and 4; on GPUs, 2 and every GPU
 visible, and on a machine with one GPU 1, 2 and 4 (ranks share the GPU under MPS, see
 trident/placement.py). TRIDENT_TEST_WORLD_SIZES=2,4 overrides.
 """
@@ -22,7 +22,7 @@ def _world_sizes() -> list[int]:
         if n == 1:
             return [1, 2, 4]
         return sorted({w for w in (2, n) if 2 <= w <= n})
-    return [2, 3, 4]
+    return [1, 2, 3, 4]
 
 
 WORLD_SIZES = _world_sizes()

@@ -24,6 +24,8 @@ def _mismatched_first_call(pool_ctx):
 
 
 def test_mismatched_first_call_leaves_context_usable(pool):
+    if pool.world_size == 1:
+        pytest.skip("needs two ranks: one rank cannot disagree with itself")
     pool.run(_mismatched_first_call)
 
 

@@ -17,7 +17,7 @@ import trident as td
 from trident.launch import default_backend
 from trident.moe import fp8
 
-from .test_expert_parallel import _check_combine, _expert_fn, _round_inputs
+from .test_expert_parallel import _check_combine, _expert_fn, _round_inputs, extreme_counts
 
 
 def _row_key(q, s):
@@ -71,7 +71,7 @@ def _fp8_rounds(ctx, E, k, H, M, dtype, seeds, split=False, one_expert=False):
     L = E // ctx.world_size
     try:
         for i, seed in enumerate(seeds):
-            counts = [0, M] + [M // 2 + i] * (ctx.world_size - 2) if i == 0 else None
+            counts = extreme_counts(ctx.world_size, M) if i == 0 else None
             ranks, a, b = _round_inputs(seed, ctx.world_size, E, k, H, M, dtype, counts)
             if one_expert:        # every token of every rank to expert 1 (and k-1 others)
                 ranks = [(T, x, _distinct(torch.cat([torch.ones(T, 1, dtype=idx.dtype),
@@ -143,7 +143,7 @@ def test_fp8_all_tokens_to_one_expert(pool):
 
 
 def _hidden_not_multiple(ctx):
-    ep = td.ExpertParallel(ctx, 2 * ctx.world_size, 2, 96, 4)
+    ep = td.ExpertParallel(ctx, max(2 * ctx.world_size, 3), 2, 96, 4)   # idx names 0-2
     try:
         x = torch.randn(3, 96, device=ctx.device).to(torch.bfloat16)
         idx = torch.tensor([[0, 1], [1, 2], [0, 2]], device=ctx.device)

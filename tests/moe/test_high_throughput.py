@@ -34,7 +34,7 @@ def _routing_cases(ctx, E, k, H, M, dtype):
     # counts per rank: none, a full batch, one token, a partial chunk; then uneven again
     plans = [([0, M, 1, B.CHUNK_TOKENS + 1][:w_] + [M] * (w_ - 4), "random"),
              ([M] * w_, "one_expert"),
-             ([M - 1, 0] + [B.CHUNK_TOKENS] * (w_ - 2), "own_rank"),
+             (([M - 1, 0] + [B.CHUNK_TOKENS] * (w_ - 2))[:w_], "own_rank"),
              ([M] * w_, "skewed")]
     try:
         for i, (counts, kind) in enumerate(plans):

@@ -203,7 +203,7 @@ def _check_opcheck(ctx):
         (ops.all_gather, (x, name, None)),
         (ops.reduce_scatter, (x, name, "sum", None)),
         (ops.all_to_all, (x, [2] * world, [2] * world, name, None)),
-        (ops.broadcast, (x, 1, name, None)),
+        (ops.broadcast, (x, world - 1, name, None)),
         (ops.all_gather_matmul, (a[:2], w, bias, name, "fused")),
         (ops.matmul_reduce_scatter, (a, w, bias, name, "fused")),
         (ops.matmul_all_reduce, (a.requires_grad_(), w.requires_grad_(), None, name, "fused")),
