@@ -83,3 +83,35 @@ def test_budget_bounds_the_run(tmp_path):
 def test_read_bandwidth_is_a_rate():
     gbps = bench.read_bandwidth_gbps(torch.device("cpu"), nbytes=8 << 20)
     assert 0.01 < gbps < 10_000
+
+
+def test_table_of_a_run(tmp_path):
+    """--update-table's table from measured rows: per class the best geometric mean of
+    vs_cublas, a plain fused_config beside a swap-AB winner, only measured classes; written
+    into a new file beside the package's H200 table, and the H100 then picks its own."""
+    from trident.ops import gemm, gemm_tables
+
+    def row(m, impl, vs):
+        return dict(M=m, N=8192, K=8192, impl=impl, vs_cublas=vs, vs_floor=vs * 0.9,
+                    shape_class=gemm_tables.shape_class(m, 8192, 8192))
+    rows = [row(64, "cublas", 1.0), row(64, "swab128x64x64_s6_w4_sk8", 1.1),
+            row(64, "64x128x64_s4_w4_sk8", 0.8), row(64, "128x128x64_s4_w8_sk8", 0.9),
+            row(64, "table:kdesc", 2.0), row(8192, "128x256x64_s3_w8", 0.99),
+            row(8192, "swab128x64x64_s6_w4_sk8", 0.5)]
+    best = bench.summarize(rows)
+    assert set(best) == {"m64-nbig-kbig", "mbig-nbig-kbig"}
+    result = dict(device="NVIDIA H100 80GB HBM3", capability=(9, 0), hbm_read_gbps=3200.0)
+    table = bench.gpu_table(result, best, gemm.CANDIDATES, 2, "2026-11-24")
+    small = table.classes["m64-nbig-kbig"]
+    assert small["config"] == "swab128x64x64_s6_w4_sk8" and small["geomean_vs_cublas"] == 1.1
+    assert small["fused_config"] == "128x128x64_s4_w8_sk8" and small["geomean_vs_floor"] == 0.99
+    assert table.classes["mbig-nbig-kbig"] == {
+        "config": "128x256x64_s3_w8", "measured": True, "geomean_vs_cublas": 0.99,
+        "geomean_vs_floor": 0.891, "shapes": 1, "date": "2026-11-24"}
+    path = gemm_tables.update(str(tmp_path / "t.json"), table, gemm.CANDIDATES, "test")
+    _, tables = gemm_tables.read(path)
+    assert sorted(tables) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    h100 = gemm_tables.pick(tables, "NVIDIA H100 80GB HBM3", (9, 0))
+    assert h100.capability == (9, 0) and h100.m_edges == gemm_tables.M_EDGES
+    assert h100.entry(1, 8192, 16384)["config"] == "swab128x64x64_s6_w4_sk8"
+    assert h100.entry(1024, 8192, 16384)["config"] == "128x256x64_s3_w8"   # nearest: mbig

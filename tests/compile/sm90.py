@@ -24,7 +24,6 @@ os.environ["TRITON_INTERPRET"] = "0"          # before trident/triton pick their
 os.environ["TRIDENT_BACKEND"] = "cuda"
 
 import importlib  # noqa: E402
-import json  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -43,14 +42,23 @@ PF32, PBF16, PF16 = "*fp32", "*bf16", "*fp16"
 COMMON = dict(ctrl=P64, heap_bases=P64, trace_buf=P64, rank=I32, world_size=I32, world=I32)
 
 
+# The most shared memory one block may have on sm_90 (227 KB): a kernel that asks for more
+# compiles, and fails only when a GPU loads it ("out of resource: shared memory").
+MAX_SHARED = 232448
+
+
 def compile_ptx(fn, signature: dict, constants: dict | None = None, aligned=(),
-                num_warps: int = 4, num_stages: int = 3) -> str:
-    """PTX of `fn` for sm_90 (ptxas runs too: the cubin is built)."""
+                num_warps: int = 4, num_stages: int = 3, shared: list | None = None) -> str:
+    """PTX of `fn` for sm_90 (ptxas runs too: the cubin is built); `shared`, a list, gets
+    the kernel's shared memory in bytes appended."""
     names = list(signature)
     attrs = {(names.index(a),): DIVISIBLE_BY_16 for a in aligned}
     src = ASTSource(fn, signature, constants or {}, attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
-    return triton.compile(src, target=TARGET, options=options).asm["ptx"]
+    compiled = triton.compile(src, target=TARGET, options=options)
+    if shared is not None:
+        shared.append(compiled.metadata.shared)
+    return compiled.asm["ptx"]
 
 
 @dataclass
@@ -64,7 +72,7 @@ class Variant:
     num_warps: int = 4
     num_stages: int = 3
     types: dict = field(default_factory=dict)    # argument types that differ per variant
-    ptx_has: str = ""              # a PTX instruction the variant must contain (e.g.
+    ptx_has: str | tuple = ""      # PTX instruction(s) the variant must contain (e.g.
                                    # setmaxnreg: warp specialisation took effect)
     v4: tuple = (0, 0)             # at least this many 16-byte loads and stores: a kernel
                                    # with a scalar branch beside its vector one ("ld+st")
@@ -114,8 +122,9 @@ def compile_kernel(k: Kernel) -> list[str]:
         sig = {a: "constexpr" if a in constexpr_names else types[a] for a in fn.arg_names}
         aligned = [a for a in fn.arg_names if sig[a].startswith("*") or a in k.aligned]
         t0 = time.perf_counter()
+        shared = []
         try:
-            ptx = compile_ptx(fn, sig, v.constexprs, aligned, v.num_warps, v.num_stages)
+            ptx = compile_ptx(fn, sig, v.constexprs, aligned, v.num_warps, v.num_stages, shared)
         except Exception as exc:
             raise AssertionError(f"{k.label} {v.constexprs} does not compile for sm_90: "
                                  f"{type(exc).__name__}: {exc}") from exc
@@ -129,10 +138,15 @@ def compile_kernel(k: Kernel) -> list[str]:
             raise AssertionError(f"{k.label} {v.constexprs}: {loads} ld.v4 and {stores} st.v4, "
                                  f"expected at least {v.v4[0]} and {v.v4[1]}: a copy loop "
                                  f"lost its 16-byte accesses")
-        if v.ptx_has and v.ptx_has not in ptx:
-            raise AssertionError(f"{k.label} {v.constexprs}: no {v.ptx_has} in its PTX")
+        for has in (v.ptx_has,) if isinstance(v.ptx_has, str) else v.ptx_has:
+            if has and has not in ptx:
+                raise AssertionError(f"{k.label} {v.constexprs}: no {has} in its PTX")
+        if shared[0] > MAX_SHARED:
+            raise AssertionError(f"{k.label} {v.constexprs}: {shared[0]} bytes of shared "
+                                 f"memory, more than sm_90's {MAX_SHARED}: it would not load")
         lines.append(f"{k.label} {v.types or ''}{v.constexprs} warps={v.num_warps}: "
-                     f"{loads} ld.v4, {stores} st.v4 ({time.perf_counter() - t0:.1f} s)")
+                     f"{loads} ld.v4, {stores} st.v4, {shared[0]} B shared "
+                     f"({time.perf_counter() - t0:.1f} s)")
     return lines
 
 
@@ -294,6 +308,7 @@ def _ops() -> list[Kernel]:
         opts = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
         cfg.pop("WARP_SPECIALIZE", None)
         cfg.pop("SPLIT_K", None)            # the fused kernels have no split-K
+        cfg.pop("SWAP_AB", None)            # nor swap-AB (_fused_table_configs)
         group_m = cfg.pop("GROUP_M", 8)
         dt = PBF16 if i != 1 else PF16
         types = dict(a=dt, w=dt, out=dt, bias=PF32 if i == 2 else dt)
@@ -311,10 +326,7 @@ def _ops() -> list[Kernel]:
 
     for i, cfg in enumerate(GEMM_CONFIGS):
         add(i, cfg, False, False)
-    with open(gemm.TABLE_PATH) as f:
-        used = sorted({e["config"] for e in json.load(f)["classes"].values()
-                       if isinstance(e["config"], str)})
-    for i, name in enumerate(used):
+    for i, name in enumerate(_fused_table_configs()):
         add(i % 3, gemm.CANDIDATES[name], True, True, (i % 2 == 1,))
     add(2, gemm.CANDIDATES["64x128x64_s4_w4"], True, False)
     add(0, gemm.CANDIDATES["128x256x64_s3_w8"], True, True, (True,))
@@ -328,12 +340,27 @@ def _ops() -> list[Kernel]:
     ]
 
 
+def _fused_table_configs() -> list[str]:
+    """The candidates the fused kernels take from gemm_table.json (config_for without
+    split_k): each class's fused_config, or its config where that is not swap-AB."""
+    from trident.ops import gemm, gemm_tables
+    used = set()
+    for table in gemm_tables.read()[1].values():
+        for entry in table.classes.values():
+            name = entry.get("fused_config", entry["config"])
+            if isinstance(name, str) and not gemm.resolve(name)["SWAP_AB"]:
+                used.add(name)
+    return sorted(used)
+
+
 def _gemm() -> list[Kernel]:
-    """trident/ops/gemm.py's persistent GEMM: every candidate config of its table on the
-    TMA path with host-side descriptors (bf16; split-K ones run SPLIT), with in-kernel
-    descriptors at the large, a warp-specialised (must show setmaxnreg) and a split-K
-    config, fp16 and an fp32 bias once, and the pointer path (unaligned
-    tensors) at the large and the small tile, split-K once."""
+    """trident/ops/gemm.py's persistent GEMM: every candidate config on the TMA path with
+    host-side descriptors (bf16; split-K ones run SPLIT; swap-AB ones SWAP_AB), with
+    in-kernel descriptors at the large, a warp-specialised (must show setmaxnreg), a
+    split-K and a swap-AB config, fp16 and an fp32 bias once, and the pointer path
+    (unaligned tensors) at the large and the small tile, split-K and swap-AB once. Every
+    variant's PTX must hold wgmma (the tensor cores of sm_90: a swap-AB tile of 16-64
+    columns too) and, on the TMA path, TMA copies; shared memory under 227 KB."""
     from trident.ops import gemm
     ints = ("M", "N", "K", "stride_am", "stride_wn", "stride_om")
     bf16 = dict(a=PBF16, w=PBF16, bias=PBF16, out=PBF16)
@@ -346,17 +373,20 @@ def _gemm() -> list[Kernel]:
             types.update(a=f"tensordesc<{dt}[{cfg['BM']},{cfg['BK']}]>",
                          w=f"tensordesc<{dt}[{cfg['BN']},{cfg['BK']}]>")
         split = cfg.get("SPLIT_K", 1) > 1
+        has = ("setmaxnreg",) if cfg["WARP_SPECIALIZE"] else ("wgmma.mma_async",) + \
+            (("cp.async.bulk.tensor",) if tma else ())
         variants.append(V(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                          types=types, ptx_has="setmaxnreg" if cfg["WARP_SPECIALIZE"] else
-                          "cp.async.bulk.tensor" if tma else "",
+                          types=types, ptx_has=has,
                           NUM_PROGRAMS=132, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
                           GROUP_M=cfg["GROUP_M"], TMA=tma, HOST_DESC=tma and host,
                           SPLIT=split, WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"] and tma and
-                          not split, EVEN_K=even_k, HAS_BIAS=bias))
+                          not split, EVEN_K=even_k, HAS_BIAS=bias,
+                          SWAP_AB=cfg.get("SWAP_AB", False)))
 
     for cfg in gemm.CANDIDATES.values():
         add(cfg, True)
     big, small = gemm.CANDIDATES["128x256x64_s3_w8"], gemm.CANDIDATES["64x128x64_s4_w4"]
+    swab = gemm.CANDIDATES["swab128x64x64_s6_w4_sk8"]
     add(big, True, host=False)
     # warp-specialised (no candidate is: trident/ops/gemm.py), in-kernel descriptors only
     add(dict(gemm.CANDIDATES["128x128x64_s4_w8"], num_warps=4, WARP_SPECIALIZE=True), True,
@@ -366,6 +396,11 @@ def _gemm() -> list[Kernel]:
     add(big, False, even_k=False, bias=True)
     add(small, False, dict(a=PF16, w=PF16, bias=PF16, out=PF16), even_k=False)
     add(gemm.CANDIDATES["64x128x64_s4_w4_sk8"], False, even_k=False, bias=True)
+    # swap-AB: bias along the tile's rows, in-kernel descriptors (no output descriptor),
+    # one slice, fp16 with an fp32 bias, and the pointer path
+    add(swab, True, bias=True, host=False)
+    add(dict(swab, SPLIT_K=1), True, dict(a=PF16, w=PF16, bias=PF32, out=PF16), bias=True)
+    add(gemm.CANDIDATES["swab128x32x128_s4_w4_sk8"], False, even_k=False, bias=True)
     return [Kernel("trident.ops.gemm", "_gemm_kernel",
                    dict(partials=PF32, counters=P32, split_k=I32, **dict.fromkeys(ints, I32)),
                    variants)]

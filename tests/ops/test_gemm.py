@@ -75,16 +75,6 @@ def test_errors():
         gemm.matmul(a, w, out=torch.empty(8, 8, dtype=torch.bfloat16, device=DEVICE))
 
 
-def test_table_lookup():
-    """Every shape class has an entry, each entry names a candidate, look-up is direct."""
-    table = gemm.load_table()
-    assert sorted(table) == sorted(gemm.all_classes())
-    assert gemm.shape_class(256, 5120, 8192) == "m512-nbig-kbig"
-    assert gemm.shape_class(8192, 4096, 2048) == "mbig-n4096-k4096"
-    for cfg in table.values():
-        assert cfg in gemm.CANDIDATES.values()
-
-
 # split-K: the interpreter config's BK is 32, so K=200 has 7 BK-steps (not a multiple of
 # split * BK; slices of 2 and 3 steps, the last one partial), K=8 one step (empty slices)
 @pytest.mark.parametrize("m,n,k,split", [(37, 48, 200, 3), (1, 40, 64, 2), (64, 96, 128, 4),

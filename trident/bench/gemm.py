@@ -5,18 +5,21 @@ the tuned table from the same run.
 Shapes: the GEMM each rank runs in `trident bench ops` at tensor parallelism --world
 (default 2): the column-parallel layers (all_gather_matmul: M x N/world x K) and the
 row-parallel ones (matmul_reduce_scatter / all_reduce: M x N x K/world) of
-trident/bench/ops.py, total M in --m (default 256,1024,4096,8192), plus a few large
-squares. bf16, random data, out = a @ w.T with w in nn.Linear layout [N, K].
+trident/bench/ops.py, total M in --m (default 64,128,256,1024,4096,8192: one M bucket of
+the tables each), plus a few large squares. bf16, random data, out = a @ w.T with w in
+nn.Linear layout [N, K].
 
 For each shape: cuBLAS, then every candidate of gemm.CANDIDATES (TMA path, host-side
 descriptors), then the table's config with in-kernel descriptors ("table:kdesc", what the
 host descriptors save; never chosen), each checked against torch.matmul first and then
 timed with bench/common.time_modes (eager_us: calls queued back to back; graph_us:
 replayed from one CUDA graph; host_us). vs_cublas = cuBLAS graph time / this graph time.
-`table` marks the candidate that trident/ops/gemm_table.json picks now. Split-K candidates
+`table` marks the candidate that trident/ops/gemm_table.json picks now (for this GPU, or
+the nearest measured one: trident/ops/gemm_tables.py). Swap-AB candidates (swab..., for
+small M) run the core with SWAP_AB. Split-K candidates
 (name ending _sk<n>) run split_k_for's number of K slices (column split_k); where that is
 1 they are their base candidate's kernel and copy its row (same_as) instead of timing it
-again. To time only small M: --m 256,1024 --squares ''.
+again. To time only small M: --m 64,128 --squares ''.
 
 Nothing can hang the run. Every (shape, candidate) runs in a worker process that holds
 the CUDA context (trident/bench/bounded.py), under a limit of --timeout-s seconds: a
@@ -32,11 +35,16 @@ bandwidth measured in the same run (a torch.sum over 1 GiB; hbm_read_gbps in the
 what bounds decode-sized M; flop_floor_us = 2*M*N*K at 750 TFLOP/s; floor_us = the larger;
 vs_floor = floor_us / this graph time (1.0 is at the floor).
 
---write-table PATH writes, per shape class, the candidate of the best geometric-mean
-vs_cublas over that class's shapes (measured: true), keeping unmeasured classes as they
-were. Prints a table and a per-class summary; writes JSON (bench/results or --out-dir).
+--update-table PATH (or --write-table) writes this GPU's table into the file PATH (made
+from the package's gemm_table.json when it does not exist; other GPUs' tables are kept):
+per shape class (the buckets of gemm_tables.M_EDGES etc.), the candidate of the best
+geometric-mean vs_cublas over that class's shapes, and where that is swap-AB, the best
+plain one for the fused ops (fused_config). Classes with no measured shape are left out
+(the look-up takes the nearest M bucket). Prints a table and a per-class summary;
+writes JSON (bench/results or --out-dir). The run for a GPU's table:
 
-    PYTHONPATH=. python3 -m trident.bench.gemm --out-dir $OUT --write-table $OUT/gemm_table.json
+    PYTHONPATH=. python3 -m trident.bench.gemm --m 64,128,256,1024,4096,8192 \
+        --budget-s 400 --out-dir $OUT --update-table $OUT/gemm_table.json
 On a machine without a GPU it runs two tiny shapes under the interpreter (paths only),
 with the same workers and limits.
 
@@ -60,10 +68,13 @@ from .bounded import BoundedWorker
 from .ops import COLUMN_PARALLEL, ROW_PARALLEL
 
 DTYPE = torch.bfloat16
-DEFAULT_M = (256, 1024, 4096, 8192)
+DEFAULT_M = (64, 128, 256, 1024, 4096, 8192)
 SQUARES = (4096, 8192)
 TOLERANCE = 1e-2        # relative Frobenius error against torch.matmul (bf16 output)
 MEASURE_SHARE = 0.95    # of --budget-s spent measuring; the rest writes the results
+TABLE_ABOUT = ("GEMM configs per GPU model and shape class: trident/ops/gemm_tables.py says how "
+               "they are read and chosen; `python -m trident.bench.gemm --update-table PATH` "
+               "measures the table of the GPU it runs on")
 
 
 class _Solo:
@@ -189,13 +200,14 @@ def _context_ok() -> bool:
 
 
 def serve(task: dict) -> dict:
-    """The worker's handler (BoundedWorker): "device" -> the device's name, SMs and HBM
-    read rate; "measure" -> the status and times of one (shape, implementation)."""
+    """The worker's handler (BoundedWorker): "device" -> the device's name, compute
+    capability, SMs and HBM read rate; "measure" -> the status and times of one (shape,
+    implementation)."""
     ctx = _context()
     if task["kind"] == "device":
         from ..ops import gemm
-        name = torch.cuda.get_device_name(ctx.device) if ctx.backend == "cuda" else "cpu"
-        return {"device": name, "sms": gemm.num_sms(ctx.device),
+        name, capability = gemm.gpu_identity(ctx.device)
+        return {"device": name, "capability": capability, "sms": gemm.num_sms(ctx.device),
                 "hbm_read_gbps": read_bandwidth_gbps(ctx.device)}
     m, n, k = task["M"], task["N"], task["K"]
     try:
@@ -214,15 +226,15 @@ def serve(task: dict) -> dict:
 
 
 # ------------------------------------------------------------------ the parent's side
-def _impls(m: int, n: int, k: int, candidates: dict):
+def _impls(m: int, n: int, k: int, candidates: dict, gpu: tuple):
     """(name, config, desc) of one shape's rows: cuBLAS, each candidate, the table's config
-    with in-kernel descriptors."""
+    (that of gpu, (name, capability)) with in-kernel descriptors."""
     from ..ops import gemm
     rows = [("cublas", None, None)]
     for name, cfg in candidates.items():
         rows.append((name, cfg, None if "plant" in cfg else
                      "kernel" if cfg.get("WARP_SPECIALIZE") else "host"))
-    rows.append(("table:kdesc", gemm.config_for(m, n, k, split_k=True), "kernel"))
+    rows.append(("table:kdesc", gemm.config_for(m, n, k, split_k=True, gpu=gpu), "kernel"))
     return rows
 
 
@@ -241,14 +253,16 @@ def _outcome_fields(outcome, timeout_s: float) -> dict:
     return {"status": f"{outcome.status}: {str(outcome.value)[:200]}"}
 
 
-def _shape_rows(worker, case, candidates: dict, sms: int, gbps: float, timing: dict,
+def _shape_rows(worker, case, candidates: dict, info: dict, timing: dict,
                 timeout_s: float, deadline: float) -> tuple[list[dict], list[str]]:
-    """(rows, names not reached before the deadline) of one shape."""
-    from ..ops import gemm
+    """(rows, names not reached before the deadline) of one shape; info: the worker's
+    answer to "device"."""
+    from ..ops import gemm, gemm_tables
     label, m, n, k = case
-    impls = _impls(m, n, k, candidates)
+    sms, gbps = info["sms"], info["hbm_read_gbps"]
+    impls = _impls(m, n, k, candidates, (info["device"], info["capability"]))
     table_cfg = impls[-1][1]
-    base = dict(shape=label, M=m, N=n, K=k, shape_class=gemm.shape_class(m, n, k),
+    base = dict(shape=label, M=m, N=n, K=k, shape_class=gemm_tables.shape_class(m, n, k),
                 **_floors(m, n, k, gbps))
     rows, missed, done, cublas_us = [], [], {}, None
     for name, cfg, desc in impls:
@@ -307,9 +321,8 @@ def measure(cases, candidates: dict, timing: dict, budget_s: float, timeout_s: f
             if time.monotonic() < deadline:
                 if progress is not None:
                     progress.step("x".join(map(str, case[1:])))
-                done, missed = _shape_rows(worker, case, candidates, info.value["sms"],
-                                           info.value["hbm_read_gbps"], timing, timeout_s,
-                                           deadline)
+                done, missed = _shape_rows(worker, case, candidates, info.value, timing,
+                                           timeout_s, deadline)
                 rows += done
             if missed:
                 not_reached.append(dict(shape=case[0], M=case[1], N=case[2], K=case[3],
@@ -317,24 +330,51 @@ def measure(cases, candidates: dict, timing: dict, budget_s: float, timeout_s: f
     finally:
         worker.close()
     return {"rows": rows, "not_reached": not_reached, "device": info.value["device"],
-            "hbm_read_gbps": info.value["hbm_read_gbps"], "worker_restarts": worker.replaced}
+            "capability": info.value["capability"], "hbm_read_gbps": info.value["hbm_read_gbps"],
+            "worker_restarts": worker.replaced}
+
+
+def _geomean(values) -> float:
+    return math.exp(sum(map(math.log, values)) / len(values))
 
 
 def summarize(rows: list[dict]) -> dict:
-    """class -> (best candidate, geometric-mean vs_cublas, shapes, {candidate: geomean})."""
+    """class -> (best candidate, geometric-mean vs_cublas, shapes, {candidate: geomean},
+    the best's geometric-mean vs_floor)."""
     per: dict = {}
     for r in rows:
         if r["impl"] not in ("cublas", "table:kdesc") and r.get("vs_cublas"):
-            per.setdefault(r["shape_class"], {}).setdefault(r["impl"], []).append(r["vs_cublas"])
+            per.setdefault(r["shape_class"], {}).setdefault(r["impl"], []).append(r)
     out = {}
     for cls, cands in per.items():
         nshapes = max(len(v) for v in cands.values())
         # a candidate must have run on every shape of its class to be chosen
-        means = {c: math.exp(sum(map(math.log, v)) / len(v)) for c, v in cands.items()
+        means = {c: _geomean([r["vs_cublas"] for r in v]) for c, v in cands.items()
                  if len(v) == nshapes}
         best = max(means, key=means.get)
-        out[cls] = (best, means[best], nshapes, means)
+        out[cls] = (best, means[best], nshapes, means,
+                    _geomean([r["vs_floor"] for r in cands[best]]))
     return out
+
+
+def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str):
+    """This GPU's gemm_tables.GpuTable from a run: per measured class its best candidate
+    and, where that one is swap-AB (the fused ops cannot run it), the best plain one."""
+    from ..ops import gemm_tables
+    classes = {}
+    for cls, (name, mean, count, means, floor) in sorted(best.items()):
+        entry = {"config": name, "measured": True, "geomean_vs_cublas": round(mean, 3),
+                 "geomean_vs_floor": round(floor, 3), "shapes": count, "date": date}
+        if candidates[name].get("SWAP_AB"):
+            plain = {c: v for c, v in means.items() if not candidates[c].get("SWAP_AB")}
+            if plain:
+                fused = max(plain, key=plain.get)
+                entry.update(fused_config=fused, fused_vs_cublas=round(plain[fused], 3))
+        classes[cls] = entry
+    about = (f"measured by `python -m trident.bench.gemm --update-table` on {result['device']}, "
+             f"{date} (world {world} shapes; HBM read {result['hbm_read_gbps']:.0f} GB/s)")
+    return gemm_tables.GpuTable(result["device"], tuple(result["capability"] or ()) or None,
+                                classes=classes, about=about)
 
 
 def _print_report(result: dict, best: dict) -> None:
@@ -356,10 +396,10 @@ def _print_report(result: dict, best: dict) -> None:
     print("\nper shape class: best candidate, geometric mean of cuBLAS time / its time "
           "(graph), shapes; the table's current choice")
     for cls in sorted(best):
-        name, mean, count, means = best[cls]
+        name, mean, count, means, floor = best[cls]
         current = next((r["impl"] for r in rows if r["shape_class"] == cls and r.get("table")), "-")
-        print(f"  {cls:<20} {name:<22} {mean:5.3f}x  {count:2d} shapes   table now: {current}"
-              f" ({means.get(current, float('nan')):.3f}x)")
+        print(f"  {cls:<20} {name:<25} {mean:5.3f}x  {floor:4.2f} of the floor  {count:2d} shapes"
+              f"   table now: {current} ({means.get(current, float('nan')):.3f}x)")
 
 
 def main(argv=None, planted: dict | None = None) -> int:
@@ -381,8 +421,10 @@ def main(argv=None, planted: dict | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=None,
                    help="the most one (shape, candidate) may take, compile, check and timing "
                         "included (default 90 on GPUs, 60 on the CPU emulation)")
-    p.add_argument("--write-table", default=None, metavar="PATH",
-                   help="write the measured best config per shape class as a gemm table")
+    p.add_argument("--update-table", "--write-table", dest="update_table", default=None,
+                   metavar="PATH", help="write this GPU's table (the measured best config per "
+                   "shape class) into the gemm table file PATH, keeping other GPUs' tables "
+                   "(PATH made from the package's table when missing)")
     t0 = time.monotonic()
     args = p.parse_args(argv)
     from ..ops import gemm
@@ -402,7 +444,8 @@ def main(argv=None, planted: dict | None = None) -> int:
         timing = dict(calls=args.calls, reps=args.reps, warmup=2, synced_iters=0)
     else:
         cases = [("tiny", 40, 48, 64), ("tiny odd", 33, 24, 40)]
-        candidates = {"interpret": gemm.INTERPRET_CONFIG}
+        candidates = {"interpret": gemm.INTERPRET_CONFIG,
+                      "interpret_swab": dict(gemm.INTERPRET_CONFIG, SWAP_AB=True)}
         timing = dict(calls=1, reps=1, warmup=0, synced_iters=0)
     candidates.update({name: {"plant": fn} for name, fn in (planted or {}).items()})
     timeout_s = args.timeout_s or (90.0 if gpu else 60.0)
@@ -417,7 +460,8 @@ def main(argv=None, planted: dict | None = None) -> int:
              "hbm_read_gbps": result["hbm_read_gbps"], "not_reached": result["not_reached"],
              "worker_restarts": result["worker_restarts"],
              "marked": None if gpu else "cpu-emulation", "summary": {c: {"best": b[0],
-             "geomean_vs_cublas": b[1], "shapes": b[2], "all": b[3]} for c, b in best.items()},
+             "geomean_vs_cublas": b[1], "shapes": b[2], "all": b[3], "best_vs_floor": b[4]}
+                                                                  for c, b in best.items()},
              "columns": "status: ok (timed), timeout, wrong, error, died or stopped (budget); "
                         "eager_us/graph_us/host_us: bench/common.time_modes; vs_cublas = cuBLAS "
                         "graph time / this graph time; table: the config gemm_table.json picks "
@@ -426,18 +470,14 @@ def main(argv=None, planted: dict | None = None) -> int:
     path = common.write_results(_Solo(device, init_group=False), "gemm", result["rows"], extra,
                                 out_dir=args.out_dir)
     print(f"results: {path}")
-    if args.write_table:
+    if args.update_table:
         if not gpu:
-            print("--write-table: nothing measured on the CPU emulation; no table written")
+            print("--update-table: nothing measured on the CPU emulation; no table written")
         elif best:
-            name, date = result["device"], time.strftime("%Y-%m-%d")
-            choices = {cls: (b[0], {"geomean_vs_cublas": round(b[1], 3), "shapes": b[2],
-                                    "device": name, "date": date})
-                       for cls, b in best.items()}
-            about = (f"GEMM configs per shape class (trident/ops/gemm.py: shape_class), measured "
-                     f"by `python -m trident.bench.gemm --write-table` on {name}, {date} (world "
-                     f"{args.world} shapes); entries with measured: false are not measured yet")
-            print(f"gemm table: {gemm.write_table(args.write_table, choices, about, measured=True)}")
+            from ..ops import gemm_tables
+            table = gpu_table(result, best, candidates, args.world, time.strftime("%Y-%m-%d"))
+            path = gemm_tables.update(args.update_table, table, gemm.CANDIDATES, TABLE_ABOUT)
+            print(f"gemm table of {table.name}: {path}")
     print(f"done in {time.monotonic() - t0:.0f} s")
     return 0
 

@@ -15,10 +15,15 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
   above CANDIDATES. On sm_90 with triton 3.6 it takes effect only with num_warps=4 and
   an unflattened tile loop -- with 8 warps or flatten=True the compiler silently emits
   the plain pipelined kernel (tests/compile/sm90.py checks for setmaxnreg).
-- Configurations per shape class from gemm_table.json beside this file (look-up is a
-  few comparisons and a dict get; no autotuning at run time). `python -m
-  trident.bench.gemm --write-table PATH` measures every candidate on one GPU and writes
-  the table; entries not measured yet say so ("measured": false).
+- Configurations per GPU model and shape class from gemm_table.json beside this file
+  (trident/ops/gemm_tables.py: the GPU's own table, else the nearest measured one;
+  look-up is a few comparisons and a dict get; no autotuning at run time). `python -m
+  trident.bench.gemm --update-table PATH` measures every candidate on one GPU and
+  writes that GPU's table into PATH; entries not measured say so ("measured": false).
+- Swap-AB (config SWAP_AB) for small M: the kernel computes out.T = w @ a.T, so that N
+  fills the rows of the tile (wgmma's M, 64 per warp group) and the few rows of a its
+  16-64 columns; the epilogue stores each tile transposed. The fused ops' kernels do
+  not know it: config_for gives them the class's best plain config (fused_config).
 
 - Split-K (config SPLIT_K > 1: at most that many K slices per output tile) for problems
   with too few output tiles to fill the SMs (small M). Deterministic: each slice writes
@@ -49,8 +54,6 @@ TF32 path).
 """
 from __future__ import annotations
 
-import json
-import os
 from collections import OrderedDict
 
 import torch
@@ -60,9 +63,8 @@ import triton.language as tl
 from .._env import INTERPRET
 from ..placement import usable_sms
 from ..triton_launch import Launch, Live
+from . import gemm_tables
 from ._common import DOT_UPCAST, DTYPES, gemm_tile
-
-TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_table.json")
 
 # Candidates the benchmark tries for every shape class (names are table values).
 # Shared memory per stage is (BM + BN) * BK * 2 bytes, plus a BM x BN output tile.
@@ -93,9 +95,9 @@ TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tabl
 # candidates below are the plain pipelined kernel. (64x256 with warp specialisation
 # also trips an assertion in triton 3.6's sm_90 backend.)
 def _config(bm: int, bn: int, bk: int, stages: int, warps: int, ws: bool = False,
-            split_k: int = 1) -> dict:
+            split_k: int = 1, swap_ab: bool = False) -> dict:
     return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_stages=stages, num_warps=warps,
-                WARP_SPECIALIZE=ws, SPLIT_K=split_k)
+                WARP_SPECIALIZE=ws, SPLIT_K=split_k, SWAP_AB=swap_ab)
 
 
 CANDIDATES = {
@@ -110,6 +112,20 @@ CANDIDATES = {
     "64x128x64_s4_w4_sk8": _config(64, 128, 64, 4, 4, split_k=8),
     "128x256x64_s3_w8_sk8": _config(128, 256, 64, 3, 8, split_k=8),
     "64x256x64_s4_w4_sk4": _config(64, 256, 64, 4, 4, split_k=4),
+    # Small M (decode), where reading w is the floor. One warp group's wgmma is 64 rows
+    # of the tile, so a BM=64 tile at M=1..63 wastes most of it; swap-AB (SWAP_AB:
+    # out.T = w @ a.T, named swab<BM>x<BN>x<BK>..., BM tiling N and BN tiling M) puts N
+    # in the MMA's rows and M in its 16-64 columns, as cuBLAS and TRT-LLM do for
+    # decode. With split-K (few tiles at small M: M=64, N=8192 is 64 tiles of 128 rows
+    # against 132 SMs) and deep TMA pipelines of w (4-6 stages, 16-32 KB each) every SM
+    # keeps enough of w in flight to stream it at the HBM rate. Shared memory: stages *
+    # (BM + BN) * BK * 2 bytes, plus the epilogue's layout conversion of the fp32 tile
+    # (BM * BN * 4): under the 227 KB of an sm_90 block (tests/compile/sm90.py checks).
+    "swab128x64x64_s6_w4_sk8": _config(128, 64, 64, 6, 4, split_k=8, swap_ab=True),
+    "swab128x32x128_s4_w4_sk8": _config(128, 32, 128, 4, 4, split_k=8, swap_ab=True),
+    "swab64x64x128_s4_w4_sk8": _config(64, 64, 128, 4, 4, split_k=8, swap_ab=True),
+    # M=128 in one row block of 128, N in blocks of 64 (twice the tiles of 128x128)
+    "128x64x64_s6_w4_sk8": _config(128, 64, 64, 6, 4, split_k=8),
 }
 
 
@@ -122,92 +138,71 @@ def base_candidate(name: str) -> str | None:
 # Under the interpreter: small tiles keep the CPU emulation fast, and few programs make
 # each of them take several tiles.
 INTERPRET_CONFIG = dict(BM=16, BN=32, BK=32, GROUP_M=2, num_stages=1, num_warps=4,
-                        WARP_SPECIALIZE=False, SPLIT_K=1)
+                        WARP_SPECIALIZE=False, SPLIT_K=1, SWAP_AB=False)
 INTERPRET_PROGRAMS = 3
 
-# Shape classes: upper edges of M, N and K (a value above the last edge is "big").
-M_EDGES = (128, 512, 2048)
-N_EDGES = (4096,)
-K_EDGES = (4096,)
+# Tables per GPU model and shape class (trident/ops/gemm_tables.py): the table of the GPU
+# a launch runs on, or the nearest measured one.
+TABLE_PATH = gemm_tables.TABLE_PATH
+_picked: dict = {}          # (GPU name, capability) -> its GpuTable (or None)
+_identities: dict = {}      # CUDA device index -> (name, capability)
 
 
-def _bucket(x: int, edges: tuple, letter: str) -> str:
-    for e in edges:
-        if x <= e:
-            return f"{letter}{e}"
-    return f"{letter}big"
+def gpu_identity(device: torch.device | None = None) -> tuple:
+    """(device name, compute capability) of a CUDA device (default: the current one), the
+    key of its GEMM table; ("cpu", None) without CUDA."""
+    if not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
+        return ("cpu", None)
+    index = torch.cuda.current_device() if device is None or device.index is None \
+        else device.index
+    if index not in _identities:
+        _identities[index] = (torch.cuda.get_device_name(index),
+                              tuple(torch.cuda.get_device_capability(index)))
+    return _identities[index]
 
 
-def shape_class(M: int, N: int, K: int) -> str:
-    """The table's class of a problem, e.g. "m512-n4096-kbig" (M <= 512, N <= 4096, K > 4096)."""
-    return f"{_bucket(M, M_EDGES, 'm')}-{_bucket(N, N_EDGES, 'n')}-{_bucket(K, K_EDGES, 'k')}"
+def table_for(gpu: tuple | None = None) -> gemm_tables.GpuTable | None:
+    """The table of a GPU given as (name, capability) (default: the current device's):
+    its own, or the nearest measured one (gemm_tables.pick)."""
+    gpu = tuple(gpu) if gpu is not None else gpu_identity()
+    if gpu not in _picked:
+        _picked[gpu] = gemm_tables.pick(gemm_tables.read()[1], gpu[0], gpu[1])
+    return _picked[gpu]
 
 
-def all_classes() -> list[str]:
-    ms = [*(f"m{e}" for e in M_EDGES), "mbig"]
-    ns = [*(f"n{e}" for e in N_EDGES), "nbig"]
-    ks = [*(f"k{e}" for e in K_EDGES), "kbig"]
-    return [f"{m}-{n}-{k}" for m in ms for n in ns for k in ks]
+def resolve(config) -> dict:
+    """A table entry's config (a candidate's name, or a dict) as a full config dict."""
+    if isinstance(config, str):
+        listed = gemm_tables.read()[0] if config not in CANDIDATES else {}
+        if config not in CANDIDATES and config not in listed:
+            raise ValueError(f"gemm: the table names the config {config!r}, which is neither "
+                             f"a candidate of trident/ops/gemm.py nor listed in its file")
+        config = CANDIDATES[config] if config in CANDIDATES else listed[config]
+    return {"SPLIT_K": 1, "SWAP_AB": False, **config}
 
 
-_table: dict | None = None
-
-
-def load_table(path: str = TABLE_PATH) -> dict:
-    """class -> config dict (the table's entries resolved to CANDIDATES or given inline)."""
-    global _table
-    if path == TABLE_PATH and _table is not None:
-        return _table
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except FileNotFoundError:
-        data = {}
-    candidates = {**CANDIDATES, **data.get("candidates", {})}
-    table = {}
-    for cls, entry in data.get("classes", {}).items():
-        cfg = entry["config"]
-        table[cls] = {"SPLIT_K": 1, **(candidates[cfg] if isinstance(cfg, str) else cfg)}
-    if path == TABLE_PATH:
-        _table = table
-    return table
-
-
-def write_table(path: str, choices: dict, about: str, measured: bool) -> str:
-    """Write a table: choices = class -> (candidate name, {note fields}), e.g. the
-    measured best of each class. Classes without a choice keep the default table's."""
-    try:
-        with open(TABLE_PATH) as f:
-            base = json.load(f).get("classes", {})
-    except FileNotFoundError:
-        base = {}
-    classes = {}
-    for cls in all_classes():
-        if cls in choices:
-            name, note = choices[cls]
-            classes[cls] = {"config": name, "measured": measured, **note}
-        elif cls in base:
-            classes[cls] = base[cls]
-    with open(path, "w") as f:
-        json.dump({"about": about, "candidates": CANDIDATES, "classes": classes}, f, indent=1)
-        f.write("\n")
-    return path
-
-
-def config_for(M: int, N: int, K: int, split_k: bool = False) -> dict:
-    """The GEMM config of a problem on a GPU (the interpreter's under TRITON_INTERPRET).
-    split_k: keep the entry's SPLIT_K (the standalone GEMM); without it the config has
-    no SPLIT_K key -- the fused kernels, which take tiles from their own queue, have no
-    split-K and run the entry's tiles."""
+def config_for(M: int, N: int, K: int, split_k: bool = False, gpu: tuple | None = None) -> dict:
+    """The GEMM config of a problem on a GPU ((name, capability), default the current
+    device; the interpreter's config under TRITON_INTERPRET).
+    split_k: the standalone GEMM's config (`matmul`): the table entry as it is, SPLIT_K
+    and SWAP_AB included. Without it, the fused kernels' config, which take tiles from
+    their own queue and know neither: the entry's fused_config where the entry is
+    swap-AB (its best plain candidate), the tiles without SPLIT_K and SWAP_AB keys."""
     if INTERPRET:
         cfg = dict(INTERPRET_CONFIG)
     else:
-        cfg = load_table().get(shape_class(M, N, K))
-        if cfg is None:          # a class missing from the table: the tutorial's default
-            cfg = CANDIDATES["64x128x64_s4_w4" if M <= 64 else "128x256x64_s3_w8"]
-        cfg = dict(cfg)
+        table = table_for(gpu)
+        entry = table.entry(M, N, K) if table is not None else None
+        cfg = None
+        if entry is not None:
+            cfg = resolve(entry["config"] if split_k else
+                          entry.get("fused_config", entry["config"]))
+        if cfg is None or (not split_k and cfg["SWAP_AB"]):
+            # no table, or a swap-AB entry without a plain one: the tutorial's default
+            cfg = resolve("64x128x64_s4_w4" if M <= 64 else "128x256x64_s3_w8")
     if not split_k:
         cfg.pop("SPLIT_K", None)
+        cfg.pop("SWAP_AB", None)
     return cfg
 
 
@@ -217,9 +212,11 @@ def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     BK-steps) of least cost ceil(tiles * s / sms) / s (waves of work units, in full-tile
     time) + s * partial / operands (a slice's fp32 partial tile against the tile's
     operand bytes: the workspace traffic), taken only if 5% under one slice's cost.
-    A heuristic, not measured yet; the benchmark measures the candidates that use it."""
+    A heuristic, not measured yet; the benchmark measures the candidates that use it.
+    A swap-AB config tiles N with BM and M with BN."""
     most = int(cfg.get("SPLIT_K", 1))
-    tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"])
+    rows, cols = (N, M) if cfg.get("SWAP_AB") else (M, N)
+    tiles = triton.cdiv(rows, cfg["BM"]) * triton.cdiv(cols, cfg["BN"])
     if most <= 1 or tiles >= 2 * sms:
         return 1
     most = min(most, triton.cdiv(K, cfg["BK"]) // 2)
@@ -319,18 +316,25 @@ def dot_slice(a, stride_am, w, stride_wn, m0, n0, M, N, K, k_lo, k_hi, BM: tl.co
 
 @triton.jit
 def _epilogue(acc, dst, bias, m0, n0, M, N, stride_om, BM: tl.constexpr, BN: tl.constexpr,
-              HAS_BIAS: tl.constexpr, OUT_DESC: tl.constexpr):
+              HAS_BIAS: tl.constexpr, OUT_DESC: tl.constexpr, SWAP_AB: tl.constexpr):
     """acc (+ bias) -> out[m0:m0+BM, n0:n0+BN] in out's dtype: dst is out's TMA descriptor
-    (OUT_DESC; the store clips at the edges) or out itself (masked pointer store)."""
+    (OUT_DESC; the store clips at the edges) or out itself (masked pointer store).
+    SWAP_AB: acc is a tile of out.T (rows: out's columns, bias along them), stored
+    through pointers to out[n0:n0+BN, m0:m0+BM]."""
+    rows = m0 + tl.arange(0, BM)
+    cols = n0 + tl.arange(0, BN)
     if HAS_BIAS:
-        cols = n0 + tl.arange(0, BN)
-        acc += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
+        if SWAP_AB:
+            acc += tl.load(bias + rows, mask=rows < M, other=0.0).to(tl.float32)[:, None]
+        else:
+            acc += tl.load(bias + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     if OUT_DESC:
         dst.store([m0, n0], acc.to(dst.dtype))
     else:
-        rows = m0 + tl.arange(0, BM)
-        cols = n0 + tl.arange(0, BN)
-        ptrs = dst + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
+        if SWAP_AB:
+            ptrs = dst + cols[None, :].to(tl.int64) * stride_om + rows[:, None]
+        else:
+            ptrs = dst + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
         tl.store(ptrs, acc.to(dst.dtype.element_ty),
                  mask=(rows[:, None] < M) & (cols[None, :] < N))
 
@@ -341,17 +345,19 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
                  BK: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
                  HOST_DESC: tl.constexpr, SPLIT: tl.constexpr,
                  WARP_SPECIALIZE: tl.constexpr, EVEN_K: tl.constexpr,
-                 HAS_BIAS: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
     """a, w: pointers, or TMA descriptors made on the host (HOST_DESC; blocks [BM, BK] and
     [BN, BK]); out: a pointer. SPLIT: split_k (> 1) K slices per tile, with partials
     (fp32, [tiles * split_k, BM * BN]) and counters (int32, one per tile, 0 between
     launches) of the split-K workspace; split_k is a runtime value, so that one compiled
-    kernel per config serves every slice count."""
+    kernel per config serves every slice count. SWAP_AB: the host passes the layer's w
+    as a and its a as w (M, N and their strides too), so the tiles are of out.T = w @ a.T;
+    only the epilogue knows (it stores each tile transposed, through pointers)."""
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
     num_tiles = num_pid_m * num_pid_n
-    OUT_DESC: tl.constexpr = TMA and not HOST_DESC
+    OUT_DESC: tl.constexpr = TMA and not HOST_DESC and not SWAP_AB
     if TMA:
         if HOST_DESC:
             a_op = a
@@ -362,8 +368,11 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
                                              block_shape=[BM, BK])
             w_op = tl.make_tensor_descriptor(w, shape=[N, K], strides=[stride_wn, 1],
                                              block_shape=[BN, BK])
-            dst = tl.make_tensor_descriptor(out, shape=[M, N], strides=[stride_om, 1],
-                                            block_shape=[BM, BN])
+            if OUT_DESC:
+                dst = tl.make_tensor_descriptor(out, shape=[M, N], strides=[stride_om, 1],
+                                                block_shape=[BM, BN])
+            else:
+                dst = out
     else:
         a_op = a
         w_op = w
@@ -386,7 +395,7 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
             tile_c += NUM_PROGRAMS
             pid_m, pid_n = tile_position(tile_c, num_pid_m, num_pid_n, GROUP_M)
             _epilogue(acc, dst, bias, pid_m * BM, pid_n * BN, M, N, stride_om, BM, BN,
-                      HAS_BIAS, OUT_DESC)
+                      HAS_BIAS, OUT_DESC, SWAP_AB)
     else:
         # Split-K: work unit u = tile * split_k + slice; slice s takes the BK-steps
         # [s * steps // split_k, (s + 1) * steps // split_k). The slices of a tile are
@@ -412,7 +421,7 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
                 for i in range(split_k):                 # slice order: deterministic
                     total += tl.load(first + i * (BM * BN) + offs, cache_modifier=".cg")
                 _epilogue(total, dst, bias, pid_m * BM, pid_n * BN, M, N, stride_om, BM, BN,
-                          HAS_BIAS, OUT_DESC)
+                          HAS_BIAS, OUT_DESC, SWAP_AB)
 
 
 # ---------------------------------------------------------------------------- host side
@@ -529,10 +538,15 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     where the TMA descriptors are made, "host" or "kernel": default "host", but "kernel"
     for a warp-specialised launch, which refuses "host" (see the note above CANDIDATES).
     split_k: this many K slices exactly (default: split_k_for's choice for the config's
-    SPLIT_K)."""
+    SPLIT_K). A swap-AB config (SWAP_AB) launches the kernel on (w, a): see _gemm_kernel."""
     M, K = a.shape
     N = w.shape[0]
-    cfg = dict(config) if config is not None else config_for(M, N, K, split_k=True)
+    cfg = dict(config) if config is not None else \
+        config_for(M, N, K, split_k=True, gpu=gpu_identity(a.device))
+    swap = bool(cfg.get("SWAP_AB", False))
+    if swap and cfg["WARP_SPECIALIZE"]:
+        raise ValueError("gemm: a config cannot be both swap-AB (SWAP_AB) and "
+                         "warp-specialised (WARP_SPECIALIZE)")
     if tma is None:
         tma = tma_compatible(a, w, out)
     elif tma and not tma_compatible(a, w, out):
@@ -559,6 +573,8 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     if tma and not host_desc and not INTERPRET:
         ensure_allocator()
     bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    if swap:                                    # the kernel's a is w: out.T = w @ a.T
+        a, w, M, N = w, a, N, M
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     if split > 1:
         if tiles * split * bm * bn >= 2 ** 31:
@@ -576,7 +592,7 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     kwargs = dict(NUM_PROGRAMS=sms, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"], TMA=tma,
                   HOST_DESC=host_desc, SPLIT=split > 1,
                   WARP_SPECIALIZE=ws,
-                  EVEN_K=K % bk == 0, HAS_BIAS=bias is not None,
+                  EVEN_K=K % bk == 0, HAS_BIAS=bias is not None, SWAP_AB=swap,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     args = (a_arg, w_arg, bias if bias is not None else a, out, partials, counters, M, N, K,
             a.stride(0), w.stride(0), out.stride(0), split)

@@ -1,0 +1,155 @@
+"""gemm_table.json: the GEMM core's configs per shape class, one table per GPU model.
+
+    {"about": ..., "candidates": {name: config, ...},
+     "gpus": {"NVIDIA H200": {"capability": [9, 0], "m_edges": [...], "n_edges": [...],
+                              "k_edges": [...], "about": ..., "classes": {cls: entry}}}}
+
+A GPU model's table is what `python -m trident.bench.gemm --update-table PATH` measured on
+it; a model nobody measured has no table. Each table carries its own class edges (the
+measurements define its buckets: the 2026-11-22 H200 table has M edges 128/512/2048,
+tables written since have 64/128/256/1024/4096, one bucket per benchmark M). A class
+entry names a candidate ("config") and, where that config is one the fused ops cannot run
+(swap-AB: trident/ops/gemm.py), the best measured plain one ("fused_config").
+
+Which table a GPU uses (`pick`): its own (same name), else one of the same family (the
+model token: "H100" of "NVIDIA H100 80GB HBM3" and of "NVIDIA H100 PCIe"), else one of the
+same compute capability, else the nearest capability (the same major version first);
+ties go to the first name in sorted order. A class missing from the chosen table takes
+the nearest measured M bucket of the same N and K buckets (then the caller's default).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+
+TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_table.json")
+
+# The buckets of tables written now: one M bucket per benchmark M (64, 128, 256, 1024,
+# 4096, 8192 = "mbig"); a value above the last edge is "big".
+M_EDGES = (64, 128, 256, 1024, 4096)
+N_EDGES = (4096,)
+K_EDGES = (4096,)
+
+
+def _bucket(x: int, edges, letter: str) -> str:
+    for e in edges:
+        if x <= e:
+            return f"{letter}{e}"
+    return f"{letter}big"
+
+
+def _buckets(edges, letter: str) -> list[str]:
+    return [*(f"{letter}{e}" for e in edges), f"{letter}big"]
+
+
+@dataclass
+class GpuTable:
+    """One GPU model's table: its class edges and class -> entry ({"config": name or
+    dict, "fused_config": name (optional), "measured": bool, notes...})."""
+    name: str
+    capability: tuple | None = None
+    m_edges: tuple = M_EDGES
+    n_edges: tuple = N_EDGES
+    k_edges: tuple = K_EDGES
+    classes: dict = field(default_factory=dict)
+    about: str = ""
+
+    def shape_class(self, M: int, N: int, K: int) -> str:
+        """e.g. "m256-nbig-k4096": M <= 256 (and above the edge below), N > 4096, K <= 4096."""
+        return (f"{_bucket(M, self.m_edges, 'm')}-{_bucket(N, self.n_edges, 'n')}-"
+                f"{_bucket(K, self.k_edges, 'k')}")
+
+    def all_classes(self) -> list[str]:
+        return [f"{m}-{n}-{k}" for m in _buckets(self.m_edges, "m")
+                for n in _buckets(self.n_edges, "n") for k in _buckets(self.k_edges, "k")]
+
+    def entry(self, M: int, N: int, K: int) -> dict | None:
+        """The class entry of a problem; for a class the table lacks, the one of the
+        nearest M bucket with the same N and K buckets (None when there is none)."""
+        cls = self.shape_class(M, N, K)
+        if cls in self.classes:
+            return self.classes[cls]
+        ms = _buckets(self.m_edges, "m")
+        here = ms.index(cls.split("-", 1)[0])
+        rest = cls.split("-", 1)[1]
+        for i in sorted(range(len(ms)), key=lambda i: (abs(i - here), i)):
+            if f"{ms[i]}-{rest}" in self.classes:
+                return self.classes[f"{ms[i]}-{rest}"]
+        return None
+
+    def to_json(self) -> dict:
+        return {"capability": list(self.capability) if self.capability else None,
+                "m_edges": list(self.m_edges), "n_edges": list(self.n_edges),
+                "k_edges": list(self.k_edges), "about": self.about, "classes": self.classes}
+
+    @classmethod
+    def from_json(cls, name: str, data: dict) -> "GpuTable":
+        cap = data.get("capability")
+        return cls(name, tuple(cap) if cap else None,
+                   tuple(data.get("m_edges", M_EDGES)), tuple(data.get("n_edges", N_EDGES)),
+                   tuple(data.get("k_edges", K_EDGES)), dict(data.get("classes", {})),
+                   data.get("about", ""))
+
+
+def shape_class(M: int, N: int, K: int) -> str:
+    """The class of a problem in a table written now (M_EDGES, N_EDGES, K_EDGES)."""
+    return GpuTable("").shape_class(M, N, K)
+
+
+def read(path: str = TABLE_PATH) -> tuple[dict, dict]:
+    """(candidates the file lists, {GPU name: GpuTable}); ({}, {}) for a missing file. A
+    file of the single-table format before tables were keyed by GPU ("classes" at the top,
+    M edges 128/512/2048) reads as the table of the device its entries name."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}, {}
+    if "gpus" not in data and "classes" in data:
+        devices = {e.get("device") for e in data["classes"].values() if e.get("device")}
+        name = sorted(devices)[0] if devices else "unknown"
+        data = {"candidates": data.get("candidates", {}), "gpus": {name: dict(
+            m_edges=[128, 512, 2048], classes=data["classes"], about=data.get("about", ""))}}
+    tables = {name: GpuTable.from_json(name, t) for name, t in data.get("gpus", {}).items()}
+    return dict(data.get("candidates", {})), tables
+
+
+def family(name: str) -> str:
+    """The model token of a device name: "NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA GH200
+    480GB" -> "GH200"; the whole name when it has none."""
+    found = re.search(r"\b([A-Z]+\d{2,}[A-Z]?)\b", name.replace("NVIDIA", ""))
+    return found.group(1) if found else name
+
+
+def pick(tables: dict, name: str, capability: tuple | None = None) -> GpuTable | None:
+    """The table a GPU uses: its own, same family, same capability, nearest capability
+    (same major first; ties: first name in sorted order); None when there are no tables."""
+    if name in tables:
+        return tables[name]
+    names = sorted(tables)
+    same = [n for n in names if family(n) == family(name)]
+    if same:
+        return tables[same[0]]
+    if capability is not None:
+        def distance(n):                # the same architecture (major) first
+            cap = tables[n].capability
+            return (abs(cap[0] - capability[0]), abs(cap[1] - capability[1])) if cap \
+                else (1 << 30, 0)
+        return tables[min(names, key=lambda n: (distance(n), n))] if names else None
+    return tables[names[0]] if names else None
+
+
+def update(path: str, table: GpuTable, candidates: dict, about: str) -> str:
+    """Write `table` as its GPU's entry of the file at `path`, keeping the other GPUs'
+    tables (and the candidates the file lists, which they may name): those of `path` when
+    it exists, else the package's gemm_table.json."""
+    listed, tables = read(path if os.path.exists(path) else TABLE_PATH)
+    tables[table.name] = table
+    data = {"about": about, "candidates": {**listed, **candidates},
+            "gpus": {name: tables[name].to_json() for name in sorted(tables)}}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    return path
