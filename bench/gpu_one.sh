@@ -24,12 +24,25 @@ for step in ${STEPS:-env tests demo examples}; do
       python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'gpus', torch.cuda.device_count())"
       echo "mps control: $(command -v nvidia-cuda-mps-control || echo none)"; } 2>&1 | tee -a $LOG ;;
   tests)
+    # The world sizes run side by side (Triton's compiles are CPU work: 16 cores), under
+    # one MPS daemon, each rank capped so that all ranks of all worlds add up to 100 % of
+    # the GPU (TEST_SHARES: percent per rank of each world), so every rank's programs stay
+    # resident. A log per world; the summary lines go to $LOG.
+    nvidia-cuda-mps-control -d && say "MPS daemon started for the test pass"
+    shares=(${TEST_SHARES:-16 18 12}); i=0; pids=()
     for w in $(echo ${TEST_WORLDS:-1,2,4} | tr , ' '); do
-      say "== pytest at world $w: ${TESTS:-tests}"
-      TRIDENT_TEST_WORLD_SIZES=$w timeout ${TEST_TIMEOUT:-420} python3 -m pytest -q -ra \
-        -p no:cacheprovider --timeout ${PER_TEST:-120} ${TESTS:-tests} 2>&1 | tee -a $LOG | tail -${TAIL:-8}
-      say "pytest world $w rc=${PIPESTATUS[0]}"
-    done ;;
+      TRIDENT_TEST_WORLD_SIZES=$w CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${shares[$i]} \
+        timeout ${TEST_TIMEOUT:-500} python3 -m pytest -q -ra -p no:cacheprovider --durations=15 \
+        --timeout ${PER_TEST:-150} ${TESTS:-tests} > $OUT/tests-world$w.log 2>&1 &
+      pids+=($!); i=$((i + 1))
+    done
+    i=0
+    for w in $(echo ${TEST_WORLDS:-1,2,4} | tr , ' '); do
+      wait ${pids[$i]}; rc=$?; i=$((i + 1))
+      say "== pytest world $w (${shares[$((i - 1))]} % of the GPU per rank) rc=$rc: ${TESTS:-tests}"
+      grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|[0-9.]+s (call|setup)" $OUT/tests-world$w.log | tee -a $LOG | tail -${TAIL:-30}
+    done
+    echo quit | nvidia-cuda-mps-control ;;
   demo)
     for w in 1 2 4; do
       timeout 240 python3 -m trident.cli demo --world-size $w >> $LOG 2>&1; say "demo world $w rc=$?"
