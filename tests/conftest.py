@@ -44,6 +44,15 @@ def pool(request) -> RankPool:
     return get_pool(request.param)
 
 
+def _nccl_available(ctx) -> bool:
+    return ctx.nccl_available
+
+
+def nccl_available(pool: RankPool) -> bool:
+    """Whether the pool's ranks can run the "nccl" algorithm (not where they share a GPU)."""
+    return all(pool.run(_nccl_available))
+
+
 def pytest_addoption(parser):
     parser.addoption("--cases", type=int, default=None,
                      help="fuzz cases per op family in tests/fuzz (default: the CI seed set)")

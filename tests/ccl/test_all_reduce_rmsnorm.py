@@ -81,7 +81,8 @@ def test_add_rmsnorm(pool):
 
 def _algorithms_and_debug(ctx):
     dtype, shape = torch.bfloat16, (3, 40)
-    for i, alg in enumerate(("one_shot", "unfused", "nccl", "auto")):
+    algorithms = ("one_shot", "unfused") + ("nccl",) * ctx.nccl_available + ("auto",)
+    for i, alg in enumerate(algorithms):
         xs, residual, weight, x, res = _inputs(ctx, i, dtype, shape, False, True, seed=5)
         out = ctx.all_reduce_add_rmsnorm(x, res, weight.to(ctx.device), 1e-5, algorithm=alg)
         r, ref = reference(xs, residual, weight, 1e-5)

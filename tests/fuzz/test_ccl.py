@@ -11,6 +11,7 @@ import torch
 from trident.ccl import ALGORITHMS
 
 from .common import num_cases, run_cases, run_family, skip_unless_fuzzed_world
+from ..conftest import nccl_available
 
 # Bugs this fuzzer found, now fixed; their regression tests are at the end. A flag set to
 # True makes the random cases steer around its bug again (for a bug under repair).
@@ -74,14 +75,16 @@ def _place_heap(ctx, shape, dtype, keep):
     return t
 
 
-def _case(op, seed):
+def _case(op, seed, ctx):
     g = random.Random(f"{op}-{seed}")
     algorithm = g.choice(sorted(ALGORITHMS[op]) + ["nccl"])
+    if algorithm == "nccl" and not ctx.nccl_available:    # ranks share a GPU: no NCCL
+        algorithm = "auto"                                 # (same random stream after)
     return g, algorithm, g.choice([None, None, 16, 64])
 
 
 def _all_gather(ctx, seed):
-    g, algorithm, block = _case("all_gather", seed)
+    g, algorithm, block = _case("all_gather", seed, ctx)
     w, r = ctx.world_size, ctx.rank
     n, tail = g.choice([0, 1, 2, 3, 5, 8, 13, 40]), g.choice(TAILS)
     dtype = g.choice(ANY_DTYPES)
@@ -103,7 +106,7 @@ def _all_gather(ctx, seed):
 
 
 def _reduce_scatter(ctx, seed):
-    g, algorithm, block = _case("reduce_scatter", seed)
+    g, algorithm, block = _case("reduce_scatter", seed, ctx)
     w, r = ctx.world_size, ctx.rank
     n, tail = g.choice([1, 2, 3, 5, 8, 13, 40]), g.choice(TAILS)
     dtype, op = g.choice(REDUCE_DTYPES), g.choice(["sum", "sum", "max", "min"])
@@ -125,7 +128,7 @@ def _reduce_scatter(ctx, seed):
 
 
 def _all_reduce(ctx, seed):
-    g, algorithm, block = _case("all_reduce", seed)
+    g, algorithm, block = _case("all_reduce", seed, ctx)
     w, r = ctx.world_size, ctx.rank
     shape = (g.choice([0, 1, 2, 5, 17, 64, 300, 1000]), *g.choice(TAILS[:4]))
     dtype, op = g.choice(REDUCE_DTYPES), g.choice(["sum", "sum", "max", "min"])
@@ -139,7 +142,7 @@ def _all_reduce(ctx, seed):
 
 
 def _all_to_all(ctx, seed):
-    g, algorithm, block = _case("all_to_all", seed)
+    g, algorithm, block = _case("all_to_all", seed, ctx)
     w, r = ctx.world_size, ctx.rank
     tail, dtype = g.choice(TAILS), g.choice(ANY_DTYPES)
     even = g.random() < 0.3
@@ -181,7 +184,7 @@ def _all_to_all(ctx, seed):
 
 
 def _broadcast(ctx, seed):
-    g, algorithm, block = _case("broadcast", seed)
+    g, algorithm, block = _case("broadcast", seed, ctx)
     w, r = ctx.world_size, ctx.rank
     shape = (g.choice([0, 1, 3, 17, 100, 600]), *g.choice(TAILS[:4]))
     dtype, src = g.choice(ANY_DTYPES), g.randrange(w)
@@ -238,4 +241,6 @@ def _nccl_zero_rows(ctx):
 
 
 def test_all_to_all_nccl_zero_rows(pool):
+    if not nccl_available(pool):
+        pytest.skip("ranks share a GPU: NCCL cannot run there")
     pool.run(_nccl_zero_rows)
