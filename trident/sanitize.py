@@ -5,9 +5,10 @@ buffer reused too early passes on the CPU and shows up only as a flaky GPU failu
 the sanitizer on, every load, store and atomic a kernel makes on the symmetric heap is
 recorded with a vector clock, and two accesses to the same heap bytes from different ranks
 or programs, at least one a write, that no chain of release->acquire, kernel boundary or
-host barrier orders, are reported as a race: a `RaceError` (message contains "race") at
-the next `ctx.sync()` or host-side collective (`ctx.barrier()`, a workspace's first use,
-`ctx.close()`) of every rank that made one of the two accesses.
+host barrier orders, are reported as a race: a `RaceError` (message contains "race") on
+every rank, at the same next `ctx.sync()` or host-side collective (`ctx.barrier()`, a
+workspace's first use, `ctx.close()`). While the sanitizer is on, ctx.sync() is collective
+(every rank must call it, as in an SPMD program).
 
 Switch it on for a whole job with TRIDENT_SANITIZE=1 (TRIDENT_SANITIZE_SEED=n replays a
 schedule), or for part of a program with `with trident.sanitize.sanitizing(ctx, seed):`
@@ -36,11 +37,13 @@ How it works (details in docs/design.md, "Race detector"):
   collectives): kernel names, clock snapshots, accesses, releases. Every host-side
   collective on the CPU emulation is a full barrier (kernels run synchronously), so it
   ends a generation: clocks restart from zero and the other bank is used.
-- Checking: at ctx.sync() a rank checks its own accesses against every access logged so
-  far in the generation (its own programs' and its peers'); at a host collective, after
-  every rank has arrived, against all of them. Whichever of two racing accesses came
-  second in real time finds the first, so at least one involved rank raises; at a host
-  collective both do.
+- Checking: a check looks at every pair of accesses logged in the generation (any
+  ranks'), not only the checking rank's. At ctx.sync() each rank checks what is logged so
+  far, then the ranks pool their findings in a host exchange and all raise: whichever of
+  two racing accesses came second in real time finds the first, so the pool has it. The
+  exchange orders nothing (clocks and generation go on: on a GPU a sync is local). At a
+  host collective every rank checks after all have arrived, so all see the same complete
+  logs, find the same races and raise. Pairs raised once are not raised again.
 """
 from __future__ import annotations
 
@@ -126,6 +129,7 @@ class Sanitizer:
 
     def __init__(self, ctx, addrs: list[int], size: int, seed: int):
         self.rank, self.world = ctx.rank, ctx.world_size
+        self.group = ctx.group
         self.comps = self.world * MAX_PROGRAMS
         self.seed = seed
         self._addrs, self._size = addrs, size
@@ -137,7 +141,6 @@ class Sanitizer:
         self.heap_size = int(ctx.heap_size)
         self.launches = 0             # since enable: seeds each launch's schedule
         self.gen = 0
-        self.reported = 0
         for b in self.banks[self.rank]:
             b.hdr[:] = 0
         self.banks[self.rank][1].hdr[0] = -1
@@ -155,6 +158,7 @@ class Sanitizer:
         self.rel_index: dict[tuple[int, int], list] = {}
         self.rel_cursor = [0] * self.world
         self.marks = [0] * self.world
+        self.reported: set[tuple[int, int, int, int]] = set()   # racing pairs raised already
 
     def _bank(self, r: int):
         b = self.banks[r][self.gen % 2]
@@ -483,17 +487,24 @@ class Sanitizer:
             return "?"
         return bytes(bank.names[launch]).rstrip(b"\0").decode(errors="replace") or "?"
 
-    def check(self) -> list[str]:
-        """Races between this rank's accesses and any other logged access of the current
-        generation that were not reported before; a description of each."""
-        full = [r for r in range(self.world)
-                if (b := self._bank(r)) is not None and b.hdr[5]]
+    def _full_logs(self) -> list[int]:
+        return [r for r in range(self.world) if (b := self._bank(r)) is not None and b.hdr[5]]
+
+    def _raise_if_full(self) -> None:
+        full = self._full_logs()
         if full:
             raise RuntimeError(
                 f"trident sanitizer: the log of rank(s) {full} is full for this generation "
                 f"(more than {_ACCESSES} accesses, {_SEGMENTS} clock snapshots, {_RELEASES} "
                 f"releases or {_LAUNCHES} launches between two host barriers); call "
                 f"ctx.barrier() more often while sanitizing")
+
+    def check(self) -> tuple[list[tuple[int, int, int, int]], list[str]]:
+        """Races among the accesses logged so far in the current generation, whichever ranks
+        made them, that were not reported before: (an id per racing pair: (rank, row in its
+        log) of both accesses; a description of the first few). Every rank that checks the
+        same logs finds the same races, so that every rank can raise the same error."""
+        self._raise_if_full()
         parts, counts = [], []
         for r in range(self.world):
             bank = self._bank(r)
@@ -508,14 +519,14 @@ class Sanitizer:
                 parts.append(e)
         self.marks = counts
         if not parts:
-            return []
+            return [], []
         E = np.concatenate(parts)
         if not E[:, 9].any():
-            return []
+            return [], []
         X = E[(E[:, 3] & ATOMIC) == 0]                  # plain accesses
         Y = E
         if not len(X):
-            return []
+            return [], []
         order = np.argsort(Y[:, 5], kind="stable")
         Y = Y[order]
         ys = Y[:, 5]
@@ -523,8 +534,7 @@ class Sanitizer:
         hi = np.searchsorted(ys, X[:, 6], side="left")
         lo = np.searchsorted(ys, X[:, 5] - maxlen, side="right")
         cnt = np.maximum(hi - lo, 0)
-        found = []
-        total = 0
+        pairs, found = [], []
         step = max(1, len(X) * 2_000_000 // max(1, int(cnt.sum())))
         for c0 in range(0, len(X), step):
             c = cnt[c0:c0 + step]
@@ -535,7 +545,6 @@ class Sanitizer:
             yj = np.repeat(lo[c0:c0 + step], c) + (np.arange(len(xi)) - first)
             x, y = X[xi], Y[yj]
             keep = ((y[:, 6] > x[:, 5]) & ((x[:, 3] | y[:, 3]) & WRITE != 0)
-                    & ((x[:, 8] == self.rank) | (y[:, 8] == self.rank))
                     & ((x[:, 9] | y[:, 9]) != 0)
                     & (x[:, 0] != y[:, 0]))           # one program is ordered with itself
             # a pair of two plain accesses shows up twice: keep one
@@ -553,14 +562,14 @@ class Sanitizer:
             race = (x[:, 1] > vy) & (y[:, 1] > vx)
             if race.any():
                 race[race] = ~self._rewritten(x[race], y[race], E)
-            total += int(race.sum())
-            for a, b in zip(x[race][:8], y[race][:8]):
-                if len(found) < 4:
-                    found.append(self._describe(a, b))
-        if not total:
-            return []
-        more = f"\n  ... {total} racing pairs in all" if total > len(found) else ""
-        return ["\n  ".join(found) + more]
+            for a, b in zip(x[race], y[race]):
+                pair = tuple(sorted([(int(a[8]), int(a[10])), (int(b[8]), int(b[10]))]))
+                pair = pair[0] + pair[1]
+                if pair not in self.reported:
+                    pairs.append(pair)
+                    if len(found) < 4:
+                        found.append(self._describe(a, b))
+        return pairs, found
 
     def _rewritten(self, x, y, E):
         """For racing (read, write) pairs: True where the reader is ordered after another
@@ -602,25 +611,48 @@ class Sanitizer:
                     f"(launch #{int(e[4])} on rank {r} since the last host barrier)")
         return (f"heap of rank {owner}, offset {lo}..{hi} ({hi - lo} bytes): {who(a)} / {who(b)}")
 
-    def raise_if(self, races: list[str], where: str) -> None:
-        if races:
-            raise RaceError(
-                f"trident sanitizer: data race found by rank {self.rank} at {where}: "
-                f"conflicting accesses that no signal/wait, kernel boundary or host barrier "
-                f"orders (replay this schedule with {SEED_ENV}={self.seed}):\n  "
-                + "\n  ".join(races))
+    def raise_if(self, pairs: list, found: list[str], where: str) -> None:
+        """Raise RaceError for racing `pairs` (described by `found`), if any."""
+        if not pairs:
+            return
+        more = f"\n  ... {len(pairs)} racing pairs in all" if len(pairs) > len(found) else ""
+        raise RaceError(
+            f"trident sanitizer: data race found at {where} (raised on every rank; this is "
+            f"rank {self.rank}): conflicting accesses that no signal/wait, kernel boundary or "
+            f"host barrier orders (replay this schedule with {SEED_ENV}={self.seed}):\n  "
+            + "\n  ".join(found) + more)
 
     # -------------------------------------------------------------- host events
-    def on_sync(self) -> None:
-        self.raise_if(self.check(), "ctx.sync()")
+    def on_sync(self, exchange) -> None:
+        """ctx.sync() under the sanitizer is collective, so that an SPMD program meets a race
+        at the same call on every rank (not one rank at its sync and the others in a later
+        barrier's timeout): each rank checks the logs as far as it sees them, then the
+        ranks pool what they found through `exchange` (Context.host_exchange without the
+        sanitizer's hook: a sync neither ends a generation nor orders anything). The rank
+        that made the later of two racing accesses has logged it before its sync, and it
+        sees the earlier one, so the race is in the pool. The generation goes on."""
+        full = bool(self._full_logs())
+        pairs, found = ([], []) if full else self.check()
+        table, _ = exchange("ctx.sync()", [len(pairs), int(full)])
+        if any(row[1] for row in table):
+            self._raise_if_full()     # on every rank: the full log is visible to all by now
+        if any(row[0] for row in table):
+            import torch.distributed as dist
+            everyone = [None] * self.world
+            dist.all_gather_object(everyone, (pairs, found), group=self.group)
+            pairs = sorted({p for theirs, _ in everyone for p in theirs})
+            found = list(dict.fromkeys(d for _, theirs in everyone for d in theirs))[:4]
+        self.reported.update(pairs)   # a program that catches it is not told again
+        self.raise_if(pairs, found, "ctx.sync()")
 
     def on_host_collective(self, what: str) -> None:
-        """Every rank has arrived: check the generation, then start the next one."""
+        """Every rank has arrived, the generation's logs are complete and no rank writes them
+        any more: every rank finds the same races (and raises), then starts the next one."""
         try:
-            races = self.check()
+            pairs, found = self.check()
         finally:
             self._new_generation(self.gen + 1)
-        self.raise_if(races, f"host-side collective '{what}'")
+        self.raise_if(pairs, found, f"host-side collective '{what}'")
 
 
 # ---------------------------------------------------------------------- install / enable
@@ -702,10 +734,13 @@ def _wrap_context() -> None:
     sync, exchange, close = Context.sync, Context.host_exchange, Context.close
 
     def sync_(self):
-        sync(self)
         san = getattr(self, "_sanitizer", None)
-        if san is not None:
-            san.on_sync()
+        if san is None:
+            return sync(self)
+        try:
+            sync(self)
+        finally:      # also after a timeout here: the peers are in the same sync
+            san.on_sync(functools.partial(exchange, self))
 
     def host_exchange_(self, what, *args, **kwargs):
         result = exchange(self, what, *args, **kwargs)

@@ -49,3 +49,26 @@ def run_push_all_gather(ctx, inp, wait: bool, block: int = 16, programs: int = 2
     push_all_gather[(programs,)](out, inp, scratch, flags, sync, ctx.ctrl, ctx.heap_bases,
                                  ctx.rank, ctx.world_size, n, stride, BLOCK=block, WAIT=wait)
     return out
+
+
+@triton.jit
+def put_unordered(buf, val, out, heap_bases, rank, n, BLOCK: tl.constexpr):
+    """Rank 0 stores `val` into rank 1's `buf` and rank 1 reads its `buf`, with no signal
+    between them: a race of ranks 0 and 1 only (further ranks touch nothing)."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    if rank == 0:
+        tdl.store(buf + offs, tl.load(val + offs, mask=mask), 0, 1, heap_bases, mask=mask)
+    if rank == 1:
+        tl.store(out + offs, tl.load(buf + offs, mask=mask), mask=mask)
+
+
+def run_put_unordered(ctx, val):
+    """One launch of put_unordered on a heap buffer made here; returns rank 1's read."""
+    n = val.numel()
+    buf = ctx.zeros(n, dtype=val.dtype)
+    out = val.new_zeros(n)
+    ctx.barrier()            # the buffer is zeroed everywhere before rank 0 writes
+    put_unordered[(1,)](buf, val, out, ctx.heap_bases, ctx.rank, n,
+                        BLOCK=triton.next_power_of_2(n))
+    return out

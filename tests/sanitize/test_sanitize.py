@@ -11,7 +11,7 @@ import torch
 from trident import sanitize
 from trident.launch import default_backend
 
-from .planted import run_push_all_gather
+from .planted import run_push_all_gather, run_put_unordered
 
 pytestmark = pytest.mark.skipif(default_backend() != "cpu",
                                 reason="the sanitizer runs on the CPU emulation only")
@@ -54,25 +54,64 @@ def test_planted_kernel_with_wait_is_clean(spool):
     assert spool.run(_planted, True, 3) == [None] * spool.world_size
 
 
-def _race_at_sync(ctx):
-    """ctx.sync() raises too (at least on a rank that made one of the accesses)."""
-    inp = torch.ones(40)
-    with sanitize.sanitizing(ctx, 5):
+def _plant(ctx, which):
+    g = torch.Generator().manual_seed(ctx.rank)
+    inp = torch.randn(40, generator=g)
+    if which == "push_all_gather":           # every rank reads slots that peers write
         run_push_all_gather(ctx, inp, False)
-        raised = False
-        try:
-            ctx.sync()
-        except sanitize.RaceError:
-            raised = True
-        try:
-            ctx.barrier()
-        except sanitize.RaceError:
-            raised = True
-    return raised
+    else:                                    # ranks 0 and 1 only; rank 2 touches nothing
+        run_put_unordered(ctx, inp)
 
 
-def test_race_reported_at_sync(spool):
-    assert all(spool.run(_race_at_sync))
+PLANTS = {"push_all_gather": "push_all_gather", "put_0_to_1": "put_unordered"}
+
+
+def _race_at_sync(ctx, which):
+    """What each rank's ctx.sync() and then ctx.barrier() raise (type, message)."""
+    seen = []
+    with sanitize.sanitizing(ctx, 5):
+        _plant(ctx, which)
+        for call in (ctx.sync, ctx.barrier):
+            try:
+                call()
+                seen.append(None)
+            except Exception as e:
+                seen.append((type(e).__name__, str(e)))
+    return seen
+
+
+@pytest.mark.parametrize("which", list(PLANTS))
+def test_race_raised_at_the_same_sync_on_every_rank(spool, which):
+    """A race raises RaceError at ctx.sync() on every rank, also on a rank that made
+    neither access (world 3, put_0_to_1); the barrier after it, where the program caught
+    it, neither repeats it nor times out."""
+    for rank, (at_sync, at_barrier) in enumerate(spool.run(_race_at_sync, which)):
+        assert at_sync is not None and at_sync[0] == "RaceError", \
+            f"rank {rank}'s ctx.sync() raised {at_sync}, not RaceError"
+        msg = at_sync[1]
+        assert "race" in msg and "at ctx.sync()" in msg and PLANTS[which] in msg
+        assert "write by rank" in msg and "read by rank" in msg
+        if which == "put_0_to_1":
+            assert "heap of rank 1" in msg and "by rank 0" in msg and "by rank 1" in msg
+        assert at_barrier is None, f"rank {rank}'s barrier after the race raised {at_barrier}"
+
+
+def _race_uncaught(ctx):
+    with sanitize.sanitizing(ctx, 6):
+        _plant(ctx, "put_0_to_1")
+        ctx.sync()
+        ctx.barrier()
+
+
+def test_uncaught_race_ends_every_rank_with_race_error(spool):
+    """The program of the issue: no rank reaches the barrier (where a peer would wait
+    until HostTimeout): every rank ends with RaceError, at once."""
+    with pytest.raises(sanitize.RaceError) as info:
+        spool.run(_race_uncaught)
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    others = [line for line in notes.splitlines() if "failed too" in line]
+    assert len(others) == spool.world_size - 1, notes
+    assert all("RaceError" in line and "HostTimeout" not in line for line in others), notes
 
 
 # ---------------------------------------------------------------- shipped kernels
