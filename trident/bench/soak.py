@@ -197,7 +197,18 @@ def _trident(ctx, spec: dict, got: torch.Tensor, inp: torch.Tensor) -> None:
         ctx.reduce_scatter(got, inp, op=spec["reduce"], **algo)
     else:
         S, r = spec["splits"], ctx.rank
+        if spec["algorithm"] == "one_shot" and \
+                max(map(max, S)) * spec["cols"] * got.element_size() > _one_shot_limit(ctx):
+            # one_shot refuses a message beyond its scratch slot (a named ValueError, found
+            # by the first one-GPU soak): such ops go through push
+            algo = {"algorithm": "push"}
         ctx.all_to_all(got, inp, out_splits=[row[r] for row in S], in_splits=S[r], **algo)
+
+
+def _one_shot_limit(ctx) -> int:
+    """Bytes of one_shot all_to_all's per-peer message that surely fit its slot."""
+    from ..ccl.all_to_all.one_shot import slot_bytes
+    return slot_bytes(ctx) - 4096
 
 
 def _nccl(ctx, spec: dict, ref: torch.Tensor, ref_in: torch.Tensor, nccl) -> None:

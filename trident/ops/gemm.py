@@ -220,6 +220,8 @@ def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     if most <= 1 or tiles >= 2 * sms:
         return 1
     most = min(most, triton.cdiv(K, cfg["BK"]) // 2)
+    if most <= 1:                  # K too short for two slices of two BK-steps each
+        return 1
     partial = cfg["BM"] * cfg["BN"] * 4 / (K * (cfg["BM"] + cfg["BN"]) * 2)
     cost = {s: triton.cdiv(tiles * s, sms) / s + (s * partial if s > 1 else 0.0)
             for s in range(1, most + 1)}
