@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
 # Device calls on a machine with ONE GPU: ranks share it (round-robin placement, gloo host
-# group, a private MPS daemon per job; trident/placement.py, trident/mps.py). Steps chosen
-# with STEPS (default: env tests demo examples); logs under $OUT.
+# group, MPS; trident/placement.py, trident/mps.py). Steps chosen with STEPS (default: env
+# tests checks); logs under $OUT (at most 8 files come back from a device call).
 #   env       GPU, versions, MPS binary
-#   tests     pytest at TEST_WORLDS (default 1,2,4) over TESTS (default: tests)
-#   demo      trident demo at 1, 2 and 4 ranks
-#   examples  examples/*.py at 2 ranks
-#   soak      python -m trident.bench.soak at 2 ranks (SOAK_OPS, default 100000)
-#   bench     trident bench ccl/ops/moe at 2 ranks (host figures; device figures are HBM)
+#   tests     pytest at TEST_WORLDS (default 1,2,4), side by side, over TESTS (default: tests)
+#   checks    gemm tests, demo at 1/2/4 ranks, examples at 2 ranks, soak, bench host figures
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/nvidia/bin
@@ -16,7 +13,7 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | 
 DAY=$(date +%F)
 LOG=$OUT/gpu-tests-1x${GPU:-gpu}-$DAY${TAG:-}.log
 say() { echo "$@" | tee -a $LOG; }
-for step in ${STEPS:-env tests demo examples}; do
+for step in ${STEPS:-env tests checks}; do
   start=$SECONDS
   case $step in
   env)
@@ -31,8 +28,9 @@ for step in ${STEPS:-env tests demo examples}; do
     nvidia-cuda-mps-control -d && say "MPS daemon started for the test pass"
     shares=(${TEST_SHARES:-16 18 12}); i=0; pids=()
     for w in $(echo ${TEST_WORLDS:-1,2,4} | tr , ' '); do
+      # SIGINT at the limit: pytest then prints its summary of what failed so far
       TRIDENT_TEST_WORLD_SIZES=$w CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=${shares[$i]} \
-        timeout ${TEST_TIMEOUT:-500} python3 -m pytest -q -ra -p no:cacheprovider --durations=15 \
+        timeout -s INT -k 30 ${TEST_TIMEOUT:-500} python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider --durations=15 \
         --timeout ${PER_TEST:-150} ${TESTS:-tests} > $OUT/tests-world$w.log 2>&1 &
       pids+=($!); i=$((i + 1))
     done
@@ -43,24 +41,38 @@ for step in ${STEPS:-env tests demo examples}; do
       grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed|[0-9.]+s (call|setup)" $OUT/tests-world$w.log | tee -a $LOG | tail -${TAIL:-30}
     done
     echo quit | nvidia-cuda-mps-control ;;
-  demo)
-    for w in 1 2 4; do
-      timeout 240 python3 -m trident.cli demo --world-size $w >> $LOG 2>&1; say "demo world $w rc=$?"
-    done ;;
-  examples)
-    for ex in "quickstart.py" "tp_decode.py --world 2 --sum all_reduce" \
-              "tp_decode.py --world 2 --sum fused" "tp_decode.py --world 2 --sum matmul_all_reduce" \
-              "moe_layer.py --world-size 2"; do
-      timeout 240 python3 examples/$ex >> $LOG 2>&1; say "example $ex rc=$?"
-    done ;;
-  soak)
-    timeout ${SOAK_TIMEOUT:-400} python3 -m trident.bench.soak --world 2 --ops ${SOAK_OPS:-100000} \
-      --log $OUT/soak-1x${GPU:-gpu}-2x-$DAY.log 2>&1 | tail -30 | tee -a $LOG; say "soak rc=${PIPESTATUS[0]}" ;;
-  bench)
-    for s in ${SUITES:-ccl ops moe}; do
-      timeout ${BENCH_TIMEOUT:-150} python3 -m trident.cli bench $s --world-size 2 --out-dir $OUT ${BENCH_ARGS:-} \
-        > $OUT/bench-$s.log 2>&1; say "bench $s rc=$?"; tail -15 $OUT/bench-$s.log
-    done ;;
+  checks)
+    # four chains side by side under one MPS daemon, each capped at about 20 % of the GPU:
+    # gemm tests + demo at 1/2/4 ranks; the examples at 2 ranks; the soak at 2 ranks
+    # (SOAK_OPS); host figures of bench ccl and moe at 2 ranks (JSON in bench-json.tar.gz)
+    T="timeout -s INT -k 15"; mkdir -p /tmp/b
+    nvidia-cuda-mps-control -d
+    ( CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20 $T 100 python3 -m pytest -q -rfE --tb=short \
+        -p no:cacheprovider tests/ops/test_gemm.py > $OUT/gemm-test.log 2>&1
+      for w in 1 2 4; do
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=5 $T 70 python3 -m trident.cli demo --world-size $w >> $OUT/demo.log 2>&1
+        echo "== demo world $w rc=$?" >> $OUT/demo.log
+      done ) &
+    ( for ex in "quickstart.py" "tp_decode.py --world 2 --sum all_reduce" "tp_decode.py --world 2 --sum fused" \
+                "tp_decode.py --world 2 --sum matmul_all_reduce" "moe_layer.py --world-size 2 --tokens 128"; do
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 $T 60 python3 examples/$ex >> $OUT/examples.log 2>&1
+        echo "== example $ex rc=$?" >> $OUT/examples.log
+      done ) &
+    ( CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 $T ${SOAK_TIMEOUT:-290} python3 -m trident.bench.soak --world 2 \
+        --ops ${SOAK_OPS:-4000} --log $OUT/soak.log > $OUT/soak-out.log 2>&1
+      echo "== soak rc=$?" >> $OUT/soak-out.log ) &
+    ( CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 $T 160 python3 -m trident.bench.ccl --world-size 2 \
+        --max-size 1M --factor 32 --calls 20 --reps 3 --out-dir /tmp/b > $OUT/bench-ccl.log 2>&1
+      echo "== bench ccl rc=$?" >> $OUT/bench-ccl.log
+      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 $T 120 python3 -m trident.bench.moe --world-size 2 \
+        --models deepseek-v3 --tokens 1,128 --calls 20 --reps 3 --out-dir /tmp/b > $OUT/bench-moe.log 2>&1
+      echo "== bench moe rc=$?" >> $OUT/bench-moe.log
+      tar czf $OUT/bench-json.tar.gz -C /tmp/b $(cd /tmp/b && ls *.json 2>/dev/null) ) &
+    wait
+    echo quit | nvidia-cuda-mps-control
+    grep -E "passed|failed" $OUT/gemm-test.log | tail -2 | tee -a $LOG
+    grep -h "== " $OUT/demo.log $OUT/examples.log $OUT/soak-out.log $OUT/bench-*.log | tee -a $LOG
+    tail -4 $OUT/soak-out.log | tee -a $LOG ;;
   *) python3 $step 2>&1 | tee -a $LOG ;;
   esac
   say "== step $step: $((SECONDS - start)) s"

@@ -247,3 +247,8 @@ def main(argv=None) -> int:
     launch(_run, world, ops, sizes, common.timing_options(args, gpu, iters=20), args.out_dir,
            args.update_selector, backend=backend, heap_size=heap)
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

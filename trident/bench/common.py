@@ -338,6 +338,14 @@ def metadata(ctx, suite: str) -> dict:
     return meta
 
 
+def gpu_tag(name: str) -> str:
+    """The model in a GPU's name, for file names: "NVIDIA H100 80GB HBM3" -> "h100",
+    "NVIDIA H200" -> "h200"; else the name's last word."""
+    import re
+    model = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    return (model.group(1) if model else name.split()[-1]).lower()
+
+
 def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
                   out_dir: str | None = None) -> str:
     """Write {metadata, extra, marked, rows} as JSON (rank 0 only); returns the path.
@@ -346,7 +354,7 @@ def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
     meta = metadata(ctx, suite)
     tag = "cpu"
     if ctx.backend == "cuda":
-        gpu = torch.cuda.get_device_name(ctx.device).split()[-1].lower()
+        gpu = gpu_tag(torch.cuda.get_device_name(ctx.device))
         tag = (f"{ctx.world_size}on{_gpus(ctx)}x{gpu}" if shares_gpu(ctx) else
                f"{ctx.world_size}x{gpu}")
     path = os.path.join(out_dir, f"{suite}-{tag}-{meta['date'][:10]}.json")

@@ -267,3 +267,8 @@ def main(argv=None) -> int:
     launch(_run, world, ops, ms, layers, common.timing_options(args, gpu, iters=10), args.out_dir,
            args.update_crossover, backend=backend, heap_size=heap)
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())

@@ -247,3 +247,8 @@ def main(argv=None) -> int:
     launch(_run, world, shape, batches, impls, timing, args.out_dir, backend=backend,
            heap_size=heap)
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())
