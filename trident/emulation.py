@@ -16,10 +16,21 @@ interpreter it was a no-op, so a false hint passed every CPU test. Here every va
 (an address in bytes, or an integer) must be a multiple of n, else AssertionError names
 the values.
 
+Gluon kernels (trident/language/gluon.py `jit`) run here too: `gluon_kernel` hands the
+kernel's Python function to the interpreter, and while a kernel whose module uses
+`triton.experimental.gluon.language` runs, Gluon's operations are mapped onto the
+interpreter's (`_patch_gluon`): those Gluon shares with `triton.language` (load, store,
+atomics, program_id, multiple_of, ...) become the interpreter's own, and the few that take
+a layout (arange, full, convert_layout, thread_barrier) drop it -- one program is one
+Python thread, so layouts place nothing. Shared memory, TMA, mbarriers and warp
+specialisation are not mapped: a kernel that uses them raises NotImplementedError here.
+
 The other two hazards are handled elsewhere: programs run one after another (kernels
 follow the lower-program-id rule, see trident.language), and inline PTX does not exist
 (trident.language picks its CPU helpers at import time).
 """
+import types
+
 from triton.runtime import interpreter as _interp
 
 _installed = False
@@ -95,6 +106,19 @@ def install() -> None:
         scope.set_attr(lang, "multiple_of", multiple_of)
 
     _interp._patch_lang_core = _patch_lang_core
+    original_patch_lang = _interp._patch_lang
+
+    def _patch_lang(fn):
+        gl = _gluon_language()
+        if not any(v is gl for v in fn.__globals__.values()):
+            return original_patch_lang(fn)
+        # a Gluon kernel's module may not import triton.language: patch it all the same
+        import triton.language as tl
+        scope = original_patch_lang(types.SimpleNamespace(__globals__={"tl": tl}))
+        _patch_gluon(gl, tl, scope)
+        return scope
+
+    _interp._patch_lang = _patch_lang
     executor._init_args_hst = _init_args_hst
     executor._restore_args_dev = _restore_args_dev
     # The race detector (TRIDENT_SANITIZE=1) hooks the interpreter's memory ops and grid
@@ -103,3 +127,73 @@ def install() -> None:
     if sanitize.requested():
         sanitize.install_auto()
     _installed = True
+
+
+def _gluon_language():
+    from triton.experimental.gluon import language
+    return language
+
+
+class _GluonKernel(_interp.InterpretedFunction):
+    """A Gluon kernel run by the interpreter. The interpreter finds constexpr parameters by
+    their annotation as written ("tl.constexpr"); "gl.constexpr" is the same class."""
+
+    def rewrite(self):
+        fn = super().rewrite()
+        fn.__annotations__ = {k: "constexpr" if isinstance(v, str) and v.endswith(".constexpr")
+                              else v for k, v in fn.__annotations__.items()}
+        return fn
+
+    def run(self, *args, **kwargs):
+        install()           # Gluon's mapping (idempotent; a Context installs it too)
+        return super().run(*args, **kwargs)
+
+
+def gluon_kernel(fn):
+    """A Gluon kernel's function as the interpreter runs it (`kernel[grid](...)` works as for
+    a @triton.jit kernel under TRITON_INTERPRET=1)."""
+    return _GluonKernel(fn)
+
+
+def _no_layout(name):
+    """Gluon's `name`, which takes a layout, as the interpreter's op of that name without it."""
+    import triton.language as tl
+    if name == "arange":
+        return lambda start, end, layout=None: tl.arange(start, end)
+    if name == "full":
+        return lambda shape, value, dtype, layout=None: tl.full(shape, value, dtype)
+    if name == "thread_barrier":
+        return lambda: tl.debug_barrier()
+    return lambda value, layout=None, assert_trivial=False: value    # convert/set layout
+
+
+_LAYOUT_OPS = ("arange", "full", "thread_barrier", "convert_layout", "set_auto_layout")
+
+
+def _unmapped(name):
+    def op(*args, **kwargs):
+        raise NotImplementedError(
+            f"gl.{name} does not run on the CPU emulation: trident/emulation.py maps only "
+            f"Gluon's operations on registers and global memory (layouts as no-ops)")
+    return op
+
+
+def _patch_gluon(gl, tl, scope) -> None:
+    """Map Gluon's builtins onto the (already patched) interpreter ones, in `scope`."""
+    for name in dir(gl):
+        member = getattr(gl, name)
+        if not getattr(member, "__triton_builtin__", False) or isinstance(member, type):
+            continue
+        if name in _LAYOUT_OPS:
+            scope.set_attr(gl, name, _no_layout(name))
+        elif getattr(tl, name, None) or getattr(tl.math, name, None):
+            scope.set_attr(gl, name, getattr(tl, name, None) or getattr(tl.math, name))
+        else:
+            scope.set_attr(gl, name, _unmapped(name))
+    # Gluon's library functions written in Gluon (cdiv, sum, zeros, ...) are interpreted
+    from triton.runtime.jit import JITFunction
+    for name in dir(gl):
+        member = getattr(gl, name)
+        if isinstance(member, JITFunction):
+            scope.set_attr(gl, name, _interp.InterpretedFunction(member.fn))
+    scope.set_attr(gl, "static_range", tl.static_range)

@@ -69,10 +69,11 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
             cur = load_acquire(flag)
             failed = (timestamp() - start) > limit
         if cur < value:
-            code = ((tl.full([], op, tl.int64) << 32) + (tl.cast(rank, tl.int64) << 16) + peer
+            code = ((tl.cast(op, tl.int64) << 32) + (tl.cast(rank, tl.int64) << 16) + peer
                     + _ERROR_FLAG)
-            # cmp spelled as int64: the interpreter sizes the CAS by cmp's type
-            tl.atomic_cas(ctrl + CTRL_ERROR, tl.full([], 0, tl.int64), code.to(tl.int64),
+            # cmp spelled as int64: the interpreter sizes the CAS by cmp's type. Scalars are
+            # made with tl.cast, not tl.full([]): Gluon's full needs a layout (see gluon.py)
+            tl.atomic_cas(ctrl + CTRL_ERROR, tl.cast(0, tl.int64), code.to(tl.int64),
                           sem="relaxed", scope="gpu")
     # The warps of a program poll on their own and may leave the loop at different times
     # (or one may skip it). Leave together, so that program-wide state read after the
