@@ -120,12 +120,16 @@ class Context:
     """Created by `trident.init`; holds the heap and offers the collectives and ops.
 
     Attributes: rank, world_size, device, backend ("cuda" or "cpu"), heap_size,
+    topology (trident.topology.Topology: one node, set by trident.init; None otherwise),
     ranks_per_device (ranks of the group on this rank's GPU; 1 on the CPU emulation),
     heap_bases (int64 tensor on `device`: where each rank's heap lives in this process),
     ctrl (this rank's control block: error word, timeout, barrier epoch and flags),
     trace_buffer (the event buffer of the active `ctx.trace(...)` session, else None: set
     by trident.trace, read by ops through trident.trace.kernel_args).
     """
+
+    topology = None
+    spans_nodes = False          # trident.world.WorldContext: True
 
     def __init__(self, heap_size: int | None = None, group=None, timeout: float | None = None,
                  debug: bool | None = None):
@@ -143,7 +147,7 @@ class Context:
         if self.backend == "cuda":
             gpus = torch.cuda.device_count()
             self.device = torch.device("cuda", placement.device_index(
-                _env_int("LOCAL_RANK", self.rank), gpus))
+                _env_int("LOCAL_RANK", dist.get_rank()), gpus))     # the job's rank
             torch.cuda.set_device(self.device)
             self.ranks_per_device = self._count_ranks_on_device()
             placement.set_ranks_per_device(self.ranks_per_device)
@@ -245,6 +249,8 @@ class Context:
 
     def _job_id(self) -> str:
         job = [os.environ.get("TRIDENT_JOB_ID") or uuid.uuid4().hex[:12]]
+        if self.world_size != dist.get_world_size():    # a node of several: one file set each
+            job[0] += f"-g{dist.get_global_rank(self.group, 0)}"
         dist.broadcast_object_list(job, src=dist.get_global_rank(self.group, 0), group=self.group)
         return job[0]
 
@@ -716,6 +722,10 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
     `nvidia-cuda-mps-control -d`, or every cross-rank wait costs a time slice).
     heap_size defaults to $TRIDENT_HEAP_SIZE or 1 GiB; timeout (seconds) bounds every
     device wait; debug=True checks for timed-out waits after every op.
+
+    Ranks on several nodes (host names, LOCAL_WORLD_SIZE, or TRIDENT_NODE_SIZE=n on one
+    machine; trident/topology.py) get a trident.world.WorldContext: the same methods over
+    the whole world, with a node-local Context inside (docs/design.md, "Beyond one node").
     """
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         backend = "gloo"
@@ -726,4 +736,15 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
             if _env_int("LOCAL_WORLD_SIZE", 1) <= gpus:
                 backend = "nccl"
         dist.init_process_group(backend)
-    return Context(heap_size=heap_size, group=group, timeout=timeout, debug=debug)
+    from . import topology
+    layout = topology.discover(group)
+    if layout.spans_nodes:          # a node-local context inside a world of nodes
+        from .world import WorldContext
+        node = Context(heap_size=heap_size, group=layout.node_group, timeout=timeout,
+                       debug=debug)
+        node.topology = topology.Topology(layout.node_size, layout.local_rank,
+                                          layout.node_size, layout.source)
+        return WorldContext(node, layout)
+    ctx = Context(heap_size=heap_size, group=group, timeout=timeout, debug=debug)
+    ctx.topology = layout
+    return ctx

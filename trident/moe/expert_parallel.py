@@ -92,6 +92,11 @@ class ExpertParallel:
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
                  validate: bool = True, high_throughput: bool | None = None):
+        if getattr(ctx, "spans_nodes", False):
+            raise ValueError(
+                f"ExpertParallel: the context spans {ctx.topology.num_nodes} nodes; MoE "
+                f"dispatch/combine across nodes is not implemented yet (issue 23, item 3). "
+                f"Use a node-local context (ctx.node) for expert parallelism inside a node")
         world = ctx.world_size
         for name, v in (("num_experts", num_experts), ("experts_per_token", experts_per_token),
                         ("hidden_dim", hidden_dim), ("max_num_tokens", max_num_tokens)):

@@ -1,0 +1,308 @@
+"""Collectives across nodes (trident/world.py, trident/ccl/hierarchical): 4 ranks as 2
+nodes x 2 ranks and as 4 nodes x 1 (TRIDENT_NODE_SIZE in the ranks' environment), gloo
+between the nodes. Every collective by both algorithms against plain torch on every
+rank's input (odd sizes, empty tensors, a rank with no rows, sum/max/min, several
+dtypes), the topology facts, bad inputs rejected as on one node, the fused ops' plain
+fallback, MoE's refusal; and, without ranks, the cost model and TRIDENT_NODE_SIZE's
+checks."""
+import os
+
+import pytest
+import torch
+
+from trident import topology
+from trident.ccl.hierarchical import cost
+from trident.launch import RankPool, default_backend
+
+from .refs import assert_equal, rank_inputs, reduce_ref
+
+WORLD = 4
+ALGS = ("hierarchical", "nccl")
+
+
+class Layout:
+    """Runs functions on 4 ranks as nodes of `node_size`: 2 is the pool's own context
+    (its ranks start with TRIDENT_NODE_SIZE=2); 1 a second context made for the call in
+    the same ranks (cheaper than a second pool: rank start-up dominates on the CPU)."""
+
+    def __init__(self, pool: RankPool, node_size: int):
+        self.pool, self.node_size = pool, node_size
+
+    def run(self, fn, *args):
+        if self.node_size == 2:
+            return self.pool.run(fn, *args)
+        return self.pool.run(_in_nodes_of, self.node_size, fn, *args)
+
+
+def _in_nodes_of(ctx, node_size, fn, *args):
+    import trident
+    saved = os.environ[topology.NODE_SIZE_ENV]
+    os.environ[topology.NODE_SIZE_ENV] = str(node_size)
+    try:
+        with trident.init(heap_size=8 << 20, timeout=ctx.timeout_s) as other:
+            return fn(other, *args)
+    finally:
+        os.environ[topology.NODE_SIZE_ENV] = saved
+
+
+@pytest.fixture(scope="module")
+def nodes_of_2():
+    if default_backend() == "cuda":
+        import torch.cuda
+        if torch.cuda.device_count() < WORLD:
+            pytest.skip("ranks on GPUs: these layouts need 4 GPUs (one-GPU mode: issue 23 item 5)")
+    saved = os.environ.get(topology.NODE_SIZE_ENV)
+    os.environ[topology.NODE_SIZE_ENV] = "2"
+    try:
+        p = RankPool(WORLD, backend=default_backend(), heap_size=32 << 20, timeout=60.0,
+                     run_timeout=600.0)
+    finally:
+        if saved is None:
+            os.environ.pop(topology.NODE_SIZE_ENV)
+        else:
+            os.environ[topology.NODE_SIZE_ENV] = saved
+    yield p
+    p.close()
+
+
+@pytest.fixture(params=[2, 1], ids=lambda n: f"nodes_of_{n}")
+def pool(request, nodes_of_2) -> Layout:
+    return Layout(nodes_of_2, request.param)
+
+
+# ---------------------------------------------------------------------------- in the ranks
+def _topology(ctx):
+    t = ctx.topology
+    return dict(kind=type(ctx).__name__, rank=ctx.rank, world=ctx.world_size, node=t.node,
+                local=t.local_rank, nodes=t.num_nodes, node_ranks=t.node_ranks(),
+                rail=t.rail_ranks(), node_world=ctx.node.world_size, node_rank=ctx.node.rank,
+                node_topology=ctx.node.topology.num_nodes, spans=ctx.spans_nodes)
+
+
+def _collectives(ctx, seed):
+    """Every collective by each algorithm on several cases; returns the failures."""
+    w, me = ctx.world_size, ctx.rank
+    bad = []
+
+    def check(got, expected, what):
+        try:
+            assert_equal(got, expected, what)
+        except AssertionError as e:
+            bad.append(str(e)[:300])
+
+    for alg in ALGS:
+        # all_reduce: sizes below, at and off multiples of the node size; heap and plain
+        for i, (shape, dtype, op, heap) in enumerate([
+                ((7,), torch.float32, "sum", False), ((1,), torch.float32, "max", False),
+                ((3, 5), torch.float32, "min", True), ((64,), torch.bfloat16, "sum", True),
+                ((0,), torch.float32, "sum", False)]):
+            xs = rank_inputs(w, shape, dtype, seed + i)
+            t = ctx.empty(*shape, dtype=dtype).copy_(xs[me]) if heap else xs[me].clone()
+            out = ctx.all_reduce(t, op=op, algorithm=alg)
+            ref = reduce_ref(xs, op)
+            if dtype == torch.bfloat16:        # two roundings across nodes: compare in fp32
+                out, ref = out.float(), reduce_ref([x.float() for x in xs], op)
+                if (out - ref).abs().max() > 0.05:
+                    bad.append(f"{alg} all_reduce bf16: off by {(out - ref).abs().max()}")
+                continue
+            check(out, ref, f"{alg} all_reduce {shape} {op}")
+        # all_gather: odd block, one element, empty blocks, a dtype without arithmetic
+        for i, (shape, dtype) in enumerate([((3, 5), torch.float32), ((1,), torch.int64),
+                                            ((2, 3), torch.bool), ((0, 4), torch.float32)]):
+            xs = rank_inputs(w, shape, dtype, seed + 10 + i)
+            out = torch.empty((w * shape[0], *shape[1:]), dtype=dtype)
+            ctx.all_gather(out, xs[me].clone(), algorithm=alg)
+            check(out, torch.cat(xs), f"{alg} all_gather {shape} {dtype}")
+        # reduce_scatter
+        for i, (shape, op) in enumerate([((3,), "sum"), ((2, 5), "max"), ((1,), "min"),
+                                         ((0, 2), "sum")]):
+            xs = rank_inputs(w, (w * shape[0], *shape[1:]), torch.float32, seed + 20 + i)
+            out = torch.empty(shape)
+            ctx.reduce_scatter(out, xs[me].clone(), op=op, algorithm=alg)
+            check(out, reduce_ref(xs, op).chunk(w)[me] if shape[0] else out,
+                  f"{alg} reduce_scatter {shape} {op}")
+        # broadcast from every rank, odd size, integers
+        for src in range(w):
+            xs = rank_inputs(w, (13,), torch.int32, seed + 30 + src)
+            t = xs[me].clone()
+            ctx.broadcast(t, src=src, algorithm=alg)
+            check(t, xs[src], f"{alg} broadcast from {src}")
+        # all_to_all: even splits (the two-stage path), uneven with empty sends/receives
+        xs = rank_inputs(w, (2 * w, 3), torch.float32, seed + 40)
+        out = torch.empty(2 * w, 3)
+        ctx.all_to_all(out, xs[me].clone(), algorithm=alg)
+        check(out, torch.cat([x[2 * me:2 * me + 2] for x in xs]), f"{alg} all_to_all even")
+        splits = [[0 if s == 0 or d == w - 1 else (s + 2 * d) % 3 + 1 for d in range(w)]
+                  for s in range(w)]               # rank 0 sends nothing, w-1 gets nothing
+        xs = [rank_inputs(w, (sum(splits[s]), 5), torch.bfloat16, seed + 41)[s]
+              for s in range(w)]
+        recv = [splits[s][me] for s in range(w)]
+        out = torch.empty(sum(recv), 5, dtype=torch.bfloat16)
+        ctx.all_to_all(out, xs[me].clone(), out_splits=recv, in_splits=splits[me], algorithm=alg)
+        ref = torch.cat([x[sum(splits[s][:me]):sum(splits[s][:me + 1])]
+                         for s, x in enumerate(xs)])
+        check(out, ref, f"{alg} all_to_all uneven")
+    return bad
+
+
+def _auto(ctx, seed):
+    """"auto" at a small and a large size, two calls back to back (the max over ranks of
+    the sum is the sum); the heap is the same on every rank afterwards (barrier checks)."""
+    w, me = ctx.world_size, ctx.rank
+    bad = []
+    for n in (5, 1 << 12):
+        xs = rank_inputs(w, (n,), torch.float32, seed + n)
+        t = xs[me].clone()
+        ctx.all_reduce(t)
+        ctx.all_reduce(t, op="max")
+        if not torch.allclose(t, reduce_ref(xs, "sum"), rtol=1e-5, atol=1e-5):
+            bad.append(f"auto all_reduce at {n}")
+    ctx.barrier()
+    return bad
+
+
+def _bad_inputs(ctx):
+    """(what, exception type, message) of each bad call; every one must raise."""
+    w = ctx.world_size
+    calls = [
+        ("out shape", lambda: ctx.all_gather(torch.empty(3), torch.empty(1))),
+        ("rs shape", lambda: ctx.reduce_scatter(torch.empty(2), torch.empty(2 * w + 1))),
+        ("int reduce", lambda: ctx.all_reduce(torch.zeros(4, dtype=torch.int32))),
+        ("bad op", lambda: ctx.all_reduce(torch.zeros(4), op="prod")),
+        ("src", lambda: ctx.broadcast(torch.zeros(4), src=w)),
+        ("src bool", lambda: ctx.broadcast(torch.zeros(4), src=True)),
+        ("algorithm", lambda: ctx.all_reduce(torch.zeros(4), algorithm="one_shot")),
+        ("options", lambda: ctx.all_reduce(torch.zeros(4), block=64)),
+        ("strided", lambda: ctx.all_reduce(torch.zeros(4, 2).t())),
+        ("dtypes", lambda: ctx.all_gather(torch.empty(w), torch.empty(1, dtype=torch.int32))),
+        ("a2a rows", lambda: ctx.all_to_all(torch.empty(w + 1), torch.empty(w + 1))),
+        ("a2a splits", lambda: ctx.all_to_all(torch.empty(w), torch.empty(w),
+                                              in_splits=[w] + [0] * (w - 2))),
+        ("fused algorithm", lambda: ctx.matmul_all_reduce(
+            torch.zeros(2, 4, dtype=torch.bfloat16), torch.zeros(3, 4, dtype=torch.bfloat16),
+            algorithm="fused")),
+        ("fused rows", lambda: ctx.matmul_reduce_scatter(
+            torch.zeros(w + 1, 4, dtype=torch.bfloat16), torch.zeros(3, 4, dtype=torch.bfloat16))),
+        ("fused dtype", lambda: ctx.all_gather_matmul(torch.zeros(2, 4), torch.zeros(3, 4))),
+        ("moe", lambda: __import__("trident").ExpertParallel(ctx, 8, 2, 16, 4)),
+    ]
+    got = []
+    for what, call in calls:
+        try:
+            call()
+            got.append((what, None, ""))
+        except (ValueError, TypeError) as e:
+            got.append((what, type(e).__name__, str(e)))
+    try:
+        ctx.device_barrier()
+        got.append(("node-only", None, ""))
+    except AttributeError as e:
+        got.append(("node-only", "AttributeError", str(e)))
+    ctx.barrier()                      # nothing was left half-done on any rank
+    return got
+
+
+def _fused_plain(ctx, seed):
+    """The fused ops on a context across nodes: torch.matmul + torch.distributed."""
+    w, me = ctx.world_size, ctx.rank
+    a = rank_inputs(w, (3, 8), torch.bfloat16, seed)        # all_gather_matmul: rows
+    wt = rank_inputs(1, (5, 8), torch.bfloat16, seed + 1)[0]
+    bias = rank_inputs(1, (5,), torch.bfloat16, seed + 2)[0]
+    out = ctx.all_gather_matmul(a[me], wt, bias)
+    ref = (torch.cat(a).float() @ wt.float().t() + bias.float())
+    errs = [float((out.float() - ref).abs().max())]
+    parts = rank_inputs(w, (2 * w, 8), torch.bfloat16, seed + 3)   # row-parallel: K shards
+    ws = rank_inputs(w, (5, 8), torch.bfloat16, seed + 4)
+    full = sum(p.float() @ q.float().t() for p, q in zip(parts, ws)) + bias.float()
+    out = ctx.matmul_all_reduce(parts[me], ws[me], bias)
+    errs.append(float((out.float() - full).abs().max()))
+    out = ctx.matmul_reduce_scatter(parts[me], ws[me], bias)
+    errs.append(float((out.float() - full.chunk(w)[me]).abs().max()))
+    return errs
+
+
+# ---------------------------------------------------------------------------- tests
+def test_topology(pool):
+    got = pool.run(_topology)
+    node_size = pool.node_size
+    for r, g in enumerate(got):
+        assert g["kind"] == "WorldContext" and g["spans"]
+        assert (g["rank"], g["world"], g["nodes"]) == (r, WORLD, WORLD // node_size)
+        assert (g["node"], g["local"]) == divmod(r, node_size)
+        assert (g["node_rank"], g["node_world"], g["node_topology"]) == (r % node_size, node_size, 1)
+        assert g["node_ranks"] == [g["node"] * node_size + i for i in range(node_size)]
+        assert g["rail"] == [r % node_size + k * node_size for k in range(WORLD // node_size)]
+
+
+def test_collectives(pool):
+    for rank, bad in enumerate(pool.run(_collectives, 7)):
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def test_auto(pool):
+    for rank, bad in enumerate(pool.run(_auto, 3)):
+        assert not bad, f"rank {rank}: {bad}"
+
+
+def test_bad_inputs(pool):
+    expected = {"int reduce": "TypeError", "dtypes": "TypeError", "fused dtype": "TypeError",
+                "options": "TypeError", "node-only": "AttributeError"}
+    for rank, got in enumerate(pool.run(_bad_inputs)):
+        for what, kind, message in got:
+            assert kind == expected.get(what, "ValueError"), f"rank {rank}: {what}: {kind} {message}"
+            if what == "moe":
+                assert "issue 23" in message and "ctx.node" in message
+            if what == "node-only":
+                assert "ctx.node.device_barrier" in message
+
+
+def test_fused_ops_plain(pool):
+    for rank, errs in enumerate(pool.run(_fused_plain, 11)):
+        # bf16 outputs of sums over 8*4 products of |x| ~ 1: a few bf16 steps
+        assert max(errs) < 0.15, f"rank {rank}: {errs}"
+
+
+# ---------------------------------------------------------------------------- no ranks
+def test_node_size_env(monkeypatch):
+    monkeypatch.delenv(topology.NODE_SIZE_ENV, raising=False)
+    assert topology.node_size_from_env(4) is None
+    monkeypatch.setenv(topology.NODE_SIZE_ENV, "2")
+    assert topology.node_size_from_env(6) == 2
+    for value, world in (("3", 4), ("0", 4), ("two", 4), ("-2", 4)):
+        monkeypatch.setenv(topology.NODE_SIZE_ENV, value)
+        with pytest.raises(ValueError, match="TRIDENT_NODE_SIZE"):
+            topology.node_size_from_env(world)
+    text = topology.layout(6, 3, "TRIDENT_NODE_SIZE=3")
+    assert "node 1: ranks [3, 4, 5]" in text and "rail 2: ranks [2, 5]" in text
+
+
+def test_nodes_from_hosts():
+    assert topology._node_size(["a", "a", "b", "b"], "host names") == 2
+    for bad in (["a", "b", "a", "b"], ["a", "a", "a", "b"]):
+        with pytest.raises(ValueError, match="consecutive"):
+            topology._node_size(bad, "host names")
+
+
+def test_cost_model(monkeypatch):
+    monkeypatch.delenv(cost.INTER_GBPS_ENV, raising=False)
+    monkeypatch.delenv(cost.INTER_US_ENV, raising=False)
+    # large reductions: L times fewer network bytes win; 8 nodes of 8 GPUs
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        t = cost.predict(op, 1 << 28, 8, 8)
+        assert t["hierarchical"] < t["nccl"] / 3, (op, t)
+        assert cost.choose(op, 1 << 28, 8, 8) == "hierarchical"
+    # one rank per node: the node steps only add latency
+    assert cost.choose("all_reduce", 1 << 10, 4, 1) == "nccl"
+    # all_to_all moves the same network bytes: the flat one wins when messages are large
+    # and the network fast, the two-stage one when hops dominate
+    assert cost.choose("all_to_all", 1 << 30, 2, 8) == "nccl"
+    assert cost.choose("all_to_all", 1 << 12, 8, 8) == "hierarchical"
+    # the parameters move the crossover: a slow network favours fewer network bytes
+    monkeypatch.setenv(cost.INTER_GBPS_ENV, "1")
+    slow = cost.predict("all_reduce", 1 << 20, 2, 2)
+    monkeypatch.setenv(cost.INTER_GBPS_ENV, "1000")
+    fast = cost.predict("all_reduce", 1 << 20, 2, 2)
+    assert slow["nccl"] > fast["nccl"] and slow["hierarchical"] > fast["hierarchical"]
+    monkeypatch.setenv(cost.INTER_US_ENV, "0")
+    with pytest.raises(ValueError, match=cost.INTER_US_ENV):
+        cost.internode()

@@ -1,0 +1,156 @@
+"""Collectives over a world of several nodes (trident.world.WorldContext), with the same
+meaning as on one node: inside a node trident's kernels on the node's heap, between nodes
+torch.distributed on the rails (one file per op). The inputs are checked as on one node,
+with the same messages; then `algorithm` ("auto", "hierarchical" or "nccl": one
+torch.distributed collective over the whole world) picks the path, "auto" by the cost
+model (cost.py). all_to_all with uneven splits always takes the flat path (all_to_all.py
+says why).
+
+No launch plans here: each call makes its checks and its selection again (a few us of
+host time) and then the node steps, which have their plans. CUDA graphs: the node steps
+are trident's capturable kernels and the rail steps NCCL calls on the current stream, so
+a call with even sizes can be captured after an eager warm-up (which creates the node
+buffers); where ranks share a GPU the rail goes through the host and cannot be.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import _check_splits_agree, _splits, common, nccl
+from ..all_to_all.rows import check_no_overlap
+from .all_gather import all_gather as _all_gather
+from .all_reduce import all_reduce as _all_reduce
+from .all_to_all import all_to_all as _all_to_all, flat as _all_to_all_flat
+from .broadcast import broadcast as _broadcast
+from .reduce_scatter import reduce_scatter as _reduce_scatter
+from . import cost, rail
+
+ALGORITHMS = ("hierarchical", "nccl")
+
+
+def _algorithm(wctx, op: str, algorithm, nbytes: int) -> str:
+    has_nccl = nccl.available(wctx)
+    if algorithm is None or algorithm == "auto":
+        if not has_nccl:
+            return "hierarchical"
+        topo = wctx.topology
+        return cost.choose(op, nbytes, topo.num_nodes, topo.node_size)
+    choices = ["auto", "hierarchical"] + (["nccl"] if has_nccl else [])
+    if algorithm == "nccl":
+        nccl.check_available(wctx, f"{op}: algorithm 'nccl'", choices)
+    elif algorithm != "hierarchical":
+        raise ValueError(f"{op}: on a context across nodes the algorithm is one of {choices} "
+                         f"(the node's own algorithms run inside each node), got {algorithm!r}")
+    return algorithm
+
+
+def _no_options(op: str, options: dict) -> None:
+    if options:
+        raise TypeError(f"{op}: a context across nodes takes no launch options, got "
+                        f"{sorted(options)}; the node steps choose their own (use "
+                        f"ctx.node.{op}(...) for one node's ranks)")
+
+
+def all_reduce(wctx, t, op: str = "sum", algorithm: str = "auto", **options):
+    """In place: t = op over every rank of the world of t. Returns t."""
+    _no_options("all_reduce", options)
+    common.check_tensor(wctx, t, "all_reduce: t")
+    common.check_reduce(t, "all_reduce: t", op)
+    name = _algorithm(wctx, "all_reduce", algorithm, t.numel() * t.element_size())
+    if t.numel() == 0:
+        return t
+    if name == "nccl":
+        nccl.all_reduce(wctx, t, op)
+    else:
+        _all_reduce(wctx, t, op)
+    return t
+
+
+def all_gather(wctx, out, inp, algorithm: str = "auto", **options):
+    """out [world*n, ...] = every rank's inp [n, ...], in world rank order. Returns out."""
+    _no_options("all_gather", options)
+    common.check_tensor(wctx, out, "all_gather: out")
+    common.check_tensor(wctx, inp, "all_gather: inp")
+    common.check_same_dtype(out, inp, "all_gather: out and inp")
+    w = wctx.world_size
+    if inp.dim() == 0 or tuple(out.shape) != (w * inp.shape[0], *inp.shape[1:]):
+        raise ValueError(f"all_gather: out must have shape [world_size * n, ...] = "
+                         f"{[w * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
+                         f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
+    name = _algorithm(wctx, "all_gather", algorithm, inp.numel() * inp.element_size())
+    if inp.numel() == 0:
+        return out
+    if name == "nccl":
+        nccl.all_gather(wctx, out, inp)
+    else:
+        _all_gather(wctx, out, inp)
+    return out
+
+
+def reduce_scatter(wctx, out, inp, op: str = "sum", algorithm: str = "auto", **options):
+    """out [n, ...] = this rank's block of the op over the world of inp [world*n, ...]."""
+    _no_options("reduce_scatter", options)
+    common.check_tensor(wctx, out, "reduce_scatter: out")
+    common.check_tensor(wctx, inp, "reduce_scatter: inp")
+    common.check_same_dtype(out, inp, "reduce_scatter: out and inp")
+    common.check_reduce(inp, "reduce_scatter: inp", op)
+    if out.dim() == 0 or tuple(inp.shape) != (wctx.world_size * out.shape[0], *out.shape[1:]):
+        raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
+                         f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
+    name = _algorithm(wctx, "reduce_scatter", algorithm, out.numel() * out.element_size())
+    if out.numel() == 0:
+        return out
+    if name == "nccl":
+        nccl.reduce_scatter(wctx, out, inp, op)
+    else:
+        _reduce_scatter(wctx, out, inp, op)
+    return out
+
+
+def broadcast(wctx, t, src: int = 0, algorithm: str = "auto", **options):
+    """t on every rank = t of world rank `src`. Returns t."""
+    _no_options("broadcast", options)
+    common.check_tensor(wctx, t, "broadcast: t")
+    if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < wctx.world_size:
+        raise ValueError(f"broadcast: src must be a rank in 0..{wctx.world_size - 1}, got {src!r}")
+    name = _algorithm(wctx, "broadcast", algorithm, t.numel() * t.element_size())
+    if t.numel() == 0:
+        return t
+    if name == "nccl":
+        nccl.broadcast(wctx, t, src)
+    else:
+        _broadcast(wctx, t, src)
+    return t
+
+
+def all_to_all(wctx, out, inp, out_splits=None, in_splits=None, algorithm: str = "auto",
+               **options):
+    """Rank r sends rows in_splits[p] of inp to world rank p and receives out_splits[p]
+    rows from rank p into out, in world rank order. None = even splits."""
+    _no_options("all_to_all", options)
+    common.check_tensor(wctx, out, "all_to_all: out")
+    common.check_tensor(wctx, inp, "all_to_all: inp")
+    common.check_same_dtype(out, inp, "all_to_all: out and inp")
+    if out.dim() == 0 or inp.dim() == 0 or out.shape[1:] != inp.shape[1:]:
+        raise ValueError(f"all_to_all: out and inp must be at least 1-D with the same shape "
+                         f"after dim 0, got {list(out.shape)} and {list(inp.shape)}")
+    even = out_splits is None and in_splits is None
+    out_splits = _splits(wctx, out, out_splits, "out")
+    in_splits = _splits(wctx, inp, in_splits, "in")
+    check_no_overlap(out, inp)
+    # uneven splits differ between ranks: every rank must still take the same path
+    name = _algorithm(wctx, "all_to_all", algorithm,
+                      inp.numel() * inp.element_size() if even else 1 << 62)
+    if not even or name == "nccl":
+        if wctx.debug:
+            _check_splits_agree(wctx, out_splits, in_splits)
+        if math.prod(inp.shape[1:]):              # every rank joins, with rows or none
+            _all_to_all_flat(wctx, out, inp, out_splits, in_splits)
+        return out
+    if inp.numel():
+        _all_to_all(wctx, out, inp)
+    return out
+
+
+__all__ = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all",
+           "ALGORITHMS", "cost", "rail"]
