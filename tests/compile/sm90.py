@@ -53,7 +53,11 @@ def compile_ptx(fn, signature: dict, constants: dict | None = None, aligned=(),
     the kernel's shared memory in bytes appended."""
     names = list(signature)
     attrs = {(names.index(a),): DIVISIBLE_BY_16 for a in aligned}
-    src = ASTSource(fn, signature, constants or {}, attrs)
+    if fn.is_gluon():           # a @gluon.jit kernel (trident.language.gluon.jit on GPUs)
+        from triton.experimental.gluon._runtime import GluonASTSource
+        src = GluonASTSource(fn, signature, constants or {}, attrs)
+    else:
+        src = ASTSource(fn, signature, constants or {}, attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     compiled = triton.compile(src, target=TARGET, options=options)
     if shared is not None:
@@ -196,6 +200,19 @@ def _ccl() -> list[Kernel]:
         Kernel("trident.ccl.barrier", "_barrier_kernel", {}, [V()]),
         Kernel("trident.ccl.all_gather.push", "_push_kernel", dict(out=P32, inp=P32, **push),
                copies, aligned=("n", "stride", "half")),
+        # Gluon (issue 22): one 16-byte load and WORLD 16-byte stores per vector a thread
+        # holds (BLOCK // (warps * 32 * 4) of them), then the copy out of the slots. int16
+        # words come from an odd size: only compiled.
+        Kernel("trident.ccl.all_gather.gluon", "_gluon_kernel", dict(out=P32, inp=P32, **push),
+               [V("all", nw, v4=(vecs * world, vecs * (2 * world - 1)), BLOCK=blk, VEC=4,
+                  WARPS=nw, WORLD=world, TRACE=t)
+                for world, t, blk, nw in ((4, False, word_block, w), (4, True, word_block, w),
+                                          (2, False, word_block, w), (8, False, word_block, w),
+                                          (4, False, word_block // 4, 2))
+                for vecs in [blk // (nw * 32 * 4)]]
+               + [V("", w, types=dict(out=P16, inp=P16, scratch=P16), BLOCK=word_block * 2,
+                    VEC=8, WARPS=w, WORLD=4, TRACE=False)],
+               aligned=("n", "stride", "half")),
         Kernel("trident.ccl.all_gather.pull", "_pull_kernel", dict(out=P32, inp=P32, **pull),
                [V("ld+st", w, v4=(8, 16), BLOCK=pull_ag_block, WORD=4, WORLD=world, TRACE=t)
                 for world, t in ((4, False), (4, True), (2, False), (8, False))]
@@ -518,6 +535,14 @@ def _language() -> list[Kernel]:
         Kernel("tests.language.test_sync", "_ping_pong_kernel",
                dict(flags=P32, data=P32, log=P32, rounds=I32), [V()]),
         Kernel("tests.language.test_sync", "_timestamp_kernel", dict(out=P64), [V()]),
+        # every helper called from a Gluon kernel (issue 22), with its memory semantics
+        Kernel("tests.compile.gluon_api", "_device_api_kernel",
+               dict(out=P32, inp=P32, flag=P64, n=I32), [V("ld+st", BLOCK=512, ptx_has=(
+                   "ld.acquire.sys.global.b64", "atom.global.sys.release.exch.b64",
+                   "atom.global.sys.release.add", "atom.global.acquire.gpu.cas.b64",
+                   "atom.global.sys.acq_rel.add", "%globaltimer", "nanosleep",
+                   "fence.proxy.async.global", "bar.sync"))],
+               aligned=("n",)),
     ]
 
 

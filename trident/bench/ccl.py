@@ -17,6 +17,10 @@ empty, and torch's symmetric-memory ops (which need the group's store, not NCCL)
 Size per rank: all_reduce/broadcast the tensor, all_gather the input block,
 reduce_scatter the output block, all_to_all the input. Data is bf16.
 
+trident's algorithms are every entry of ccl.ALGORITHMS, so the all_gather rows time the
+Gluon kernel (trident_gluon, ccl/all_gather/gluon.py) beside push, pull and push_direct;
+it keeps push's scratch, so like push it stops at SCRATCH_LIMIT.
+
     trident bench ccl                                   # every GPU, every op and size
     trident bench ccl --ops all_reduce --max-size 1M --calls 50
     trident bench ccl --max-size 64M --factor 4 --update-selector /tmp/tables.json
