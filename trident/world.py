@@ -26,7 +26,7 @@ _FROM_NODE = frozenset((
     "device", "backend", "heap_size", "debug", "empty", "zeros", "ones", "full", "randn",
     "rand", "arange", "empty_like", "zeros_like", "free", "is_symmetric", "check_symmetric",
     "heap_offset", "allocator", "sync", "set_timeout", "timeout_s", "host_timeout_s",
-    "free_since", "ranks_per_device", "shares_device", "nccl_available", "usable_sms",
+    "free_since", "ranks_per_device", "shares_device", "usable_sms",
     "heap_mapping", "capturing"))
 
 
@@ -52,6 +52,13 @@ class WorldContext:
             f"a trident context across nodes does not offer {name!r}: it works on the ranks "
             f"of one node, whose heap its kernels address. Use ctx.node.{name} (this node's "
             f"{self.topology.node_size} ranks) -- see docs/design.md, 'Beyond one node'")
+
+    @property
+    def nccl_available(self) -> bool:
+        """Whether torch.distributed collectives over the world can take this context's
+        tensors: on the CPU emulation, or where the job's group is not gloo (GPU ranks
+        that share a GPU, on any node, make it gloo)."""
+        return self.backend == "cpu" or dist.get_backend(self.group) != "gloo"
 
     # ------------------------------------------------------------------ collectives
     def all_gather(self, out, inp, **options):

@@ -306,3 +306,27 @@ def test_cost_model(monkeypatch):
     monkeypatch.setenv(cost.INTER_US_ENV, "0")
     with pytest.raises(ValueError, match=cost.INTER_US_ENV):
         cost.internode()
+
+
+def test_selector_across_nodes():
+    from trident.ccl.selector import select_across_nodes
+    for op in ("all_reduce", "all_to_all", "broadcast"):
+        for nbytes in (1 << 10, 1 << 30):
+            assert select_across_nodes(op, nbytes, 4, 1) == cost.choose(op, nbytes, 4, 1)
+            # no NCCL (GPU ranks sharing a GPU): never the flat torch.distributed path
+            assert select_across_nodes(op, nbytes, 4, 1, nccl=False) == "hierarchical"
+
+
+def test_info_prints_layout(monkeypatch, capsys):
+    from trident import _env
+    from trident.tools.info import _nodes_info
+    if not _env.INTERPRET:
+        pytest.skip("the default world of `trident info` on GPUs depends on the GPUs")
+    monkeypatch.setenv(topology.NODE_SIZE_ENV, "2")
+    _nodes_info()
+    text = capsys.readouterr().out
+    assert "2 node(s) of 2 rank(s)" in text and "rail 1: ranks [1, 3]" in text
+    assert cost.INTER_GBPS_ENV in text
+    monkeypatch.setenv(topology.NODE_SIZE_ENV, "3")
+    _nodes_info()
+    assert "does not split 4 ranks" in capsys.readouterr().out

@@ -100,6 +100,19 @@ def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
     return name
 
 
+def select_across_nodes(op: str, nbytes: int, nodes: int, node_size: int,
+                        nccl: bool = True) -> str:
+    """The algorithm for `op` at `nbytes` per rank on `nodes` nodes of `node_size` ranks
+    (a trident.world.WorldContext): "hierarchical" (trident inside each node,
+    torch.distributed on the rails) or "nccl" (one torch.distributed collective over the
+    world), by the cost model of hierarchical/cost.py until measured tables exist.
+    nccl=False (GPU ranks sharing a GPU) always gives "hierarchical"."""
+    if not nccl:
+        return "hierarchical"
+    from .hierarchical import cost
+    return cost.choose(op, nbytes, nodes, node_size)
+
+
 def _row(rows: list, nbytes: int, nccl: bool) -> str | None:
     """The algorithm of the first row that takes `nbytes`. Without nccl, where that row is
     "nccl": the first trident row above it (the algorithm measured best at the next larger

@@ -36,7 +36,33 @@ def info() -> int:
     else:
         print("ranks: 4 CPU processes by default (trident demo --world-size N)")
     _selector_info()
+    _nodes_info()
     return 0
+
+
+def _nodes_info() -> None:
+    """The layout of nodes and rails that TRIDENT_NODE_SIZE gives the default world, and
+    the network parameters of the cost model across nodes."""
+    from .. import topology
+    from ..ccl.hierarchical import cost
+    world = 4 if _env.INTERPRET else max(torch.cuda.device_count(), 1)
+    try:
+        node_size = topology.node_size_from_env(world)
+    except ValueError as exc:
+        print(f"nodes: {exc}")
+        return
+    if node_size is None:
+        print(f"nodes: one per host (or LOCAL_WORLD_SIZE under torchrun); "
+              f"{topology.NODE_SIZE_ENV}=n splits one machine's ranks into nodes of n")
+        return
+    print(f"nodes at {world} ranks: "
+          + topology.layout(world, node_size, f"{topology.NODE_SIZE_ENV}={node_size}"))
+    try:
+        gbps, us = cost.internode()
+        print(f"between nodes (cost model): {gbps:g} GB/s, {us:g} us per hop "
+              f"({cost.INTER_GBPS_ENV}, {cost.INTER_US_ENV})")
+    except ValueError as exc:
+        print(f"between nodes: {exc}")
 
 
 def _sharing_info(gpus: int) -> None:

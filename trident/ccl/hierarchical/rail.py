@@ -15,14 +15,16 @@ import torch.distributed as dist
 from .. import nccl
 
 
-def staged(ctx) -> bool:
-    """Whether the steps go through host memory (GPU ranks that share a GPU: gloo groups)."""
-    return ctx.device.type == "cuda" and not nccl.available(ctx)
+def staged(ctx, group) -> bool:
+    """Whether the steps over `group` go through host memory: GPU tensors and a gloo group
+    (ranks that share a GPU). Asked of the group itself: the node's own Context counts
+    only the ranks of its node on its GPU."""
+    return ctx.device.type == "cuda" and dist.get_backend(group) == "gloo"
 
 
-def _on_host(ctx, fn, *tensors):
+def _on_host(ctx, group, fn, *tensors):
     """fn(*tensors), through CPU copies when `staged`; tensors[0] is the output."""
-    if not staged(ctx):
+    if not staged(ctx, group):
         fn(*tensors)
         return
     host = [t.cpu() for t in tensors]
@@ -31,18 +33,18 @@ def _on_host(ctx, fn, *tensors):
 
 
 def all_reduce(ctx, group, t: torch.Tensor, op: str) -> None:
-    _on_host(ctx, lambda x: dist.all_reduce(x, op=nccl._REDUCE[op], group=group), t)
+    _on_host(ctx, group, lambda x: dist.all_reduce(x, op=nccl._REDUCE[op], group=group), t)
 
 
 def all_gather(ctx, group, out: torch.Tensor, inp: torch.Tensor) -> None:
     """out (1-D) = every member's inp (1-D), in group-rank order; any dtype (as bytes)."""
-    _on_host(ctx, lambda o, i: nccl.all_gather_single(o.view(torch.uint8), i.view(torch.uint8),
-                                                       group=group), out, inp)
+    _on_host(ctx, group, lambda o, i: nccl.all_gather_single(
+        o.view(torch.uint8), i.view(torch.uint8), group=group), out, inp)
 
 
 def reduce_scatter(ctx, group, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
     """out (1-D) = this member's block of the op over members of inp (1-D)."""
-    if not staged(ctx):
+    if not staged(ctx, group):
         nccl.reduce_scatter_single(out, inp, op=nccl._REDUCE[op], group=group)
         return
     host = inp.cpu()                    # gloo of older torch has no reduce-scatter
@@ -52,7 +54,7 @@ def reduce_scatter(ctx, group, out: torch.Tensor, inp: torch.Tensor, op: str) ->
 
 def broadcast(ctx, group, t: torch.Tensor, src: int) -> None:
     """t (1-D) on every member = t of group rank `src`."""
-    _on_host(ctx, lambda x: dist.broadcast(x.view(torch.uint8),
+    _on_host(ctx, group, lambda x: dist.broadcast(x.view(torch.uint8),
                                            src=dist.get_global_rank(group, src), group=group), t)
 
 
@@ -60,6 +62,6 @@ def all_to_all(ctx, group, out: torch.Tensor, inp: torch.Tensor, out_splits=None
                in_splits=None) -> None:
     """Rows (dim 0) of inp to the members by in_splits, received by out_splits (None:
     even); any dtype (as bytes)."""
-    _on_host(ctx, lambda o, i: dist.all_to_all_single(
+    _on_host(ctx, group, lambda o, i: dist.all_to_all_single(
         nccl._bytes(o, rows=True), nccl._bytes(i, rows=True), out_splits, in_splits,
         group=group), out, inp)
