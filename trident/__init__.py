@@ -13,8 +13,11 @@ def __getattr__(name):
     if name == "ExpertParallel":           # MoE dispatch/combine (trident/moe)
         from .moe import ExpertParallel
         return ExpertParallel
+    if name == "WorldContext":             # what init returns across nodes (trident/world.py)
+        from .world import WorldContext
+        return WorldContext
     raise AttributeError(f"module 'trident' has no attribute {name!r}")
 
 
 __all__ = ["init", "Context", "launch", "CommTimeout", "HeapFullError", "HeapMismatchError",
-           "ExpertParallel"]
+           "ExpertParallel", "WorldContext"]

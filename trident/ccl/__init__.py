@@ -18,7 +18,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import common, nccl
+from . import checks, common, nccl
 from .options import knobs
 from .all_gather import ALGORITHMS as ALL_GATHER
 from .all_reduce import ALGORITHMS as ALL_REDUCE
@@ -26,7 +26,6 @@ from .all_to_all import ALGORITHMS as ALL_TO_ALL
 from .broadcast import ALGORITHMS as BROADCAST
 from .reduce_scatter import ALGORITHMS as REDUCE_SCATTER
 from ..plans import Plan, tensor_key
-from .all_to_all.rows import check_no_overlap
 from .selector import select
 
 ALGORITHMS = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
@@ -98,8 +97,7 @@ def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, pro
 
 
 def _plan_all_reduce(ctx, t, op, algorithm, block, programs, kw, graph) -> Plan:
-    common.check_tensor(ctx, t, "all_reduce: t")
-    code = common.check_reduce(t, "all_reduce: t", op)
+    code = checks.all_reduce(ctx, t, op)
     name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size(), graph)
     kw = knobs(ctx, "all_reduce", name, ALL_REDUCE.get(name), kw, block, programs)
     plan = Plan((t,), name)
@@ -124,13 +122,7 @@ def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None
 
 
 def _plan_all_gather(ctx, out, inp, algorithm, block, programs, kw, graph) -> Plan:
-    common.check_tensor(ctx, out, "all_gather: out")
-    common.check_tensor(ctx, inp, "all_gather: inp")
-    common.check_same_dtype(out, inp, "all_gather: out and inp")
-    if inp.dim() == 0 or tuple(out.shape) != (ctx.world_size * inp.shape[0], *inp.shape[1:]):
-        raise ValueError(f"all_gather: out must have shape [world_size * n, ...] = "
-                         f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
-                         f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
+    checks.all_gather(ctx, out, inp)
     name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size(), graph)
     kw = knobs(ctx, "all_gather", name, ALL_GATHER.get(name), kw, block, programs)
     plan = Plan((out, inp), name)
@@ -162,13 +154,7 @@ def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", bloc
 
 
 def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, kw, graph) -> Plan:
-    common.check_tensor(ctx, out, "reduce_scatter: out")
-    common.check_tensor(ctx, inp, "reduce_scatter: inp")
-    common.check_same_dtype(out, inp, "reduce_scatter: out and inp")
-    code = common.check_reduce(inp, "reduce_scatter: inp", op)
-    if out.dim() == 0 or tuple(inp.shape) != (ctx.world_size * out.shape[0], *out.shape[1:]):
-        raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
-                         f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
+    code = checks.reduce_scatter(ctx, out, inp, op)
     name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size(), graph)
     kw = knobs(ctx, "reduce_scatter", name, REDUCE_SCATTER.get(name), kw, block, programs)
     plan = Plan((out, inp), name)
@@ -180,20 +166,6 @@ def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, kw, grap
         REDUCE_SCATTER[name](ctx, plan, out.view(-1), inp.view(-1), code, block=block,
                              programs=programs, **kw)
     return plan
-
-
-def _splits(ctx, t, splits, name: str) -> list[int]:
-    rows = t.shape[0]
-    if splits is None:
-        if rows % ctx.world_size:
-            raise ValueError(f"all_to_all: {name} has {rows} rows, not a multiple of world size "
-                             f"{ctx.world_size}; pass {name}_splits for uneven splits")
-        return [rows // ctx.world_size] * ctx.world_size
-    splits = [int(s) for s in splits]
-    if len(splits) != ctx.world_size or min(splits) < 0 or sum(splits) != rows:
-        raise ValueError(f"all_to_all: {name}_splits must be {ctx.world_size} non-negative "
-                         f"row counts summing to {name}.shape[0] = {rows}, got {splits}")
-    return splits
 
 
 def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = "auto",
@@ -216,16 +188,8 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = 
 
 def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, programs, kw,
                      graph) -> Plan:
-    common.check_tensor(ctx, out, "all_to_all: out")
-    common.check_tensor(ctx, inp, "all_to_all: inp")
-    common.check_same_dtype(out, inp, "all_to_all: out and inp")
-    if out.dim() == 0 or inp.dim() == 0 or out.shape[1:] != inp.shape[1:]:
-        raise ValueError(f"all_to_all: out and inp must be at least 1-D with the same shape "
-                         f"after dim 0, got {list(out.shape)} and {list(inp.shape)}")
     even = out_splits is None and in_splits is None
-    out_splits = _splits(ctx, out, out_splits, "out")
-    in_splits = _splits(ctx, inp, in_splits, "in")
-    check_no_overlap(out, inp)
+    out_splits, in_splits = checks.all_to_all(ctx, out, inp, out_splits, in_splits)
     # Every rank must pick the same algorithm. With uneven splits the input sizes differ
     # between ranks, so the choice cannot depend on them: take the large-message row.
     nbytes = inp.numel() * inp.element_size() if even else 1 << 62
@@ -295,9 +259,7 @@ def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, program
 
 
 def _plan_broadcast(ctx, t, src, algorithm, block, programs, kw, graph) -> Plan:
-    common.check_tensor(ctx, t, "broadcast: t")
-    if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < ctx.world_size:
-        raise ValueError(f"broadcast: src must be a rank in 0..{ctx.world_size - 1}, got {src!r}")
+    checks.broadcast(ctx, t, src)
     name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size(), graph)
     word = common.word_type([t.numel() * t.element_size()])[1]
     kw = knobs(ctx, "broadcast", name, BROADCAST.get(name), kw, block, programs, word)

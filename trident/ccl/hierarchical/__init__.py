@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .. import _check_splits_agree, _splits, common, nccl
-from ..all_to_all.rows import check_no_overlap
+from .. import _check_splits_agree, checks, nccl
 from ..selector import select_across_nodes
 from .all_gather import all_gather as _all_gather
 from .all_reduce import all_reduce as _all_reduce
@@ -50,75 +49,50 @@ def _no_options(op: str, options: dict) -> None:
                         f"ctx.node.{op}(...) for one node's ranks)")
 
 
+# (flat, hierarchical) implementation of each op, both called as fn(wctx, *args)
+_PATHS = {"all_reduce": (nccl.all_reduce, _all_reduce),
+          "all_gather": (nccl.all_gather, _all_gather),
+          "reduce_scatter": (nccl.reduce_scatter, _reduce_scatter),
+          "broadcast": (nccl.broadcast, _broadcast)}
+
+
+def _run(wctx, op: str, algorithm, sized, *args) -> None:
+    """Select by the bytes of `sized` (the selector's bytes per rank), then run op(*args)
+    unless `sized` is empty (then so is the whole call, on every rank)."""
+    name = _algorithm(wctx, op, algorithm, sized.numel() * sized.element_size())
+    if sized.numel():
+        _PATHS[op][name == "hierarchical"](wctx, *args)
+
+
 def all_reduce(wctx, t, op: str = "sum", algorithm: str = "auto", **options):
     """In place: t = op over every rank of the world of t. Returns t."""
     _no_options("all_reduce", options)
-    common.check_tensor(wctx, t, "all_reduce: t")
-    common.check_reduce(t, "all_reduce: t", op)
-    name = _algorithm(wctx, "all_reduce", algorithm, t.numel() * t.element_size())
-    if t.numel() == 0:
-        return t
-    if name == "nccl":
-        nccl.all_reduce(wctx, t, op)
-    else:
-        _all_reduce(wctx, t, op)
+    checks.all_reduce(wctx, t, op)
+    _run(wctx, "all_reduce", algorithm, t, t, op)
     return t
 
 
 def all_gather(wctx, out, inp, algorithm: str = "auto", **options):
     """out [world*n, ...] = every rank's inp [n, ...], in world rank order. Returns out."""
     _no_options("all_gather", options)
-    common.check_tensor(wctx, out, "all_gather: out")
-    common.check_tensor(wctx, inp, "all_gather: inp")
-    common.check_same_dtype(out, inp, "all_gather: out and inp")
-    w = wctx.world_size
-    if inp.dim() == 0 or tuple(out.shape) != (w * inp.shape[0], *inp.shape[1:]):
-        raise ValueError(f"all_gather: out must have shape [world_size * n, ...] = "
-                         f"{[w * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
-                         f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
-    name = _algorithm(wctx, "all_gather", algorithm, inp.numel() * inp.element_size())
-    if inp.numel() == 0:
-        return out
-    if name == "nccl":
-        nccl.all_gather(wctx, out, inp)
-    else:
-        _all_gather(wctx, out, inp)
+    checks.all_gather(wctx, out, inp)
+    _run(wctx, "all_gather", algorithm, inp, out, inp)
     return out
 
 
 def reduce_scatter(wctx, out, inp, op: str = "sum", algorithm: str = "auto", **options):
     """out [n, ...] = this rank's block of the op over the world of inp [world*n, ...]."""
     _no_options("reduce_scatter", options)
-    common.check_tensor(wctx, out, "reduce_scatter: out")
-    common.check_tensor(wctx, inp, "reduce_scatter: inp")
-    common.check_same_dtype(out, inp, "reduce_scatter: out and inp")
-    common.check_reduce(inp, "reduce_scatter: inp", op)
-    if out.dim() == 0 or tuple(inp.shape) != (wctx.world_size * out.shape[0], *out.shape[1:]):
-        raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
-                         f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
-    name = _algorithm(wctx, "reduce_scatter", algorithm, out.numel() * out.element_size())
-    if out.numel() == 0:
-        return out
-    if name == "nccl":
-        nccl.reduce_scatter(wctx, out, inp, op)
-    else:
-        _reduce_scatter(wctx, out, inp, op)
+    checks.reduce_scatter(wctx, out, inp, op)
+    _run(wctx, "reduce_scatter", algorithm, out, out, inp, op)
     return out
 
 
 def broadcast(wctx, t, src: int = 0, algorithm: str = "auto", **options):
     """t on every rank = t of world rank `src`. Returns t."""
     _no_options("broadcast", options)
-    common.check_tensor(wctx, t, "broadcast: t")
-    if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < wctx.world_size:
-        raise ValueError(f"broadcast: src must be a rank in 0..{wctx.world_size - 1}, got {src!r}")
-    name = _algorithm(wctx, "broadcast", algorithm, t.numel() * t.element_size())
-    if t.numel() == 0:
-        return t
-    if name == "nccl":
-        nccl.broadcast(wctx, t, src)
-    else:
-        _broadcast(wctx, t, src)
+    checks.broadcast(wctx, t, src)
+    _run(wctx, "broadcast", algorithm, t, t, src)
     return t
 
 
@@ -127,16 +101,8 @@ def all_to_all(wctx, out, inp, out_splits=None, in_splits=None, algorithm: str =
     """Rank r sends rows in_splits[p] of inp to world rank p and receives out_splits[p]
     rows from rank p into out, in world rank order. None = even splits."""
     _no_options("all_to_all", options)
-    common.check_tensor(wctx, out, "all_to_all: out")
-    common.check_tensor(wctx, inp, "all_to_all: inp")
-    common.check_same_dtype(out, inp, "all_to_all: out and inp")
-    if out.dim() == 0 or inp.dim() == 0 or out.shape[1:] != inp.shape[1:]:
-        raise ValueError(f"all_to_all: out and inp must be at least 1-D with the same shape "
-                         f"after dim 0, got {list(out.shape)} and {list(inp.shape)}")
     even = out_splits is None and in_splits is None
-    out_splits = _splits(wctx, out, out_splits, "out")
-    in_splits = _splits(wctx, inp, in_splits, "in")
-    check_no_overlap(out, inp)
+    out_splits, in_splits = checks.all_to_all(wctx, out, inp, out_splits, in_splits)
     # uneven splits differ between ranks: every rank must still take the same path
     name = _algorithm(wctx, "all_to_all", algorithm,
                       inp.numel() * inp.element_size() if even else 1 << 62)

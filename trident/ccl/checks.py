@@ -1,0 +1,70 @@
+"""The input checks of each collective, shared by the one-node collectives (ccl/__init__)
+and the ones across nodes (ccl/hierarchical): the same call is refused with the same
+message on either. `ctx.world_size` is the world the call spans."""
+from __future__ import annotations
+
+from . import common
+from .all_to_all.rows import check_no_overlap
+
+
+def all_reduce(ctx, t, op: str) -> int:
+    """Check all_reduce's tensor and op; returns the op's code."""
+    common.check_tensor(ctx, t, "all_reduce: t")
+    return common.check_reduce(t, "all_reduce: t", op)
+
+
+def all_gather(ctx, out, inp) -> None:
+    common.check_tensor(ctx, out, "all_gather: out")
+    common.check_tensor(ctx, inp, "all_gather: inp")
+    common.check_same_dtype(out, inp, "all_gather: out and inp")
+    if inp.dim() == 0 or tuple(out.shape) != (ctx.world_size * inp.shape[0], *inp.shape[1:]):
+        raise ValueError(f"all_gather: out must have shape [world_size * n, ...] = "
+                         f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
+                         f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
+
+
+def reduce_scatter(ctx, out, inp, op: str) -> int:
+    """Check reduce_scatter's tensors and op; returns the op's code."""
+    common.check_tensor(ctx, out, "reduce_scatter: out")
+    common.check_tensor(ctx, inp, "reduce_scatter: inp")
+    common.check_same_dtype(out, inp, "reduce_scatter: out and inp")
+    code = common.check_reduce(inp, "reduce_scatter: inp", op)
+    if out.dim() == 0 or tuple(inp.shape) != (ctx.world_size * out.shape[0], *out.shape[1:]):
+        raise ValueError(f"reduce_scatter: inp must have shape [world_size * n, ...] for out "
+                         f"of shape [n, ...] = {list(out.shape)}, got {list(inp.shape)}")
+    return code
+
+
+def broadcast(ctx, t, src) -> None:
+    common.check_tensor(ctx, t, "broadcast: t")
+    if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < ctx.world_size:
+        raise ValueError(f"broadcast: src must be a rank in 0..{ctx.world_size - 1}, got {src!r}")
+
+
+def splits(ctx, t, splits, name: str) -> list[int]:
+    """all_to_all's row counts per rank for `t` (even when `splits` is None), checked."""
+    rows = t.shape[0]
+    if splits is None:
+        if rows % ctx.world_size:
+            raise ValueError(f"all_to_all: {name} has {rows} rows, not a multiple of world size "
+                             f"{ctx.world_size}; pass {name}_splits for uneven splits")
+        return [rows // ctx.world_size] * ctx.world_size
+    splits = [int(s) for s in splits]
+    if len(splits) != ctx.world_size or min(splits) < 0 or sum(splits) != rows:
+        raise ValueError(f"all_to_all: {name}_splits must be {ctx.world_size} non-negative "
+                         f"row counts summing to {name}.shape[0] = {rows}, got {splits}")
+    return splits
+
+
+def all_to_all(ctx, out, inp, out_splits, in_splits) -> tuple[list[int], list[int]]:
+    """Check all_to_all's tensors and splits; returns (out_splits, in_splits) as lists."""
+    common.check_tensor(ctx, out, "all_to_all: out")
+    common.check_tensor(ctx, inp, "all_to_all: inp")
+    common.check_same_dtype(out, inp, "all_to_all: out and inp")
+    if out.dim() == 0 or inp.dim() == 0 or out.shape[1:] != inp.shape[1:]:
+        raise ValueError(f"all_to_all: out and inp must be at least 1-D with the same shape "
+                         f"after dim 0, got {list(out.shape)} and {list(inp.shape)}")
+    out_splits = splits(ctx, out, out_splits, "out")
+    in_splits = splits(ctx, inp, in_splits, "in")
+    check_no_overlap(out, inp)
+    return out_splits, in_splits
