@@ -34,15 +34,23 @@ class Layout:
         return self.pool.run(_in_nodes_of, self.node_size, fn, *args)
 
 
-def _in_nodes_of(ctx, node_size, fn, *args):
+def _in_nodes_of(ctx, node_size, fn, *args, env=topology.NODE_SIZE_ENV):
+    """fn(a new context, *args) with the ranks' `env` set to node_size instead of the
+    pool's TRIDENT_NODE_SIZE."""
     import trident
-    saved = os.environ[topology.NODE_SIZE_ENV]
-    os.environ[topology.NODE_SIZE_ENV] = str(node_size)
+    saved = os.environ.pop(topology.NODE_SIZE_ENV)
+    os.environ[env] = str(node_size)
     try:
         with trident.init(heap_size=8 << 20, timeout=ctx.timeout_s) as other:
             return fn(other, *args)
     finally:
+        os.environ.pop(env)
         os.environ[topology.NODE_SIZE_ENV] = saved
+
+
+def _by_local_world_size(ctx):
+    """The layout torchrun gives: LOCAL_WORLD_SIZE=2 and no TRIDENT_NODE_SIZE."""
+    return _in_nodes_of(ctx, 2, _topology, env="LOCAL_WORLD_SIZE")
 
 
 @pytest.fixture(scope="module")
@@ -232,6 +240,12 @@ def test_topology(pool):
         assert (g["node_rank"], g["node_world"], g["node_topology"]) == (r % node_size, node_size, 1)
         assert g["node_ranks"] == [g["node"] * node_size + i for i in range(node_size)]
         assert g["rail"] == [r % node_size + k * node_size for k in range(WORLD // node_size)]
+
+
+def test_local_world_size(nodes_of_2):
+    got = nodes_of_2.run(_by_local_world_size)
+    assert [(g["node"], g["local"], g["rail"]) for g in got] == \
+        [(0, 0, [0, 2]), (0, 1, [1, 3]), (1, 0, [0, 2]), (1, 1, [1, 3])]
 
 
 def test_collectives(pool):
