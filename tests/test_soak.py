@@ -39,6 +39,34 @@ def test_soak_small(pool2):
     assert r0["eager_ops"] + r0["graph_ops"] == OPS // 2
     assert sum(r0["counts"].values()) == OPS // 2
     assert {op for (_, op, _) in r0["counts"]} == set(soak.OPS), text
+    # one plan per signature drawn (on GPUs an eager build also builds its capture twin)
+    backend = pool2.run(_backend)[0]
+    drawn = _drawn(args, 2, backend)
+    per = 2 if backend == "cuda" else 1
+    assert r0["plan_builds"][0] <= per * len(drawn["eager"]), (r0["plan_builds"], drawn)
+    assert r0["plan_builds"][1] <= len(drawn["graph"]), (r0["plan_builds"], drawn)
+    assert "launch plans built on rank 0" in text
+
+
+def _backend(ctx):
+    return ctx.backend
+
+
+def _drawn(args, world, backend, key=soak.describe):
+    """{"eager": set, "graph": set} of key(spec) over the ops a soak draws, as the ranks
+    draw them (host only)."""
+    g, size_set = random.Random(args.seed), soak.sizes(args.max_numel, args.seed)
+    cats = {"eager": soak.Catalogue(g, world, size_set, ALGORITHMS),
+            "graph": soak.Catalogue(g, world, size_set, ALGORITHMS, soak.SPLIT_PATTERNS)}
+    n_eager = soak.eager_ops(args, backend)
+    modes = ["eager"] * n_eager + ["graph"] * sum(k for _, k, _ in
+                                                  soak.graph_batches(args, n_eager))
+    out = {"eager": set(), "graph": set()}
+    for mode in modes:
+        spec = cats[mode].next(g)
+        if key is not None and (key is soak.describe or spec["op"] == "all_to_all"):
+            out[mode].add(key(spec))
+    return out
 
 
 def _nccl_available(ctx):
@@ -132,20 +160,38 @@ def test_default_run_exceeds_the_split_cache(world):
     more distinct all_to_all splits on a rank than the split-table cache holds, and the
     summary line says so. Host only: the op sequence as the ranks draw it."""
     args = soak.parse(["--backend", "cuda", "--world", str(world)])
-    g, size_set = random.Random(args.seed), soak.sizes(args.max_numel, args.seed)
-    n_eager = soak.eager_ops(args, "cuda")
-    keys = {"eager": set(), "graph": set()}
-    draws = [("eager", 0)] * n_eager + [("graph", soak.SPLIT_PATTERNS)] * sum(
-        k for _, k, _ in soak.graph_batches(args, n_eager))
-    for mode, base in draws:
-        spec = soak.draw(g, world, size_set, ALGORITHMS, base)
-        if spec["op"] == "all_to_all":
-            keys[mode].add(soak.split_key(spec, world - 1))
+    keys = _drawn(args, world, "cuda", lambda spec: soak.split_key(spec, world - 1))
     patterns = {mode: len(k) for mode, k in keys.items()}
     assert min(patterns.values()) > soak.SPLIT_CACHE_ENTRIES, patterns
+    signatures = _drawn(args, world, "cuda")        # bounded: plans are reused
+    assert max(map(len, signatures.values())) <= 4 * soak.SIGNATURES + soak.A2A_SIGNATURES, \
+        {mode: len(k) for mode, k in signatures.items()}
     line = soak.split_line(patterns, {("eager", "all_to_all", "push"): 1,
                                       ("graph", "all_to_all", "auto"): 1})
     assert "more than the 256 entries" in line and "eager and graph" in line, line
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_catalogue(world):
+    """A catalogue holds SIGNATURES distinct signatures per op and A2A_SIGNATURES
+    all_to_all ones whose splits differ on every rank; its decks run every signature of
+    an op once before any twice, and two catalogues drawn from one seed agree."""
+    size_set = soak.sizes(1 << 20, 0)
+    cat = soak.Catalogue(random.Random(1), world, size_set, ALGORITHMS)
+    again = soak.Catalogue(random.Random(1), world, size_set, ALGORITHMS)
+    assert cat.specs == again.specs
+    assert len(cat.specs["all_to_all"]) == soak.A2A_SIGNATURES > soak.SPLIT_CACHE_ENTRIES
+    for r in range(world):
+        assert len({soak.split_key(s, r) for s in cat.specs["all_to_all"]}) == \
+            soak.A2A_SIGNATURES
+    for op in soak.OPS:
+        specs = cat.specs[op]
+        assert len({soak.describe(s) for s in specs}) == len(specs) > 0
+        assert len(specs) == (soak.A2A_SIGNATURES if op == "all_to_all" else soak.SIGNATURES)
+    g, seen = random.Random(2), []
+    while sum(s["op"] == "broadcast" for s in seen) < soak.SIGNATURES:
+        seen.append(cat.next(g))
+    assert len({soak.describe(s) for s in seen if s["op"] == "broadcast"}) == soak.SIGNATURES
 
 
 def test_reference_inputs_agree_with_the_expected_outputs():
@@ -158,13 +204,19 @@ def test_reference_inputs_agree_with_the_expected_outputs():
     size_set = soak.sizes(64, 0)
     for index in range(60):
         spec = soak.draw(g, world, size_set, ALGORITHMS)
-        key = ref.op_key(0, index, torch.zeros((), dtype=torch.int64))
-        ins = [ref.input_of(spec, r, world, key) for r in range(world)]
+        key = ref.op_key(0, index)                  # eager: an int
+        ins = [ref.input_of(spec, r, world, key, "cpu") for r in range(world)]
         assert not torch.equal(ins[0], ins[1]) or ins[0].numel() < 4, spec
-        again = ref.input_of(spec, 0, world, ref.op_key(0, index, torch.ones((), dtype=torch.int64)))
-        assert not torch.equal(ins[0], again) or again.numel() < 4, spec
+        for replay in (1, 2):                       # graphs: a device tensor per replay
+            at = ref.op_key(0, index, torch.full((), replay, dtype=torch.int64))
+            again = ref.input_of(spec, 0, world, at)
+            assert not torch.equal(ins[0], again) or again.numel() < 4, spec
+            assert torch.equal(ref.expected(spec, 1, world, at),
+                               _naive(spec, [ref.input_of(spec, r, world, at)
+                                             for r in range(world)], 1)), spec
         for r in range(world):
-            assert torch.equal(ref.expected(spec, r, world, key), _naive(spec, ins, r)), spec
+            assert torch.equal(ref.expected(spec, r, world, key, "cpu"),
+                               _naive(spec, ins, r)), spec
 
 
 def _naive(spec, ins, r):

@@ -7,10 +7,15 @@ Every rank draws the same sequence of ops from one seed: all_reduce, all_gather,
 reduce_scatter, all_to_all (uneven splits, ranks that send or receive nothing) and
 broadcast, each with one of its algorithms or "auto" (the selector), a random size from a
 fixed set (log-spaced, odd sizes included, up to --max-numel elements per rank), dtype
-and reduction. Inputs are drawn on the device from the seed, the op's number and a replay
-counter (soak_reference.py): every rank can compute every rank's input without
-communication. Each op runs through trident and is checked against a reference
-(--reference):
+and reduction. The ops come from a catalogue of random signatures drawn once from the
+seed (SIGNATURES per op, A2A_SIGNATURES for all_to_all, each with its own splits; one
+catalogue per half): each op picks its kind at random, then the next signature of that
+kind from a shuffled deck, so every signature runs again and again, and a run builds at
+most one launch plan per signature (on GPUs, where an eager build also builds the plan a
+capture would use: two), whatever its length. Inputs are drawn on the device from the
+seed, the op's number and, in graphs, a replay counter (soak_reference.py): every rank
+can compute every rank's input without communication. Each op runs through trident and is
+checked against a reference (--reference):
 - nccl (the default where it is available): the same op through torch.distributed on the
   same inputs (NCCL on GPUs, gloo on the CPU emulation);
 - torch (the default where ranks share a GPU, since NCCL refuses two ranks on one
@@ -27,9 +32,12 @@ slots every --check-every ops (also checking the ranks' error words through
 ctx.sync(), so a timed-out wait is reported, not hung on).
 
 all_to_all splits come from SPLIT_PATTERNS fixed patterns per size and row length, a set
-for each half: at the default length each half draws more distinct splits than the
-all_to_all split-table cache holds (SPLIT_CACHE_ENTRIES), the case in which launch plans
-once launched with tables the cache had freed; the summary says how many were drawn.
+for each half; each half's catalogue holds A2A_SIGNATURES all_to_all signatures whose
+splits differ on every rank, more than the all_to_all split-table cache holds
+(SPLIT_CACHE_ENTRIES): a run that draws them all (each half of the default length does)
+clears the cache while plans built with its tables run again, the case in which launch
+plans once launched with tables the cache had freed; the summary says how many were
+drawn, and how many plans were built.
 
 Two ways of issuing ops, half the ops each on GPUs:
 - eager: ops queued back to back from Python;
@@ -65,15 +73,16 @@ MOVE_DTYPES = FLOAT_DTYPES + (torch.int32,)
 
 # ---------------------------------------------------------------------------- the op list
 def sizes(max_numel: int, seed: int) -> list[int]:
-    """A fixed set of per-rank element counts (so launch plans are reused): 1, a few
-    small odd ones, then about four per power of two up to max_numel, half of them odd."""
+    """A small fixed set of per-rank element counts (so that signatures, launch plans and
+    compiled kernels repeat): 1, 3, 31, then about one per two powers of two up to
+    max_numel, half of them odd (12 sizes at 1M)."""
     g = random.Random(seed ^ 0x5EED)
-    out = {1, 3, 7, 31}
+    out = {1, 3, 31}
     e = 5.0
     while 2 ** e <= max_numel:
         n = int(2 ** e)
         out.add(n | 1 if g.random() < 0.5 else n)
-        e += 0.25 + 0.5 * g.random()
+        e += 1.0 + 1.5 * g.random()
     return sorted(s for s in out if s <= max_numel)
 
 
@@ -83,7 +92,9 @@ REFERENCES = {
     "torch": "reference: plain torch on every rank's inputs, each rank regenerating them "
              "from the seed on its device (soak_reference.py); no communication",
 }
-SPLIT_PATTERNS = 16
+SPLIT_PATTERNS = 64         # per size and row length, per half
+SIGNATURES = 64             # catalogue entries per op other than all_to_all, per half
+A2A_SIGNATURES = 320        # all_to_all entries per half: more than SPLIT_CACHE_ENTRIES
 # Entries of all_to_all's split-table cache (trident/ccl/all_to_all/rows.py: splits_tensor
 # clears it when full; tests/test_soak.py checks this number against it). A soak of the
 # default length draws many more distinct splits than that, the case in which a freed
@@ -104,12 +115,12 @@ def splits(world: int, rows_max: int, pattern: int) -> list[list[int]]:
 
 
 def draw(g: random.Random, world: int, size_set: list[int], algorithms: dict,
-         split_base: int = 0) -> dict:
-    """One op, the same on every rank: op, algorithm (None = auto), numel per rank,
-    dtype, reduction, root, all_to_all splits (rows of `cols` elements, pattern
-    split_base + 0 ... SPLIT_PATTERNS - 1: the graph half draws its own patterns, so that
-    it too exceeds the split-table cache)."""
-    op = g.choice(OPS)
+         split_base: int = 0, op: str | None = None) -> dict:
+    """One random signature, the same on every rank: op (`op`, else random), algorithm
+    (None = auto), numel per rank, dtype, reduction, root, all_to_all splits (rows of
+    `cols` elements, pattern split_base + 0 ... SPLIT_PATTERNS - 1: the graph half draws
+    its own patterns, so that it too exceeds the split-table cache)."""
+    op = op or g.choice(OPS)
     algos = sorted(algorithms[op])
     algorithm = g.choice(algos + [None])
     spec = {"op": op, "algorithm": algorithm, "numel": g.choice(size_set)}
@@ -127,6 +138,51 @@ def draw(g: random.Random, world: int, size_set: list[int], algorithms: dict,
                                 split_base + g.randrange(SPLIT_PATTERNS))
     spec["plain_input"] = g.random() < 0.1       # not on the heap: trident stages it
     return spec
+
+
+class Catalogue:
+    """The signatures one half of the soak draws its ops from: SIGNATURES distinct ones per
+    op, A2A_SIGNATURES for all_to_all whose splits differ on every rank (split_key), all
+    drawn from `g` (fewer where the sizes leave fewer). `next(g)` picks an op at random,
+    then that op's next signature from a deck shuffled with `g` (every signature once
+    before any twice)."""
+
+    def __init__(self, g: random.Random, world: int, size_set: list[int], algorithms: dict,
+                 split_base: int = 0):
+        self.specs: dict = {}
+        self.decks: dict = {op: [] for op in OPS}
+        seen: set = set()
+        splits_seen = [set() for _ in range(world)]
+        for op in OPS:
+            want = A2A_SIGNATURES if op == "all_to_all" else SIGNATURES
+            specs = self.specs[op] = []
+            for _ in range(20 * want):
+                if len(specs) == want:
+                    break
+                spec = draw(g, world, size_set, algorithms, split_base, op)
+                name = describe(spec)
+                if name in seen:
+                    continue
+                if op == "all_to_all":
+                    keys = [split_key(spec, r) for r in range(world)]
+                    if any(k in s for k, s in zip(keys, splits_seen)):
+                        continue
+                    for k, s in zip(keys, splits_seen):
+                        s.add(k)
+                seen.add(name)
+                specs.append(spec)
+
+    def __len__(self) -> int:
+        return sum(map(len, self.specs.values()))
+
+    def next(self, g: random.Random) -> dict:
+        """A fresh copy of the next op's signature (the soak adds its index to it)."""
+        op = g.choice(OPS)
+        deck = self.decks[op]
+        if not deck:
+            deck.extend(range(len(self.specs[op])))
+            g.shuffle(deck)
+        return dict(self.specs[op][deck.pop()])
 
 
 def describe(spec: dict) -> str:
@@ -158,6 +214,8 @@ class Buffers:
         self.ref_in = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         self.ref_out = torch.empty(nbytes, dtype=torch.uint8, device=dev)
         self.replay = torch.zeros((), dtype=torch.int64, device=dev)   # graph replays
+        # the inputs' hash table at its largest now: a graph capture may not make it
+        reference.table(dev, reference.layout_places(w, max_numel))
 
     @staticmethod
     def view(buf, dtype, *shape):
@@ -227,19 +285,18 @@ def _nccl(ctx, spec: dict, ref: torch.Tensor, ref_in: torch.Tensor, nccl) -> Non
         nccl.all_to_all(ctx, ref, ref_in, [row[r] for row in S], S[r])
 
 
-def issue(ctx, spec: dict, bufs: Buffers, slot: torch.Tensor, key: torch.Tensor,
-          nccl=None) -> None:
-    """Queue one op through trident on this rank's input of op `key`
-    (soak_reference.input_of), and the count of elements that differ from the reference
-    into `slot` (a 0-dim int64 device tensor). The reference: torch.distributed on the
-    same inputs when `nccl` (the module trident.ccl.nccl) is given, else
+def issue(ctx, spec: dict, bufs: Buffers, slot: torch.Tensor, key, nccl=None) -> None:
+    """Queue one op through trident on this rank's input of op `key` (an int, or a 0-dim
+    device tensor in graphs: soak_reference.op_key and input_of), and the count of
+    elements that differ from the reference into `slot` (a 0-dim int64 device tensor).
+    The reference: torch.distributed on the same inputs when `nccl` (the module trident.ccl.nccl) is given, else
     soak_reference.expected (plain torch on every rank's inputs, computed here)."""
     w, r, dtype = ctx.world_size, ctx.rank, spec["dtype"]
     in_shape, out_shape = shapes(spec, w, r)
     in_place = spec["op"] in ("all_reduce", "broadcast")
     V = Buffers.view
     inp = V(bufs.plain_in if spec["plain_input"] else bufs.heap_in, dtype, *in_shape)
-    inp.copy_(reference.input_of(spec, r, w, key).view(in_shape))
+    inp.copy_(reference.input_of(spec, r, w, key, ctx.device).view(in_shape))
     got = inp if in_place else V(bufs.heap_out, dtype, *out_shape)
     if nccl is not None:             # the reference's input, before trident writes got
         ref = V(bufs.ref_out, dtype, *out_shape)
@@ -251,7 +308,7 @@ def issue(ctx, spec: dict, bufs: Buffers, slot: torch.Tensor, key: torch.Tensor,
     if nccl is not None:
         _nccl(ctx, spec, ref, ref_in, nccl)
     else:
-        ref = reference.expected(spec, r, w, key).view(out_shape)
+        ref = reference.expected(spec, r, w, key, ctx.device).view(out_shape)
     if spec.get("corrupt") and got.numel():            # --inject: proves the check bites
         got.view(-1)[:1].add_(1)
     torch.sum(torch.ne(got, ref).view(-1), dim=0, out=slot)
@@ -307,6 +364,8 @@ def _soak(ctx, args) -> dict:
     size_set = sizes(args.max_numel, args.seed)
     bufs = Buffers(ctx, args.max_numel)
     n_eager = eager_ops(args, ctx.backend)
+    catalogues = {"eager": Catalogue(g, ctx.world_size, size_set, ALGORITHMS),
+                  "graph": Catalogue(g, ctx.world_size, size_set, ALGORITHMS, SPLIT_PATTERNS)}
     errs = torch.zeros(args.ops, dtype=torch.int64, device=ctx.device)
     specs: list[dict] = []
     split_keys: dict = {"eager": set(), "graph": set()}
@@ -320,8 +379,7 @@ def _soak(ctx, args) -> dict:
             print(line, flush=True)
 
     def spec_at(i: int, mode: str) -> dict:
-        spec = draw(g, ctx.world_size, size_set, ALGORITHMS,
-                    SPLIT_PATTERNS if mode == "graph" else 0)
+        spec = catalogues[mode].next(g)
         spec["index"] = i
         spec["corrupt"] = i == args.inject and ctx.rank == 0
         if spec["op"] == "all_to_all":
@@ -340,16 +398,18 @@ def _soak(ctx, args) -> dict:
     for line in setting(ref, ctx.ranks_per_device):
         say(line)
     ctx.barrier()
+    builds = ctx.plans.builds
     # ---- eager: ops back to back from Python
     t0 = time.perf_counter()
     for i in range(n_eager):
         spec = spec_at(i, "eager")
-        issue(ctx, spec, bufs, errs[i], reference.op_key(args.seed, i, bufs.replay), nccl)
+        issue(ctx, spec, bufs, errs[i], reference.op_key(args.seed, i), nccl)
         counts[("eager", spec["op"], spec["algorithm"] or "auto")] += 1
         if (i + 1) % args.check_every == 0 or i + 1 == n_eager:
             checkpoint(i + 1, "eager", t0)
     ctx.sync()
     t_eager = time.perf_counter() - t0
+    eager_builds = ctx.plans.builds - builds
     # ---- graph: a graph of graph_ops ops, replayed; then the next graph
     t0 = time.perf_counter()
     graphs, captures_s = 0, 0.0
@@ -380,6 +440,8 @@ def _soak(ctx, args) -> dict:
             "graphs": graphs, "captures_s": captures_s, "reference": ref,
             "ranks_per_device": ctx.ranks_per_device,
             "split_patterns": {mode: len(keys) for mode, keys in split_keys.items()},
+            "signatures": {mode: len(c) for mode, c in catalogues.items()},
+            "plan_builds": (eager_builds, ctx.plans.builds - builds - eager_builds),
             "mismatches": [(j, int(errs[j]), describe(specs[j])) for j in bad[:100]],
             "num_mismatches": len(bad), "sizes": size_set, "log": log}
 
@@ -432,6 +494,7 @@ def summary(args, results, wall: float) -> tuple[str, int]:
              + ("" if backend == "cuda" and not args.no_graph else " (graph mode: GPUs only)"),
              *setting(r0["reference"], r0["ranks_per_device"]),
              split_line(r0["split_patterns"], r0["counts"]),
+             plans_line(r0["signatures"], r0["plan_builds"], r0["eager_ops"], r0["graph_ops"]),
              "", f"{'mode':6} {'op':15} {'algorithm':12} {'ops':>8}"]
     for (mode, op, algo), n in sorted(r0["counts"].items()):
         lines.append(f"{mode:6} {op:15} {algo:12} {n:8d}")
@@ -458,6 +521,14 @@ def split_line(patterns: dict, counts: dict) -> str:
                f"not more than the {SPLIT_CACHE_ENTRIES} entries of the split-table cache: "
                "the case of tables dropped while in use is not exercised (run more ops)")
     return (f"all_to_all splits on rank 0: {', '.join(parts) or 'none'} distinct; {verdict}")
+
+
+def plans_line(signatures: dict, builds: tuple, eager: int, graph: int) -> str:
+    """How many signatures each half drew from, and the launch plans rank 0 built."""
+    per = 1000 * sum(builds) / max(1, eager + graph)
+    return (f"signatures: {signatures['eager']} eager, {signatures['graph']} graph; launch "
+            f"plans built on rank 0: {builds[0]} eager, {builds[1]} graph ({per:.0f} per "
+            f"1000 ops)")
 
 
 def parse(argv=None) -> argparse.Namespace:
