@@ -75,7 +75,7 @@ MOVE_DTYPES = FLOAT_DTYPES + (torch.int32,)
 def sizes(max_numel: int, seed: int) -> list[int]:
     """A small fixed set of per-rank element counts (so that signatures, launch plans and
     compiled kernels repeat): 1, 3, 31, then about one per two powers of two up to
-    max_numel, half of them odd (12 sizes at 1M)."""
+    max_numel, half of them odd (11 sizes at 1M, 5 at 512)."""
     g = random.Random(seed ^ 0x5EED)
     out = {1, 3, 31}
     e = 5.0
