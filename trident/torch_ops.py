@@ -1,10 +1,19 @@
 """trident as PyTorch custom ops (namespace "trident"): usable inside torch.compile,
 CUDA graphs and autograd.
 
-The ops find the rank's Context by its name (`ctx.name`, a string: the group's name and
-the context's number), never by a Python object in the graph, as torch symm-mem finds a
-group by `group_name`. Every Context registers itself on init (trident/context.py) and
-leaves the registry on close.
+The ops find the rank's Context by its name (`ctx.name`, a string: the group's name, the
+context's number and the world size), never by a Python object in the graph, as torch
+symm-mem finds a group by `group_name`. Every Context registers itself on init
+(trident/context.py) and leaves the registry on close; an ExpertParallel likewise (ep.name).
+
+A name carries everything the ops' fake (meta) kernels read from the object it names (the
+world size; an ExpertParallel's local experts, token capacity and hidden size): Inductor
+keeps compiled graphs on disk (its FX graph and AOTAutograd caches, by default
+/tmp/torchinductor_$USER, shared by every process of the user) under a key made of the
+graph's code and its inputs' shapes, and a hit reuses the output shapes the fakes gave
+when the graph was made. A job at another world size, whose graph has the same inputs and
+the same names, would otherwise get that job's shapes (Inductor's assert_size_stride then
+fails: "expected size 64==32 ... incorrect fake").
 
 In-place forms (they mutate their first argument, as the eager calls do):
     trident::all_reduce_(Tensor(a!) t, str group, str op, str? algorithm)
@@ -60,8 +69,16 @@ _CONTEXTS: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDiction
 _EXPERT_PARALLEL: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
 
 
+def _world_tag(ctx) -> str:
+    return f":world{ctx.world_size}"
+
+
 def register(ctx) -> None:
-    """Make `ctx` findable by ctx.name (Context.__init__ calls this)."""
+    """Make `ctx` findable by ctx.name (Context.__init__ calls this once it has named ctx).
+    The name gets the world size appended unless it has it (the fakes' output shapes follow
+    from it: see the module docstring)."""
+    if not ctx.name.endswith(_world_tag(ctx)):
+        ctx.name += _world_tag(ctx)
     _CONTEXTS[ctx.name] = ctx
 
 
@@ -81,8 +98,11 @@ def context(group: str):
 
 
 def register_expert_parallel(ep) -> str:
-    """Name an ExpertParallel for trident::moe_dispatch/combine (ep.name)."""
-    name = f"{ep.ctx.name}/ep{ep._id}"
+    """Name an ExpertParallel for trident::moe_dispatch/combine (ep.name): its context's
+    name, its number in this process and what the fakes' shapes follow from (local experts,
+    max_num_tokens -- the capacity is max_num_tokens * world -- and the hidden size)."""
+    name = (f"{ep.ctx.name}/ep{ep._id}:local_experts{ep.num_local_experts}"
+            f":max_tokens{ep.max_num_tokens}:hidden{ep.hidden_dim}")
     _EXPERT_PARALLEL[name] = ep
     return name
 

@@ -186,15 +186,16 @@ def all_gather_matmul(ctx, algorithm, gemm=None):
 
 
 # ---------------------------------------------------------------------------- MoE
-def moe(ctx, path):
-    """dispatch then combine through trident's torch ops, with expert_y = 2 * expert_x:
-    every token comes back as 2 * x * (sum of its weights); expert_num_tokens counts the
+def moe(ctx, path, tokens=8, hidden=128, max_num_tokens=16, scale=2):
+    """dispatch then combine through trident's torch ops, with expert_y = scale * expert_x:
+    every token comes back as scale * x * (sum of its weights); expert_num_tokens counts the
     tokens every rank routed to this rank's experts. path: "low_latency" or
-    "high_throughput" (the kernels of each)."""
+    "high_throughput" (the kernels of each); tokens per rank and call; scale 1 passes
+    expert_x on as it is (a graph of trident's ops only, no kernel of Inductor's own)."""
     from trident import ExpertParallel
-    world, topk, tokens, hidden = ctx.world_size, 2, 8, 128
+    world, topk = ctx.world_size, 2
     experts = 2 * world
-    ep = ExpertParallel(ctx, experts, topk, hidden, max_num_tokens=16, dtype=torch.bfloat16,
+    ep = ExpertParallel(ctx, experts, topk, hidden, max_num_tokens, dtype=torch.bfloat16,
                         high_throughput=path == "high_throughput")
 
     def data(i, p):
@@ -206,7 +207,8 @@ def moe(ctx, path):
 
     def fn(x, idx, wts):
         expert_x, counts = torch.ops.trident.moe_dispatch(x, idx, None, ep.name)
-        y = torch.ops.trident.moe_combine(expert_x * 2, wts, ep.name, x.shape[0])
+        expert_y = expert_x if scale == 1 else expert_x * scale
+        y = torch.ops.trident.moe_combine(expert_y, wts, ep.name, x.shape[0])
         return y, counts
 
     def expected(i):
@@ -214,7 +216,7 @@ def moe(ctx, path):
         ids = torch.cat([data(i, p)[1].flatten() for p in range(world)])
         local = torch.arange(ep.num_local_experts, device=ctx.device) + ctx.rank * ep.num_local_experts
         counts = (ids[None, :] == local[:, None]).sum(1).to(torch.int32)
-        return 2 * x.float() * wts.sum(1, keepdim=True), counts
+        return scale * x.float() * wts.sum(1, keepdim=True), counts
     return Case(lambda i: data(i, ctx.rank), fn, expected, ep.close)
 
 
