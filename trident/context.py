@@ -240,10 +240,13 @@ class Context:
     def _register_name(self) -> None:
         """`name`: how trident's torch custom ops (trident/torch_ops.py) find this context
         in a compiled graph -- the group's name and the number of contexts made on it before
-        (the same on every rank, since every rank makes the same contexts in order)."""
+        (the same on every rank, since every rank makes the same contexts in order), and the
+        world size, which the ops' fake implementations read (a compiled graph in Inductor's
+        disk cache is found by the names in it: see trident/torch_ops.py)."""
         from . import torch_ops
         group = getattr(self.group, "group_name", "") or "world"
-        self.name = f"trident:{group}:{_CONTEXTS_MADE.get(group, 0)}"
+        made = _CONTEXTS_MADE.get(group, 0)
+        self.name = f"trident:{group}:{made}:world{self.world_size}"
         _CONTEXTS_MADE[group] = _CONTEXTS_MADE.get(group, 0) + 1
         torch_ops.register(self)
 

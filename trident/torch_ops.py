@@ -69,16 +69,9 @@ _CONTEXTS: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDiction
 _EXPERT_PARALLEL: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
 
 
-def _world_tag(ctx) -> str:
-    return f":world{ctx.world_size}"
-
-
 def register(ctx) -> None:
-    """Make `ctx` findable by ctx.name (Context.__init__ calls this once it has named ctx).
-    The name gets the world size appended unless it has it (the fakes' output shapes follow
-    from it: see the module docstring)."""
-    if not ctx.name.endswith(_world_tag(ctx)):
-        ctx.name += _world_tag(ctx)
+    """Make `ctx` findable by ctx.name (Context.__init__ calls this once it has named ctx;
+    the name carries the world size, which the fakes read: see the module docstring)."""
     _CONTEXTS[ctx.name] = ctx
 
 
