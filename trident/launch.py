@@ -246,7 +246,6 @@ class RankPool:
         os.environ.update(env)
         spawn = mp.get_context("spawn")
         port = _free_port()
-        self._procs, self._conns = [], []
         try:
             for rank in range(self.world_size):
                 parent, child = spawn.Pipe()
