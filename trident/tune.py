@@ -14,16 +14,37 @@ trident process on this machine with that world size selects from them from then
 On the CPU emulation it runs tiny sizes, eagerly only (no CUDA graphs there): enough to
 check the round trip, not a statement about speed.
 
+`trident tune --gemm` measures the GEMM core's table instead (the config per shape class
+that the standalone GEMM and the fused ops' tiles use: trident/ops/gemm_tables.py) on this
+machine's GPU (the current CUDA device; one GPU, no ranks): every candidate config against
+cuBLAS on the benchmark's shapes, each in a bounded worker, within --budget-s seconds
+(`python -m trident.bench.gemm`, whose results JSON goes beside the table). It writes the
+table of this GPU model to gemm-table-<model>.json in the same cache folder, and the GEMM
+core of every trident process on a GPU of this model uses it from then on, in place of
+the package's table; `trident info` says which GEMM table is used. Shape classes the
+budget did not reach take the nearest measured M bucket of the tuned table: raise
+--budget-s to measure them all. Refused on the CPU emulation: the interpreter's times say
+nothing about a GPU.
+
     trident tune                          # every visible GPU
     trident tune --world-size 2 --quick
+    trident tune --gemm --budget-s 600    # the GEMM core's table, on this GPU
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 
+from . import _env
 from .bench import ccl, common, selection
 from .ccl import tune_cache
+
+GEMM_BUDGET_S = 420.0   # seconds of `trident tune --gemm`: the GEMM bench's default
+CPU_REFUSAL = ("trident tune --gemm measures the GEMM core on this machine's GPU; there is "
+               "none here (CPU emulation): the Triton interpreter's times say nothing about "
+               "any GPU, so no table would be worth keeping. Run it on a machine with a GPU.")
 
 
 def _tune_rank(ctx, sizes, timing, out):
@@ -37,10 +58,53 @@ def _tune_rank(ctx, sizes, timing, out):
     return tune_cache.write(tune_cache.machine_key(ctx.world_size), doc, out), entry
 
 
-def main(argv=None) -> int:
+def tune_gemm(budget_s: float, timeout_s: float | None, calls: int | None,
+              reps: int | None, out: str | None, force_on_cpu: bool = False) -> int:
+    """`trident tune --gemm` (see the module docstring): measure the GEMM candidates on
+    this GPU within budget_s seconds and write this model's table to `out` (default: the
+    user's cache, gemm_tables.tuned_path). force_on_cpu: a test hook that runs it on the
+    CPU emulation (two tiny shapes, a table for the device "cpu") instead of refusing."""
+    from .bench import gemm as bench_gemm
+    from .ops import gemm_tables
+    if _env.INTERPRET and not force_on_cpu:
+        raise ValueError(CPU_REFUSAL)
+    t0 = time.monotonic()
+    results_dir = os.path.dirname(os.path.abspath(out)) if out else tune_cache.tune_dir()
+    argv = ["--budget-s", str(budget_s), "--out-dir", results_dir]
+    for flag, value in (("--timeout-s", timeout_s), ("--calls", calls), ("--reps", reps)):
+        if value is not None:
+            argv += [flag, str(value)]
+    args = bench_gemm.parser().parse_args(argv)
+    result, best, candidates = bench_gemm.run(args, start=t0)
+    if not best:
+        print("trident tune --gemm: no candidate was timed on any shape; no table written "
+              f"({result.get('failed') or 'see the rows above'})")
+        return 1
+    path = out or gemm_tables.tuned_path(result["device"])
+    table = bench_gemm.write_table(path, result, best, candidates, args.world,
+                                   keep_others=False)
+    missing = sorted(set(table.all_classes()) - set(table.classes))
+    print(f"trident tune --gemm: {table.about}")
+    for cls, entry in sorted(table.classes.items()):
+        print(f"  {cls:<20} {entry['config']:<25} {entry['geomean_vs_cublas']:5.3f}x cuBLAS")
+    if missing:
+        print(f"  not measured (the nearest measured M bucket is used): {', '.join(missing)}")
+    print(f"written: {path}")
+    return 0
+
+
+def main(argv=None, force_on_cpu: bool = False) -> int:
+    """force_on_cpu: a test hook, see tune_gemm."""
     from .launch import default_backend, default_world_size, launch
     p = argparse.ArgumentParser(prog="trident tune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gemm", action="store_true", help="measure the GEMM core's table on "
+                   "this GPU instead of the collectives' tables (see above)")
+    p.add_argument("--budget-s", type=float, default=None, help="with --gemm: the whole "
+                   f"run's seconds (default {GEMM_BUDGET_S:.0f}; measuring stops at 95%% "
+                   "of it)")
+    p.add_argument("--timeout-s", type=float, default=None, help="with --gemm: the most one "
+                   "(shape, candidate) may take (default: the GEMM bench's)")
     p.add_argument("--world-size", type=int, default=None, help="ranks (default: every "
                    "visible GPU; 2 on the CPU emulation)")
     p.add_argument("--quick", action="store_true", help="every fourth size instead of every one")
@@ -50,6 +114,19 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=None, help="batches and replays timed")
     p.add_argument("--out", default=None, help="write here instead of the user's cache")
     args = p.parse_args(argv)
+    if args.gemm:
+        given = [f for f, v in (("--world-size", args.world_size), ("--quick", args.quick),
+                                ("--max-size", args.max_size)) if v]
+        if given:
+            p.error(f"{', '.join(given)}: options of the collectives' tuning, not of --gemm")
+        if _env.INTERPRET and not force_on_cpu:
+            p.error(CPU_REFUSAL)
+        if args.budget_s is not None and args.budget_s <= 0:
+            p.error(f"--budget-s must be positive, got {args.budget_s}")
+        return tune_gemm(args.budget_s or GEMM_BUDGET_S, args.timeout_s, args.calls,
+                         args.reps, args.out, force_on_cpu)
+    if args.budget_s is not None or args.timeout_s is not None:
+        p.error("--budget-s and --timeout-s go with --gemm")
     backend = default_backend()
     gpu = backend == "cuda"
     world = args.world_size or (default_world_size(backend) if gpu else 2)

@@ -402,9 +402,9 @@ def _print_report(result: dict, best: dict) -> None:
               f"   table now: {current} ({means.get(current, float('nan')):.3f}x)")
 
 
-def main(argv=None, planted: dict | None = None) -> int:
-    """planted: a test hook, extra candidates name -> "module:function" (called as f(a, w)
-    in the worker in place of the GEMM core), e.g. one that never returns."""
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m trident.bench.gemm` (also what `trident tune --gemm`
+    runs it with)."""
     p = argparse.ArgumentParser(prog="python -m trident.bench.gemm", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2, help="tensor parallelism of the shapes")
@@ -425,8 +425,16 @@ def main(argv=None, planted: dict | None = None) -> int:
                    metavar="PATH", help="write this GPU's table (the measured best config per "
                    "shape class) into the gemm table file PATH, keeping other GPUs' tables "
                    "(PATH made from the package's table when missing)")
-    t0 = time.monotonic()
-    args = p.parse_args(argv)
+    return p
+
+
+def run(args: argparse.Namespace, planted: dict | None = None,
+        start: float | None = None) -> tuple[dict, dict, dict]:
+    """Measure, print the report and write the results JSON, as `args` (from `parser`)
+    say; returns (measure's result, summarize's per-class best, the candidates run).
+    planted: a test hook, extra candidates name -> "module:function" (called as f(a, w)
+    in the worker in place of the GEMM core), e.g. one that never returns."""
+    t0 = time.monotonic() if start is None else start
     from ..ops import gemm
 
     device = _device(index=False)        # no CUDA context here: the worker makes it
@@ -470,14 +478,32 @@ def main(argv=None, planted: dict | None = None) -> int:
     path = common.write_results(_Solo(device, init_group=False), "gemm", result["rows"], extra,
                                 out_dir=args.out_dir)
     print(f"results: {path}")
+    return result, best, candidates
+
+
+def write_table(path: str, result: dict, best: dict, candidates: dict, world: int,
+                keep_others: bool = True):
+    """Write the GPU's table of a run (gpu_table) into the gemm table file `path`
+    (gemm_tables.update, keep_others as there), listing the candidates it names beside
+    the package's (planted ones excepted); returns the table."""
+    from ..ops import gemm, gemm_tables
+    table = gpu_table(result, best, candidates, world, time.strftime("%Y-%m-%d"))
+    listed = {**gemm.CANDIDATES, **{n: c for n, c in candidates.items() if "plant" not in c}}
+    gemm_tables.update(path, table, listed, TABLE_ABOUT, keep_others=keep_others)
+    return table
+
+
+def main(argv=None, planted: dict | None = None) -> int:
+    """planted: see `run`."""
+    t0 = time.monotonic()
+    args = parser().parse_args(argv)
+    result, best, candidates = run(args, planted, t0)
     if args.update_table:
-        if not gpu:
+        if _device(index=False).type != "cuda":
             print("--update-table: nothing measured on the CPU emulation; no table written")
         elif best:
-            from ..ops import gemm_tables
-            table = gpu_table(result, best, candidates, args.world, time.strftime("%Y-%m-%d"))
-            path = gemm_tables.update(args.update_table, table, gemm.CANDIDATES, TABLE_ABOUT)
-            print(f"gemm table of {table.name}: {path}")
+            table = write_table(args.update_table, result, best, candidates, args.world)
+            print(f"gemm table of {table.name}: {args.update_table}")
     print(f"done in {time.monotonic() - t0:.0f} s")
     return 0
 

@@ -5,7 +5,8 @@ model, the number of ranks and how the GPUs are linked (NV18 on an H200 board, N
 PCIe elsewhere). So a tuned table is stored under, and only used with, the key
     {"gpu": device name, "world_size": ranks, "topology": hash of the GPU link matrix}
 in $TRIDENT_CACHE_DIR/tune/ (default ~/.cache/trident/tune/, or $XDG_CACHE_HOME/trident),
-one file per key: <gpu>-w<world>-<topology>.json.
+one file per key: <gpu>-w<world>-<topology>.json. (`trident tune --gemm` keeps the GEMM
+core's table of a GPU model in the same folder: trident/ops/gemm_tables.tuned_path.)
 
 The link matrix is the GPU-to-GPU part of `nvidia-smi topo -m` (link kinds, not CPU or
 NUMA affinity), restricted to CUDA_VISIBLE_DEVICES where that lists indices; without
@@ -39,12 +40,13 @@ def gpu_name() -> str:
     return torch.cuda.get_device_name(torch.cuda.current_device())
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """A device name as a file name: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def _file_prefix(gpu: str, world_size: int) -> str:
-    return f"{_slug(gpu)}-w{world_size}-"
+    return f"{slug(gpu)}-w{world_size}-"
 
 
 def gpu_links(topo: str) -> list[list[str]]:

@@ -16,8 +16,9 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
   an unflattened tile loop -- with 8 warps or flatten=True the compiler silently emits
   the plain pipelined kernel (tests/compile/sm90.py checks for setmaxnreg).
 - Configurations per GPU model and shape class from gemm_table.json beside this file
-  (trident/ops/gemm_tables.py: the GPU's own table, else the nearest measured one;
-  look-up is a few comparisons and a dict get; no autotuning at run time). `python -m
+  (trident/ops/gemm_tables.py: the table `trident tune --gemm` measured on this GPU
+  model in the user's cache, else the GPU's own, else the nearest measured one; look-up is
+  a few comparisons and a dict get, once per GPU; no autotuning at run time). `python -m
   trident.bench.gemm --update-table PATH` measures every candidate on one GPU and
   writes that GPU's table into PATH; entries not measured say so ("measured": false).
 - Swap-AB (config SWAP_AB) for small M: the kernel computes out.T = w @ a.T, so that N
@@ -163,10 +164,11 @@ def gpu_identity(device: torch.device | None = None) -> tuple:
 
 def table_for(gpu: tuple | None = None) -> gemm_tables.GpuTable | None:
     """The table of a GPU given as (name, capability) (default: the current device's):
-    its own, or the nearest measured one (gemm_tables.pick)."""
+    the one `trident tune --gemm` measured on it, its own in the package, or the nearest
+    measured one (gemm_tables.lookup)."""
     gpu = tuple(gpu) if gpu is not None else gpu_identity()
     if gpu not in _picked:
-        _picked[gpu] = gemm_tables.pick(gemm_tables.read()[1], gpu[0], gpu[1])
+        _picked[gpu] = gemm_tables.lookup(gpu[0], gpu[1])[0]
     return _picked[gpu]
 
 

@@ -11,11 +11,14 @@ tables written since have 64/128/256/1024/4096, one bucket per benchmark M). A c
 entry names a candidate ("config") and, where that config is one the fused ops cannot run
 (swap-AB: trident/ops/gemm.py), the best measured plain one ("fused_config").
 
-Which table a GPU uses (`pick`): its own (same name), else one of the same family (the
-model token: "H100" of "NVIDIA H100 80GB HBM3" and of "NVIDIA H100 PCIe"), else one of the
-same compute capability, else the nearest capability (the same major version first);
-ties go to the first name in sorted order. A class missing from the chosen table takes
-the nearest measured M bucket of the same N and K buckets (then the caller's default).
+Which table a GPU uses (`lookup`): the one `trident tune --gemm` measured on this GPU
+model, from the user's cache (`tuned_path`: $TRIDENT_CACHE_DIR/tune/gemm-table-<model>.json,
+beside the collectives' tuned tables, trident/ccl/tune_cache.py), else the package's
+(`pick`): its own (same name), else one of the same family (the model token: "H100" of
+"NVIDIA H100 80GB HBM3" and of "NVIDIA H100 PCIe"), else one of the same compute
+capability, else the nearest capability (the same major version first); ties go to the
+first name in sorted order. A class missing from the chosen table takes the nearest
+measured M bucket of the same N and K buckets (then the caller's default).
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+
+from ..ccl import tune_cache
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_table.json")
 
@@ -141,15 +146,65 @@ def pick(tables: dict, name: str, capability: tuple | None = None) -> GpuTable |
     return tables[names[0]] if names else None
 
 
-def update(path: str, table: GpuTable, candidates: dict, about: str) -> str:
+def tuned_path(name: str) -> str:
+    """Where `trident tune --gemm` keeps the table it measured on the GPU model `name`:
+    gemm-table-<model>.json in the collectives' tuned-table folder (tune_cache.tune_dir)."""
+    return os.path.join(tune_cache.tune_dir(), f"gemm-table-{tune_cache.slug(name)}.json")
+
+
+def _inline_configs(table: GpuTable, listed: dict) -> GpuTable:
+    """`table` with the config names its entries give replaced by the configs `listed`
+    holds for them: a tuned file runs the tiles it measured, whatever the package's
+    candidates are called later."""
+    classes = {cls: {key: listed.get(v, v) if key in ("config", "fused_config")
+                     and isinstance(v, str) else v for key, v in entry.items()}
+               for cls, entry in table.classes.items()}
+    return GpuTable(table.name, table.capability, table.m_edges, table.n_edges,
+                    table.k_edges, classes, table.about)
+
+
+def lookup(name: str, capability: tuple | None = None,
+           path: str = TABLE_PATH) -> tuple[GpuTable | None, str]:
+    """(the table the GPU model `name` uses, where it comes from, in words): the tuned one
+    of this exact model in the user's cache, else the package's (`path`) through `pick`.
+    An unreadable tuned file is passed over, and the words say so."""
+    tuned, note = tuned_path(name), ""
+    try:
+        listed, tables = read(tuned)
+        if name in tables:
+            return _inline_configs(tables[name], listed), f"tuned on this machine: {tuned}"
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        note = f" (passed over the unreadable tuned file {tuned}: {type(exc).__name__})"
+    table = pick(read(path)[1], name, capability)
+    if table is None:
+        return None, "none: the GEMM core's default tiles" + note
+    if table.name == name:
+        return table, f"the package's table for {name}" + note
+    why = ("same model family" if family(table.name) == family(name) else
+           "no compute capability known: the first model" if capability is None else
+           "same compute capability" if table.capability == tuple(capability) else
+           "nearest compute capability")
+    return table, (f"the package's table for {table.name}, the nearest measured model to "
+                   f"{name} ({why}; `trident tune --gemm` measures this one)" + note)
+
+
+def update(path: str, table: GpuTable, candidates: dict, about: str,
+           keep_others: bool = True) -> str:
     """Write `table` as its GPU's entry of the file at `path`, keeping the other GPUs'
     tables (and the candidates the file lists, which they may name): those of `path` when
-    it exists, else the package's gemm_table.json."""
-    listed, tables = read(path if os.path.exists(path) else TABLE_PATH)
+    it exists, else the package's gemm_table.json. keep_others=False: the file holds
+    `table` alone, with the package's candidates and `candidates` (a tuned file: `lookup`
+    reads only its own model's table there), whatever the file held before."""
+    listed, tables = read(path if keep_others and os.path.exists(path) else TABLE_PATH)
+    if not keep_others:
+        tables = {}
     tables[table.name] = table
     data = {"about": about, "candidates": {**listed, **candidates},
             "gpus": {name: tables[name].to_json() for name in sorted(tables)}}
-    with open(path, "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"          # a process reading the file sees all or nothing
+    with open(tmp, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+    os.replace(tmp, path)
     return path

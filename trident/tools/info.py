@@ -1,5 +1,6 @@
 """`trident info`: what trident would run on here -- backend, versions, ranks and GPUs,
-NVLink topology, heap size, and which tables the collectives select their algorithm from."""
+NVLink topology, heap size, and which tables the collectives select their algorithm from and
+the GEMM core takes its configs from."""
 from __future__ import annotations
 
 import os
@@ -36,6 +37,7 @@ def info() -> int:
     else:
         print("ranks: 4 CPU processes by default (trident demo --world-size N)")
     _selector_info()
+    _gemm_info()
     _nodes_info()
     return 0
 
@@ -82,6 +84,15 @@ def _sharing_info(gpus: int) -> None:
     print("heap mapping: torch symmetric memory (CUDA virtual-memory handles exchanged over "
           "the process group; peers mapped through NVLink peer access, or on the same GPU "
           "with TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1 when ranks share it)")
+
+
+def _gemm_info() -> None:
+    """Which table the GEMM core takes its configs from on this device (gemm_tables.lookup)."""
+    from ..ops import gemm, gemm_tables
+    name, capability = gemm.gpu_identity()
+    where = gemm_tables.lookup(name, capability)[1]
+    unused = "; unused here: the interpreter runs its own small tiles" if _env.INTERPRET else ""
+    print(f"GEMM core table for {name}: {where}{unused}")
 
 
 def _selector_info() -> None:
