@@ -18,7 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCH_SUITES))
     bench.add_argument("suite", choices=BENCH_SUITES)
     sub.add_parser("tune", help="measure the collectives' algorithm tables (eager and CUDA "
-                   "graph) on this machine and keep them for trident to use")
+                   "graph) on this machine, or with --gemm the GEMM core's table on its GPU, "
+                   "and keep them for trident to use")
     trace = sub.add_parser("trace", help="run one op with tracing on, write a Perfetto trace")
     args, rest = parser.parse_known_args(argv)
     if args.command in ("info", "demo") and rest:
