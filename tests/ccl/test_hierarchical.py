@@ -1,6 +1,7 @@
 """Collectives across nodes (trident/world.py, trident/ccl/hierarchical): 4 ranks as 2
 nodes x 2 ranks and as 4 nodes x 1 (TRIDENT_NODE_SIZE in the ranks' environment), gloo
-between the nodes. Every collective by both algorithms against plain torch on every
+between the nodes -- on the CPU, on one GPU (the 4 ranks share it) and on 4 or more GPUs;
+on 2 or 3 GPUs, 2 ranks as 2 nodes x 1, each on its own GPU, with NCCL between them. Every collective by both algorithms against plain torch on every
 rank's input (odd sizes, empty tensors, a rank with no rows, sum/max/min, several
 dtypes), the topology facts, bad inputs rejected as on one node, the fused ops' plain
 fallback, MoE's refusal; and, without ranks, the cost model and TRIDENT_NODE_SIZE's
@@ -14,22 +15,32 @@ from trident import topology
 from trident.ccl.hierarchical import cost
 from trident.launch import RankPool, default_backend
 
-from .refs import assert_equal, rank_inputs, reduce_ref
+from .refs import assert_equal, place, rank_inputs, reduce_ref
 
-WORLD = 4
 ALGS = ("hierarchical", "nccl")
 
 
+def _layouts():
+    """(world size, node sizes to test; the first is the pool's own) on this machine."""
+    if default_backend() == "cuda" and 2 <= torch.cuda.device_count() < 4:
+        return 2, (1,)
+    return 4, (2, 1)
+
+
+WORLD, NODE_SIZES = _layouts()
+
+
 class Layout:
-    """Runs functions on 4 ranks as nodes of `node_size`: 2 is the pool's own context
-    (its ranks start with TRIDENT_NODE_SIZE=2); 1 a second context made for the call in
-    the same ranks (cheaper than a second pool: rank start-up dominates on the CPU)."""
+    """Runs functions on WORLD ranks as nodes of `node_size`: NODE_SIZES[0] is the pool's
+    own context (its ranks start with TRIDENT_NODE_SIZE set to it); another size, a second
+    context made for the call in the same ranks (cheaper than a second pool: rank start-up
+    dominates on the CPU)."""
 
     def __init__(self, pool: RankPool, node_size: int):
         self.pool, self.node_size = pool, node_size
 
     def run(self, fn, *args):
-        if self.node_size == 2:
+        if self.node_size == NODE_SIZES[0]:
             return self.pool.run(fn, *args)
         return self.pool.run(_in_nodes_of, self.node_size, fn, *args)
 
@@ -54,13 +65,9 @@ def _by_local_world_size(ctx):
 
 
 @pytest.fixture(scope="module")
-def nodes_of_2():
-    if default_backend() == "cuda":
-        import torch.cuda
-        if torch.cuda.device_count() < WORLD:
-            pytest.skip("ranks on GPUs: these layouts need 4 GPUs (one-GPU mode: issue 23 item 5)")
+def nodes_pool():
     saved = os.environ.get(topology.NODE_SIZE_ENV)
-    os.environ[topology.NODE_SIZE_ENV] = "2"
+    os.environ[topology.NODE_SIZE_ENV] = str(NODE_SIZES[0])
     try:
         p = RankPool(WORLD, backend=default_backend(), heap_size=32 << 20, timeout=60.0,
                      run_timeout=600.0)
@@ -73,9 +80,9 @@ def nodes_of_2():
     p.close()
 
 
-@pytest.fixture(params=[2, 1], ids=lambda n: f"nodes_of_{n}")
-def pool(request, nodes_of_2) -> Layout:
-    return Layout(nodes_of_2, request.param)
+@pytest.fixture(params=NODE_SIZES, ids=lambda n: f"nodes_of_{n}")
+def pool(request, nodes_pool) -> Layout:
+    return Layout(nodes_pool, request.param)
 
 
 # ---------------------------------------------------------------------------- in the ranks
@@ -89,7 +96,7 @@ def _topology(ctx):
 
 def _collectives(ctx, seed):
     """Every collective by each algorithm on several cases; returns the failures."""
-    w, me = ctx.world_size, ctx.rank
+    w, me, dev = ctx.world_size, ctx.rank, ctx.device
     bad = []
 
     def check(got, expected, what):
@@ -105,11 +112,10 @@ def _collectives(ctx, seed):
                 ((3, 5), torch.float32, "min", True), ((64,), torch.bfloat16, "sum", True),
                 ((0,), torch.float32, "sum", False)]):
             xs = rank_inputs(w, shape, dtype, seed + i)
-            t = ctx.empty(*shape, dtype=dtype).copy_(xs[me]) if heap else xs[me].clone()
-            out = ctx.all_reduce(t, op=op, algorithm=alg)
+            out = ctx.all_reduce(place(ctx, xs[me], heap), op=op, algorithm=alg)
             ref = reduce_ref(xs, op)
             if dtype == torch.bfloat16:        # two roundings across nodes: compare in fp32
-                out, ref = out.float(), reduce_ref([x.float() for x in xs], op)
+                out, ref = out.float().cpu(), reduce_ref([x.float() for x in xs], op)
                 if (out - ref).abs().max() > 0.05:
                     bad.append(f"{alg} all_reduce bf16: off by {(out - ref).abs().max()}")
                 continue
@@ -118,35 +124,35 @@ def _collectives(ctx, seed):
         for i, (shape, dtype) in enumerate([((3, 5), torch.float32), ((1,), torch.int64),
                                             ((2, 3), torch.bool), ((0, 4), torch.float32)]):
             xs = rank_inputs(w, shape, dtype, seed + 10 + i)
-            out = torch.empty((w * shape[0], *shape[1:]), dtype=dtype)
-            ctx.all_gather(out, xs[me].clone(), algorithm=alg)
+            out = torch.empty((w * shape[0], *shape[1:]), dtype=dtype, device=dev)
+            ctx.all_gather(out, place(ctx, xs[me], False), algorithm=alg)
             check(out, torch.cat(xs), f"{alg} all_gather {shape} {dtype}")
         # reduce_scatter
         for i, (shape, op) in enumerate([((3,), "sum"), ((2, 5), "max"), ((1,), "min"),
                                          ((0, 2), "sum")]):
             xs = rank_inputs(w, (w * shape[0], *shape[1:]), torch.float32, seed + 20 + i)
-            out = torch.empty(shape)
-            ctx.reduce_scatter(out, xs[me].clone(), op=op, algorithm=alg)
+            out = torch.empty(shape, device=dev)
+            ctx.reduce_scatter(out, place(ctx, xs[me], False), op=op, algorithm=alg)
             check(out, reduce_ref(xs, op).chunk(w)[me] if shape[0] else out,
                   f"{alg} reduce_scatter {shape} {op}")
         # broadcast from every rank, odd size, integers
         for src in range(w):
             xs = rank_inputs(w, (13,), torch.int32, seed + 30 + src)
-            t = xs[me].clone()
+            t = place(ctx, xs[me], False)
             ctx.broadcast(t, src=src, algorithm=alg)
             check(t, xs[src], f"{alg} broadcast from {src}")
         # all_to_all: even splits (the two-stage path), uneven with empty sends/receives
         xs = rank_inputs(w, (2 * w, 3), torch.float32, seed + 40)
-        out = torch.empty(2 * w, 3)
-        ctx.all_to_all(out, xs[me].clone(), algorithm=alg)
+        out = torch.empty(2 * w, 3, device=dev)
+        ctx.all_to_all(out, place(ctx, xs[me], False), algorithm=alg)
         check(out, torch.cat([x[2 * me:2 * me + 2] for x in xs]), f"{alg} all_to_all even")
         splits = [[0 if s == 0 or d == w - 1 else (s + 2 * d) % 3 + 1 for d in range(w)]
                   for s in range(w)]               # rank 0 sends nothing, w-1 gets nothing
         xs = [rank_inputs(w, (sum(splits[s]), 5), torch.bfloat16, seed + 41)[s]
               for s in range(w)]
         recv = [splits[s][me] for s in range(w)]
-        out = torch.empty(sum(recv), 5, dtype=torch.bfloat16)
-        ctx.all_to_all(out, xs[me].clone(), out_splits=recv, in_splits=splits[me], algorithm=alg)
+        out = torch.empty(sum(recv), 5, dtype=torch.bfloat16, device=dev)
+        ctx.all_to_all(out, place(ctx, xs[me], False), out_splits=recv, in_splits=splits[me], algorithm=alg)
         ref = torch.cat([x[sum(splits[s][:me]):sum(splits[s][:me + 1])]
                          for s, x in enumerate(xs)])
         check(out, ref, f"{alg} all_to_all uneven")
@@ -160,10 +166,10 @@ def _auto(ctx, seed):
     bad = []
     for n in (5, 1 << 12):
         xs = rank_inputs(w, (n,), torch.float32, seed + n)
-        t = xs[me].clone()
+        t = place(ctx, xs[me], False)
         ctx.all_reduce(t)
         ctx.all_reduce(t, op="max")
-        if not torch.allclose(t, reduce_ref(xs, "sum"), rtol=1e-5, atol=1e-5):
+        if not torch.allclose(t.cpu(), reduce_ref(xs, "sum"), rtol=1e-5, atol=1e-5):
             bad.append(f"auto all_reduce at {n}")
     ctx.barrier()
     return bad
@@ -197,7 +203,8 @@ def _bad_inputs(ctx):
     got = []
     for what, call in calls:
         try:
-            call()
+            with torch.device(ctx.device):     # the factories above make this rank's tensors
+                call()
             got.append((what, None, ""))
         except (ValueError, TypeError) as e:
             got.append((what, type(e).__name__, str(e)))
@@ -213,18 +220,22 @@ def _bad_inputs(ctx):
 def _fused_plain(ctx, seed):
     """The fused ops on a context across nodes: torch.matmul + torch.distributed."""
     w, me = ctx.world_size, ctx.rank
+
+    def on(x):
+        return x.to(ctx.device)
+
     a = rank_inputs(w, (3, 8), torch.bfloat16, seed)        # all_gather_matmul: rows
     wt = rank_inputs(1, (5, 8), torch.bfloat16, seed + 1)[0]
     bias = rank_inputs(1, (5,), torch.bfloat16, seed + 2)[0]
-    out = ctx.all_gather_matmul(a[me], wt, bias)
+    out = ctx.all_gather_matmul(on(a[me]), on(wt), on(bias)).cpu()
     ref = (torch.cat(a).float() @ wt.float().t() + bias.float())
     errs = [float((out.float() - ref).abs().max())]
     parts = rank_inputs(w, (2 * w, 8), torch.bfloat16, seed + 3)   # row-parallel: K shards
     ws = rank_inputs(w, (5, 8), torch.bfloat16, seed + 4)
     full = sum(p.float() @ q.float().t() for p, q in zip(parts, ws)) + bias.float()
-    out = ctx.matmul_all_reduce(parts[me], ws[me], bias)
+    out = ctx.matmul_all_reduce(on(parts[me]), on(ws[me]), on(bias)).cpu()
     errs.append(float((out.float() - full).abs().max()))
-    out = ctx.matmul_reduce_scatter(parts[me], ws[me], bias)
+    out = ctx.matmul_reduce_scatter(on(parts[me]), on(ws[me]), on(bias)).cpu()
     errs.append(float((out.float() - full.chunk(w)[me]).abs().max()))
     return errs
 
@@ -242,8 +253,10 @@ def test_topology(pool):
         assert g["rail"] == [r % node_size + k * node_size for k in range(WORLD // node_size)]
 
 
-def test_local_world_size(nodes_of_2):
-    got = nodes_of_2.run(_by_local_world_size)
+def test_local_world_size(nodes_pool):
+    if (WORLD, NODE_SIZES[0]) != (4, 2):
+        pytest.skip(f"written for 4 ranks in nodes of 2; this machine runs {WORLD} ranks")
+    got = nodes_pool.run(_by_local_world_size)
     assert [(g["node"], g["local"], g["rail"]) for g in got] == \
         [(0, 0, [0, 2]), (0, 1, [1, 3]), (1, 0, [0, 2]), (1, 1, [1, 3])]
 
