@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Device calls on a machine with TWO (or more) GPUs, one rank per GPU. Steps chosen with
+# STEPS (default: env tests); logs under $OUT (at most 8 files come back from a call).
+#   env     GPU, versions (torch, triton, NCCL), topology
+#   tests   the suite at 2 ranks in SHARDS (';'-separated test paths), side by side: Triton
+#           compiles are CPU work, and one pytest is compile-bound. No MPS: each shard's ranks
+#           time-slice the GPUs with the other shards', which costs speed, not correctness.
+#           The soak (SOAK_OPS mixed ops, NCCL the reference) runs beside them.
+#   repeat  REPEAT_TESTS REPEAT times (a flaky fault: race or bad data)
+#   hier    the hierarchical collectives as 2 nodes x 1 rank (NCCL on the rails), tests and
+#           host time
+#   gemm    the GEMM core's table on GPU 0 (bounded bench)
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -o 'H[0-9][0-9]*' | head -1 | tr A-Z a-z)
+N=$(nvidia-smi -L 2>/dev/null | wc -l)
+LOG=$OUT/gpu-tests-${N}x${GPU:-gpu}-$(date +%F)${TAG:-}.log
+say() { echo "$@" | tee -a $LOG; }
+T="timeout -s INT -k 30"
+for step in ${STEPS:-env tests}; do
+  start=$SECONDS
+  case $step in
+  env)
+    { nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv
+      python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
+      git log --oneline -1 2>/dev/null || true
+      nvidia-smi topo -m; } 2>&1 | tee -a $LOG ;;
+  tests)
+    IFS=';' read -ra shards <<< "${SHARDS:-tests/ccl tests/torch_ops;tests/ops tests/moe tests/fuzz;tests/sanitize tests/trace tests/faults tests/heap tests/language tests/plans tests/compile tests/test_*.py}"
+    pids=(); i=0
+    for s in "${shards[@]}"; do
+      TRIDENT_TEST_WORLD_SIZES=2 $T ${TEST_TIMEOUT:-480} python3 -m pytest -q -rfEs --tb=short \
+        -p no:cacheprovider --durations=10 --timeout ${PER_TEST:-150} $s > $OUT/tests-$i.log 2>&1 &
+      pids+=($!); i=$((i + 1))
+    done
+    if [ "${SOAK_OPS:-0}" != 0 ]; then
+      $T ${SOAK_TIMEOUT:-480} python3 -m trident.bench.soak --world 2 --ops $SOAK_OPS \
+        --log $OUT/soak.log > $OUT/soak-out.log 2>&1 &
+      soak=$!
+    fi
+    i=0
+    for s in "${shards[@]}"; do
+      wait ${pids[$i]}; rc=$?
+      say "== pytest shard $i rc=$rc: $s"
+      grep -E "^(FAILED|ERROR)|passed|failed|no tests ran" $OUT/tests-$i.log | tee -a $LOG | tail -${TAIL:-25}
+      i=$((i + 1))
+    done
+    if [ -n "${soak:-}" ]; then wait $soak; say "== soak rc=$?"; tail -6 $OUT/soak-out.log | tee -a $LOG; fi ;;
+  repeat)
+    for k in $(seq ${REPEAT:-10}); do
+      TRIDENT_TEST_WORLD_SIZES=2 $T 120 python3 -m pytest -q -p no:cacheprovider --timeout 100 \
+        $REPEAT_TESTS > $OUT/repeat.log 2>&1
+      say "== repeat $k rc=$?: $(grep -E 'passed|failed' $OUT/repeat.log | tail -1)"
+      grep -E "^(FAILED|ERROR)|nan|NaN" $OUT/repeat.log | head -5 | tee -a $LOG
+    done ;;
+  hier)
+    TRIDENT_TEST_WORLD_SIZES=2 $T 200 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
+      --timeout 150 tests/ccl/test_hierarchical.py > $OUT/hier-tests.log 2>&1
+    say "== hierarchical tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/hier-tests.log | tee -a $LOG
+    if [ -f trident/bench/hierarchical.py ]; then
+      TRIDENT_NODE_SIZE=1 $T 150 python3 -m trident.bench.hierarchical --world-size 2 \
+        --out-dir $OUT > $OUT/hier-bench.log 2>&1
+      say "== hierarchical bench rc=$?"; tail -30 $OUT/hier-bench.log | tee -a $LOG
+    fi ;;
+  gemm)
+    CUDA_VISIBLE_DEVICES=0 $T ${GEMM_TIMEOUT:-420} python3 -m trident.bench.gemm \
+      --m ${GEMM_M:-64,128,256,1024,4096,8192} --budget-s ${GEMM_BUDGET:-380} --out-dir $OUT \
+      --update-table $OUT/gemm_table.json > $OUT/gemm.log 2>&1
+    say "== gemm rc=$?"; tail -40 $OUT/gemm.log | tee -a $LOG ;;
+  *) python3 $step 2>&1 | tee -a $LOG ;;
+  esac
+  say "== step $step: $((SECONDS - start)) s"
+done
