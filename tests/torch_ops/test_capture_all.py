@@ -69,6 +69,9 @@ FAMILIES = {
 
 def _compiled(ctx, family):
     from torch._dynamo.utils import counters
+    import torch._inductor.config as inductor_config
+    # a tensor left alive in the graphs' pool then names the line that allocated it
+    inductor_config.triton.cudagraph_trees_history_recording = True
     case = C.combined([C.make_case(ctx, n, v) for n, v in FAMILIES[family]])
     compiled = torch.compile(case.fn, mode="reduce-overhead", fullgraph=True)
     skips = counters["inductor"]["cudagraph_skips"]
