@@ -5,7 +5,7 @@ time for the "eager" table, by graph time for the "graph" table -- then runs of 
 with the same winner become one row whose limit is the largest size of the run (sizes
 between two measured ones take the next run's winner). torch's symmetric-memory ops and
 "trident_auto" are not candidates: the selector cannot hand a call to the first, and the
-second is the selector itself.
+second is the selector itself; nor are selector.EXPLICIT_ONLY's algorithms.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ def _algorithm(impl: str) -> str | None:
     if impl == "nccl":
         return "nccl"
     if impl.startswith("trident_") and impl != "trident_auto":
-        return impl[len("trident_"):]
+        name = impl[len("trident_"):]
+        return None if name in selector.EXPLICIT_ONLY else name
     return None
 
 

@@ -1,5 +1,5 @@
 """All-gather algorithms, one per file; `ALGORITHMS` maps their names to them.
-"gluon" is never chosen by "auto" (selector.py has no measurement of it yet)."""
+"gluon" is never chosen by "auto" (selector.EXPLICIT_ONLY says why)."""
 from .gluon import gluon
 from .pull import pull
 from .push import push
