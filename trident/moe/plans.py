@@ -160,7 +160,9 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
         _check_weights(ep, topk_weights, T, "dispatch")
     w = topk_weights if has_w else ep.buf.dweights       # not read without weights
     senders = _programs(ep, T)
-    plan = Plan((), "moe_dispatch")
+    # the call's own tensors: a launch keeps only their addresses (the plan's key holds
+    # them), never the tensors, so a plan does not keep a caller's input alive
+    plan = Plan((x, topk_idx, topk_weights), "moe_dispatch")
     args = dict(x=x, stride_x=x.stride(0), topk_idx=topk_idx, stride_it=topk_idx.stride(0),
                 stride_ik=topk_idx.stride(1), topk_weights=w,
                 stride_wt=w.stride(0) if has_w else 0, stride_wk=w.stride(1) if has_w else 0,
@@ -194,7 +196,7 @@ def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
     weight_programs = 0 if at_dispatch else \
         max(1, min(triton.cdiv(T, BLOCK_T), ep.max_programs // 4))
     senders = weight_programs + _receivers(ep)
-    plan = Plan((out,), "moe_combine")
+    plan = Plan((out, expert_y, topk_weights), "moe_combine")     # out is Live(0)
     args = dict(expert_y=expert_y, stride_ye=expert_y.stride(0), stride_yr=expert_y.stride(1),
                 topk_weights=w, stride_wt=0 if at_dispatch else w.stride(0),
                 stride_wk=0 if at_dispatch else w.stride(1), out=Live(0), num_tokens=T,
