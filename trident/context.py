@@ -740,7 +740,8 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
                 backend = "nccl"
         dist.init_process_group(backend)
     from . import topology
-    layout = topology.discover(group)
+    # the node and rail groups give up after the host timeout (a node that skips a call)
+    layout = topology.discover(group, (DEFAULT_TIMEOUT_S if timeout is None else timeout) + 5.0)
     if layout.spans_nodes:          # a node-local context inside a world of nodes
         from .world import WorldContext
         node = Context(heap_size=heap_size, group=layout.node_group, timeout=timeout,

@@ -68,3 +68,22 @@ class CommTimeout(RuntimeError):
 
 class HeapMismatchError(RuntimeError):
     """Ranks made different allocation requests on the symmetric heap."""
+
+
+class InterNodeError(CommTimeout):
+    """A step between nodes (a torch.distributed collective over a rail: one rank per
+    node) failed: a rank of another node skipped the call, called another one, failed or
+    died, and the transport gave up (its timeout is the context's host timeout) or lost
+    the peer. The process groups cannot be used afterwards."""
+
+    def __init__(self, op: str, rank: int, ranks: list, timeout_s: float, detail: str = ""):
+        self.op, self.rank, self.peer, self.timeout_s = op, rank, None, timeout_s
+        self.ranks, self.detail = list(ranks), detail
+        RuntimeError.__init__(
+            self, f"rank {rank}: {op}, the step between nodes over ranks {self.ranks}, failed: "
+                  f"a rank of another node did not join it within {timeout_s:g} s (it "
+                  f"skipped this call, made another, failed before it or died)"
+                  + (f" [transport: {detail}]" if detail else ""))
+
+    def __reduce__(self):
+        return InterNodeError, (self.op, self.rank, self.ranks, self.timeout_s, self.detail)

@@ -17,6 +17,7 @@ and one per rail (inter-node steps). With one node it makes none.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
@@ -49,7 +50,9 @@ class Topology:
     Attributes: world_size, rank, node_size, num_nodes, node (this rank's node index),
     local_rank (its index inside the node), source (how the nodes were found),
     node_group and rail_group (this rank's torch.distributed sub-groups; None with one
-    node, where the context's own group is the node)."""
+    node, where the context's own group is the node), and rail_barrier_group (the same
+    ranks as rail_group, for barriers only: a barrier of one node can then never be taken
+    for a data step of another that skipped or added a call)."""
 
     def __init__(self, world_size: int, rank: int, node_size: int, source: str,
                  node_group=None, rail_group=None):
@@ -59,6 +62,7 @@ class Topology:
         self.num_nodes = world_size // node_size
         self.node, self.local_rank = divmod(rank, node_size)
         self.node_group, self.rail_group = node_group, rail_group
+        self.rail_barrier_group = None
 
     @property
     def spans_nodes(self) -> bool:
@@ -141,10 +145,12 @@ def _node_size(nodes: list, source: str) -> int:
     return n
 
 
-def discover(group=None) -> Topology:
+def discover(group=None, timeout_s: float | None = None) -> Topology:
     """Collective over `group` (default: the whole job): find the nodes, make the node and
     rail groups when there are several. A group that spans nodes must be the whole job
-    (its sub-groups are made by every rank of the job)."""
+    (its sub-groups are made by every rank of the job). timeout_s: the sub-groups' limit
+    on one collective (the context's host timeout; None: torch.distributed's default), so
+    that a node that skips a call makes the others fail in time instead of hanging."""
     group = dist.group.WORLD if group is None else group
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     mine = (socket.gethostname(), os.environ.get("LOCAL_WORLD_SIZE", "").strip(),
@@ -167,12 +173,13 @@ def discover(group=None) -> Topology:
                          f"node's ranks")
     node_size = _node_size(nodes, source)
     topo = Topology(world_size, rank, node_size, source)
+    limit = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
     for k in range(topo.num_nodes):          # same order on every rank
-        g = dist.new_group(topo.node_ranks(k))
+        g = dist.new_group(topo.node_ranks(k), **limit)
         if k == topo.node:
             topo.node_group = g
     for l in range(node_size):
-        g = dist.new_group(topo.rail_ranks(l))
+        data, barrier = (dist.new_group(topo.rail_ranks(l), **limit) for _ in range(2))
         if l == topo.local_rank:
-            topo.rail_group = g
+            topo.rail_group, topo.rail_barrier_group = data, barrier
     return topo

@@ -122,7 +122,8 @@ class WorldContext:
         """After a node-wide barrier on every node: one tiny all_reduce on each rail, so
         that every rank of every node has arrived."""
         one = torch.ones(1, dtype=torch.int32, device=nccl.host_device(self))
-        rail.all_reduce(self.node, self.topology.rail_group, one, "sum")
+        rail.all_reduce(self.node, self.topology.rail_barrier_group, one, "sum",
+                        what="ctx.barrier()")
         one.item()                  # NCCL returns at once: wait on the host
 
     def barrier(self) -> None:
@@ -142,7 +143,8 @@ class WorldContext:
             return
         self.barrier()
         self.node.close()
-        for group in (self.topology.node_group, self.topology.rail_group):
+        t = self.topology
+        for group in (t.node_group, t.rail_group, t.rail_barrier_group):
             dist.destroy_process_group(group)
 
     def __enter__(self) -> "WorldContext":

@@ -12,7 +12,22 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ... import errors
 from .. import nccl
+
+
+def guarded(ctx, group, what: str, fn, *args) -> None:
+    """fn(*args), a torch.distributed collective over `group`: a transport error (the
+    group's timeout, a peer's connection lost) becomes InterNodeError, named after `what`
+    (the op), with this rank and the group's ranks. The group's timeout is the context's
+    host timeout at init (trident/topology.py)."""
+    try:
+        fn(*args)
+    except RuntimeError as e:
+        ranks = dist.get_process_group_ranks(group)
+        timeout = ctx.host_timeout_s
+        raise errors.InterNodeError(what, dist.get_rank(), ranks, timeout,
+                             " ".join(str(e).split())[:200]) from None
 
 
 def staged(ctx, group) -> bool:
@@ -22,40 +37,44 @@ def staged(ctx, group) -> bool:
     return ctx.device.type == "cuda" and dist.get_backend(group) == "gloo"
 
 
-def _on_host(ctx, group, fn, *tensors):
+def _on_host(ctx, group, fn, *tensors, what: str = "a step"):
     """fn(*tensors), through CPU copies when `staged`; tensors[0] is the output."""
     if not staged(ctx, group):
-        fn(*tensors)
+        guarded(ctx, group, what, fn, *tensors)
         return
     host = [t.cpu() for t in tensors]
-    fn(*host)
+    guarded(ctx, group, what, fn, *host)
     tensors[0].copy_(host[0])
 
 
-def all_reduce(ctx, group, t: torch.Tensor, op: str) -> None:
-    _on_host(ctx, group, lambda x: dist.all_reduce(x, op=nccl._REDUCE[op], group=group), t)
+def all_reduce(ctx, group, t: torch.Tensor, op: str, what: str = "all_reduce") -> None:
+    _on_host(ctx, group, lambda x: dist.all_reduce(x, op=nccl._REDUCE[op], group=group), t,
+             what=what)
 
 
 def all_gather(ctx, group, out: torch.Tensor, inp: torch.Tensor) -> None:
     """out (1-D) = every member's inp (1-D), in group-rank order; any dtype (as bytes)."""
     _on_host(ctx, group, lambda o, i: nccl.all_gather_single(
-        o.view(torch.uint8), i.view(torch.uint8), group=group), out, inp)
+        o.view(torch.uint8), i.view(torch.uint8), group=group), out, inp, what="all_gather")
 
 
 def reduce_scatter(ctx, group, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
     """out (1-D) = this member's block of the op over members of inp (1-D)."""
     if not staged(ctx, group):
-        nccl.reduce_scatter_single(out, inp, op=nccl._REDUCE[op], group=group)
+        guarded(ctx, group, "reduce_scatter", lambda: nccl.reduce_scatter_single(
+            out, inp, op=nccl._REDUCE[op], group=group))
         return
     host = inp.cpu()                    # gloo of older torch has no reduce-scatter
-    dist.all_reduce(host, op=nccl._REDUCE[op], group=group)
+    guarded(ctx, group, "reduce_scatter",
+            lambda: dist.all_reduce(host, op=nccl._REDUCE[op], group=group))
     out.copy_(host.view(dist.get_world_size(group), -1)[dist.get_rank(group)])
 
 
 def broadcast(ctx, group, t: torch.Tensor, src: int) -> None:
     """t (1-D) on every member = t of group rank `src`."""
     _on_host(ctx, group, lambda x: dist.broadcast(x.view(torch.uint8),
-                                           src=dist.get_global_rank(group, src), group=group), t)
+                                           src=dist.get_global_rank(group, src), group=group), t,
+             what="broadcast")
 
 
 def all_to_all(ctx, group, out: torch.Tensor, inp: torch.Tensor, out_splits=None,
@@ -64,4 +83,4 @@ def all_to_all(ctx, group, out: torch.Tensor, inp: torch.Tensor, out_splits=None
     even); any dtype (as bytes)."""
     _on_host(ctx, group, lambda o, i: dist.all_to_all_single(
         nccl._bytes(o, rows=True), nccl._bytes(i, rows=True), out_splits, in_splits,
-        group=group), out, inp)
+        group=group), out, inp, what="all_to_all")

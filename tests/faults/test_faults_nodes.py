@@ -1,0 +1,103 @@
+"""Faults across nodes: 4 CPU ranks as 2 nodes x 2 (TRIDENT_NODE_SIZE=2), gloo between
+the nodes. A rank of the other node dies, raises, or a whole node skips a call: every
+case must end within the context's host timeout plus 10 s with an error that names what
+happened, and leave no rank process behind (as tests/faults/test_faults.py on one node)."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from trident import topology
+from trident.errors import CommTimeout, InterNodeError
+from trident.launch import RankPool
+
+from .procs import alive
+
+TIMEOUT = 5.0                 # device waits; host collectives and the rails: + 5 s
+WORLD, NODE = 4, 2
+
+
+def _fault(fn):
+    """Run fn on 4 fresh ranks in nodes of 2; return the exception it raised and its text
+    (with notes), after checking the time it took and that no rank was left over."""
+    saved = os.environ.get(topology.NODE_SIZE_ENV)
+    os.environ[topology.NODE_SIZE_ENV] = str(NODE)
+    try:
+        pool = RankPool(WORLD, backend="cpu", heap_size=4 << 20, timeout=TIMEOUT,
+                        run_timeout=120)
+    finally:
+        if saved is None:
+            os.environ.pop(topology.NODE_SIZE_ENV)
+        else:
+            os.environ[topology.NODE_SIZE_ENV] = saved
+    pids = pool.pids
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Exception) as info:
+            pool.run(fn)
+        took = time.monotonic() - t0
+    finally:
+        pool.close(force=True)
+    assert took < TIMEOUT + 5 + 10, f"the fault took {took:.1f} s to report"
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids), "a rank process was left over"
+    exc = info.value
+    return exc, "\n".join([str(exc), *getattr(exc, "__notes__", [])])
+
+
+# ---------------------------------------------------------------- in the ranks
+def _node_skips_a_call(ctx):
+    assert ctx.spans_nodes and ctx.topology.num_nodes == 2
+    t = torch.ones(64)
+    ctx.all_reduce(t, algorithm="hierarchical")       # first call: made on every rank
+    if ctx.topology.node == 0:
+        ctx.all_reduce(t, algorithm="hierarchical")   # node 1 goes on to the barrier
+    ctx.barrier()
+
+
+def _rank_of_other_node_raises(ctx):
+    t = torch.ones(64)
+    if ctx.rank == 3:
+        raise ValueError("rank 3 gave up before all_gather")
+    out = torch.empty(WORLD * 64)
+    ctx.all_gather(out, t, algorithm="hierarchical")
+    ctx.barrier()
+
+
+def _rank_of_other_node_dies(ctx):
+    t = torch.ones(64)
+    ctx.all_reduce(t, algorithm="hierarchical")
+    if ctx.rank == 3:
+        os.kill(os.getpid(), signal.SIGKILL)
+    ctx.all_reduce(t, algorithm="hierarchical")
+    ctx.barrier()
+
+
+# ---------------------------------------------------------------- the cases
+def test_node_skips_a_call():
+    exc, text = _fault(_node_skips_a_call)
+    assert isinstance(exc, CommTimeout), text
+    # node 0 waits in all_reduce's rail step, node 1 in the barrier's: each names its own
+    assert "between nodes" in text and ("all_reduce" in text or "ctx.barrier()" in text), text
+
+
+def test_rank_of_other_node_raises():
+    exc, text = _fault(_rank_of_other_node_raises)
+    assert isinstance(exc, ValueError), text
+    assert "rank 3 gave up before all_gather" in text and "raised on rank 3" in text, text
+
+
+def test_rank_of_other_node_dies():
+    exc, text = _fault(_rank_of_other_node_dies)
+    assert "rank 3 process died (killed by SIGKILL)" in text, text
+
+
+def test_inter_node_error_pickles():
+    import pickle
+    e = InterNodeError("all_reduce", 1, [1, 3], 10.0, "Timed out")
+    again = pickle.loads(pickle.dumps(e))
+    assert str(again) == str(e) and again.ranks == [1, 3] and isinstance(again, CommTimeout)
