@@ -357,3 +357,34 @@ def test_info_prints_layout(monkeypatch, capsys):
     monkeypatch.setenv(topology.NODE_SIZE_ENV, "3")
     _nodes_info()
     assert "does not split 4 ranks" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------- 2 nodes x 3
+@pytest.fixture(scope="module")
+def nodes_of_3():
+    """6 ranks as 2 nodes x 3: odd node sizes (a shard per local rank that is not a power
+    of two). On the CPU, and on GPUs only where each rank has its own GPU."""
+    if default_backend() == "cuda" and torch.cuda.device_count() < 6:
+        pytest.skip("2 nodes x 3 on GPUs needs 6 GPUs (the CPU emulation runs it)")
+    saved = os.environ.get(topology.NODE_SIZE_ENV)
+    os.environ[topology.NODE_SIZE_ENV] = "3"
+    try:
+        p = RankPool(6, backend=default_backend(), heap_size=32 << 20, timeout=60.0,
+                     run_timeout=600.0)
+    finally:
+        if saved is None:
+            os.environ.pop(topology.NODE_SIZE_ENV)
+        else:
+            os.environ[topology.NODE_SIZE_ENV] = saved
+    yield p
+    p.close()
+
+
+def test_two_nodes_of_three(nodes_of_3):
+    for r, g in enumerate(nodes_of_3.run(_topology)):
+        assert (g["world"], g["nodes"], g["node"], g["local"]) == (6, 2, r // 3, r % 3)
+        assert g["rail"] == [r % 3, r % 3 + 3]
+    for rank, bad in enumerate(nodes_of_3.run(_collectives, 17)):
+        assert not bad, f"rank {rank}: {bad}"
+    for rank, bad in enumerate(nodes_of_3.run(_auto, 5)):
+        assert not bad, f"rank {rank}: {bad}"
