@@ -5,7 +5,8 @@
 #   tests   the suite at 2 ranks in SHARDS (';'-separated test paths), side by side: Triton
 #           compiles are CPU work, and one pytest is compile-bound. No MPS: each shard's ranks
 #           time-slice the GPUs with the other shards', which costs speed, not correctness.
-#           The soak (SOAK_OPS mixed ops, NCCL the reference) runs beside them.
+#           The soak (SOAK_OPS mixed ops, NCCL the reference) and REPEAT runs of
+#           REPEAT_TESTS (a flaky fault: race or bad data?) run beside them.
 #   repeat  REPEAT_TESTS REPEAT times (a flaky fault: race or bad data)
 #   hier    the hierarchical collectives as 2 nodes x 1 rank (NCCL on the rails), tests and
 #           host time
@@ -32,9 +33,18 @@ for step in ${STEPS:-env tests}; do
     pids=(); i=0
     for s in "${shards[@]}"; do
       TRIDENT_TEST_WORLD_SIZES=2 $T ${TEST_TIMEOUT:-480} python3 -m pytest -q -rfEs --tb=short \
-        -p no:cacheprovider --durations=10 --timeout ${PER_TEST:-150} $s > $OUT/tests-$i.log 2>&1 &
+        -p no:cacheprovider --durations=10 -v --timeout ${PER_TEST:-150} $s > $OUT/tests-$i.log 2>&1 &
       pids+=($!); i=$((i + 1))
     done
+    if [ -n "${REPEAT_TESTS:-}" ]; then      # a flaky fault's tests, again and again, beside
+      ( for k in $(seq ${REPEAT:-5}); do
+          TRIDENT_TEST_WORLD_SIZES=2 $T 150 python3 -m pytest -q -p no:cacheprovider --timeout 120 \
+            $REPEAT_TESTS > /tmp/repeat-$k.log 2>&1
+          echo "== repeat $k rc=$?: $(grep -E 'passed|failed' /tmp/repeat-$k.log | tail -1)"
+          grep -E "^(FAILED|ERROR)|nan|NaN" /tmp/repeat-$k.log | head -5
+        done > $OUT/repeat.log 2>&1 ) &
+      repeat=$!
+    fi
     if [ "${SOAK_OPS:-0}" != 0 ]; then
       $T ${SOAK_TIMEOUT:-480} python3 -m trident.bench.soak --world 2 --ops $SOAK_OPS \
         --log $OUT/soak.log > $OUT/soak-out.log 2>&1 &
@@ -47,6 +57,7 @@ for step in ${STEPS:-env tests}; do
       grep -E "^(FAILED|ERROR)|passed|failed|no tests ran" $OUT/tests-$i.log | tee -a $LOG | tail -${TAIL:-25}
       i=$((i + 1))
     done
+    if [ -n "${repeat:-}" ]; then wait $repeat; say "== repeats: $REPEAT_TESTS"; tee -a $LOG < $OUT/repeat.log; fi
     if [ -n "${soak:-}" ]; then wait $soak; say "== soak rc=$?"; tail -6 $OUT/soak-out.log | tee -a $LOG; fi ;;
   repeat)
     for k in $(seq ${REPEAT:-10}); do
