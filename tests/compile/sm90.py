@@ -311,25 +311,32 @@ GEMM_CONFIGS = [dict(BM=128, BN=256, BK=64, num_warps=8, num_stages=3),
 def _ops() -> list[Kernel]:
     """The fused GEMM + communication kernels. Classic core (TRIDENT_GEMM=classic): each
     gemm_config choice, one tile per program, pointer loads. TMA core (TRIDENT_GEMM=tma):
-    every config gemm_table.json uses, persistent programs, TMA loads of A/W (the PTX must
-    hold cp.async.bulk.tensor), and the persistent pointer path once per kernel (tensors
-    TMA cannot address). bf16 and fp16, with and without bias (fp32 bias in one), K a
+    every config gemm_table.json uses, swap-AB and split-K ones as the fused ops run them
+    (trident/ops/fused_tile.py: the op's tile is the config's transposed under swap-AB;
+    SPLIT where the config has SPLIT_K), persistent programs, TMA loads of A/W (the PTX
+    must hold cp.async.bulk.tensor, and wgmma), the persistent pointer path once per
+    kernel (tensors TMA cannot address), and a swap-AB split-K config on the classic core
+    and on the pointer path. bf16 and fp16, with and without bias (fp32 bias in one), K a
     multiple of BK or not. The pushers' and the partials' copies keep 16-byte accesses."""
     from trident.errors import OP_CODES
     from trident.ops import gemm
+    from trident.ops.fused_tile import tile_shape
     ints = ("M", "N", "K", "m_local", "stride_am", "stride_wn", "stride_om")
     ag, rs = [], []
+    split_k = dict(k_partials=PF32, k_counters=P32, split_k=I32)
 
     def add(i, cfg, persistent, tma, all_reduces=(False, True)):
-        cfg = dict(cfg)
+        cfg = gemm.resolve(cfg)
         opts = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
         cfg.pop("WARP_SPECIALIZE", None)
-        cfg.pop("SPLIT_K", None)            # the fused kernels have no split-K
-        cfg.pop("SWAP_AB", None)            # nor swap-AB (_fused_table_configs)
+        split = cfg.pop("SPLIT_K") > 1
+        swap = cfg["SWAP_AB"]
+        cfg["BM"], cfg["BN"] = tile_shape(cfg)      # the op's tile of out
+        cfg.update(SWAP_AB=swap, SPLIT=split)
         group_m = cfg.pop("GROUP_M", 8)
         dt = PBF16 if i != 1 else PF16
         types = dict(a=dt, w=dt, out=dt, bias=PF32 if i == 2 else dt)
-        has = "cp.async.bulk.tensor" if tma else ""
+        has = ("cp.async.bulk.tensor", "wgmma.mma_async") if tma else ""
         core = dict(PERSISTENT=persistent, TMA=tma)
         ag.append(V("ld+st", **opts, types=dict(types, gathered=dt), ptx_has=has, **cfg,
                     NUM_PUSHERS=16, GROUP_M=group_m, COPY_M=32, COPY_K=256,
@@ -347,26 +354,29 @@ def _ops() -> list[Kernel]:
         add(i % 3, gemm.CANDIDATES[name], True, True, (i % 2 == 1,))
     add(2, gemm.CANDIDATES["64x128x64_s4_w4"], True, False)
     add(0, gemm.CANDIDATES["128x256x64_s3_w8"], True, True, (True,))
+    swab = gemm.CANDIDATES["swab128x64x64_s6_w4_sk8"]
+    add(1, swab, False, False)                   # classic core: one program per unit
+    add(2, gemm.CANDIDATES["swab128x32x128_s4_w4_sk8"], True, False)
+    add(0, dict(swab, SPLIT_K=1), True, True, (True,))      # swap-AB alone
     return [
         Kernel("trident.ops.all_gather_matmul", "_all_gather_matmul_kernel",
-               dict(sync=P32, **dict.fromkeys(ints, I32)), ag, aligned=ints),
+               dict(sync=P32, **split_k, **dict.fromkeys(ints, I32)), ag, aligned=ints),
         Kernel("trident.ops.matmul_reduce_scatter", "_matmul_reduce_kernel",
-               dict(sync=P32, num_tiles=I32, slots=I32, num_gemm=I32,
+               dict(sync=P32, num_tiles=I32, slots=I32, num_gemm=I32, **split_k,
                     **dict.fromkeys(ints, I32)), rs,
                aligned=ints),
     ]
 
 
 def _fused_table_configs() -> list[str]:
-    """The candidates the fused kernels take from gemm_table.json (config_for without
-    split_k): each class's fused_config, or its config where that is not swap-AB."""
-    from trident.ops import gemm, gemm_tables
+    """The candidates the fused kernels take from gemm_table.json (fused_tile reads
+    config_for with split_k: each class's config, swap-AB and split-K included)."""
+    from trident.ops import gemm_tables
     used = set()
     for table in gemm_tables.read()[1].values():
         for entry in table.classes.values():
-            name = entry.get("fused_config", entry["config"])
-            if isinstance(name, str) and not gemm.resolve(name)["SWAP_AB"]:
-                used.add(name)
+            if isinstance(entry["config"], str):
+                used.add(entry["config"])
     return sorted(used)
 
 

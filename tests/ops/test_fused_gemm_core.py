@@ -5,7 +5,7 @@ the tensors allow). Small shapes: the interpreter is slow."""
 import pytest
 import torch
 
-from trident.ops import _common
+from trident.ops import _common, fused_tile
 from trident.ops.all_gather_matmul import all_gather_matmul_fused
 from trident.ops.matmul_reduce_scatter import matmul_reduce_fused
 from trident.plans import Plan
@@ -99,8 +99,8 @@ def test_default_core():
 
 def _auto_core(ctx):
     """gemm="auto" takes the tma core from TMA_MIN_M GEMM rows, the classic one below."""
-    small = _common.fused_gemm_config(ctx, _common.TMA_MIN_M - 1, 64, 64, "auto", None, 8)
-    large = _common.fused_gemm_config(ctx, _common.TMA_MIN_M, 64, 64, "auto", None, 8)
+    small = fused_tile.fused_gemm_config(ctx, _common.TMA_MIN_M - 1, 64, 64, "auto", None, 8, "K")
+    large = fused_tile.fused_gemm_config(ctx, _common.TMA_MIN_M, 64, 64, "auto", None, 8, "K")
     return small["PERSISTENT"], large["PERSISTENT"]
 
 

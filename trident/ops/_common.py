@@ -17,7 +17,10 @@ it and is part of the plan key like every option):
   atomic counter, in the op's tile order, rearmed by the last program), TMA loads of A
   and W where gemm.tma_compatible allows (the pointer path otherwise, same kernel), tile
   configs from gemm_table.json by shape class (gemm.config_for; warp specialisation is
-  not used: the tile loop waits on flags).
+  not used: the tile loop waits on flags), swap-AB and split-K included (fused_tile.py).
+- "auto" also takes "tma" below TMA_MIN_M where the table's entry is a small-M one
+  (swap-AB or split-K): the GEMM core's decode choice. Not measured inside the fused ops
+  yet; the H200 table's split-K entries at M <= 128 are unmeasured starting points.
 
 Epochs (trident/language/epoch.py). Every fused kernel reads its workspace's epoch word
 at the start (this call is epoch e = stored + 1) and waits for flags to reach e, so flags
@@ -212,39 +215,6 @@ GEMM_MODE = os.environ.get("TRIDENT_GEMM", "auto").strip().lower() or "auto"
 TMA_MIN_M = 4096           # "auto": the tma core from this many GEMM rows (see above)
 
 
-def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dict | None,
-                      group_m: int) -> dict:
-    """The GEMM side of a fused launch: tile sizes, launch options, GROUP_M and PERSISTENT
-    (True on the "tma" core). gemm: "auto", "classic" or "tma" (None: TRIDENT_GEMM's value);
-    config: overrides (an option of the call); group_m: the classic core's GROUP_M."""
-    mode = GEMM_MODE if gemm is None else gemm
-    if mode not in GEMM_MODES:
-        raise ValueError(f"the fused ops' GEMM core must be one of {GEMM_MODES} (env "
-                         f"TRIDENT_GEMM or the gemm= option), got {mode!r}")
-    if mode == "auto":
-        mode = "tma" if M >= TMA_MIN_M else "classic"
-    if mode == "classic":
-        cfg = dict(GROUP_M=group_m, **gemm_config(ctx, M, N, K))
-    else:
-        from . import gemm as core
-        cfg = core.config_for(M, N, K)
-    cfg.update(config or {})
-    cfg.pop("WARP_SPECIALIZE", None)
-    cfg["PERSISTENT"] = mode == "tma"
-    return cfg
-
-
-def gemm_programs(ctx, cfg: dict, num_tiles: int, tma: bool) -> int:
-    """How many GEMM programs a fused launch starts: one per tile (classic), or one per SM
-    at most (persistent). Sets up Triton's allocator for in-kernel TMA descriptors."""
-    if not cfg["PERSISTENT"]:
-        return num_tiles
-    from . import gemm as core
-    if tma and ctx.backend == "cuda":
-        core.ensure_allocator()
-    return max(1, min(num_tiles, core.num_sms(ctx.device)))
-
-
 def num_sms(ctx) -> int:
     if ctx.backend != "cuda":
         return 4
@@ -338,6 +308,31 @@ def store_tile(out_ptr, stride_om, tile, m0, n0, m_end, N, BM: tl.constexpr, BN:
     ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(ptrs, tile.to(out_ptr.dtype.element_ty),
              mask=(rows[:, None] < m_end) & (cols[None, :] < N))
+
+
+@triton.jit
+def finish_slice(acc, partials, counters, tile, s, split_k, BM: tl.constexpr,
+                 BN: tl.constexpr):
+    """Split-K's deterministic fix-up, slice s of `tile`: store this slice's fp32 partial
+    (partials: [tiles * split_k, BM * BN]) and count it in the tile's arrival counter
+    (acq_rel). The slice that arrives last sums the tile's partials in slice order,
+    rearms the counter to 0 (every counter is 0 again after a launch: no memset, a CUDA
+    graph can replay it) and returns (True, the sum); the others (False, acc). Only the
+    last may store or publish the tile: the others' sums are incomplete."""
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    first = partials + tile.to(tl.int64) * split_k * (BM * BN)
+    tl.store(first + s * (BM * BN) + offs, acc)
+    # every thread's partial before the arrival (release), the others' partials after it
+    # (acquire) -- as in trident/language/epoch.py's last_program_out
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == split_k - 1
+    if last:
+        tl.store(counters + tile, 0)                     # rearmed for the next launch
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for i in range(split_k):                         # slice order: deterministic
+            acc += tl.load(first + i * (BM * BN) + offs, cache_modifier=".cg")
+    return last, acc
 
 
 @triton.jit

@@ -46,9 +46,11 @@ from ..trace import kernel_args, tags
 from . import plain, selector
 from ..plans import Live, Plan
 from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
-                      fused_gemm_config, gemm_programs, new_plan, run, store_tile, take_tile,
-                      wait_peers_done, workspace)
-from .gemm import dot_tile, operand, tile_position, tma_compatible
+                      finish_slice, new_plan, run, store_tile, take_tile, wait_peers_done,
+                      workspace)
+from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
+                         op_tile, split_setup, tile_shape)
+from .gemm import operand, tile_position, tma_compatible
 
 OP = tl.constexpr(OP_CODES["all_gather_matmul"])
 
@@ -89,11 +91,17 @@ def _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, tra
 @triton.jit
 def _all_gather_matmul_kernel(
         a, w, bias, out, gathered, sync, ctrl, heap_bases, trace_buf,
+        k_partials, k_counters, split_k,
         rank, world_size, m_local, M, N, K, stride_am, stride_wn, stride_om,
         NUM_PUSHERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
         GROUP_M: tl.constexpr, COPY_M: tl.constexpr, COPY_K: tl.constexpr,
         EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, HAS_BIAS: tl.constexpr,
-        PERSISTENT: tl.constexpr, TMA: tl.constexpr, TRACE: tl.constexpr):
+        PERSISTENT: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
+        SPLIT: tl.constexpr, TRACE: tl.constexpr):
+    """BM x BN: the tile of out (fused_tile.tile_shape); BM is also the pushers' row
+    block. SPLIT: split_k slices per tile, work unit u = (tile u // split_k, slice
+    u % split_k); each slice waits for its rows, and only the last adds the bias and
+    stores the summed tile (finish_slice)."""
     pid = tl.program_id(0)
     epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
     flags = sync + SYNC_FLAGS
@@ -107,8 +115,12 @@ def _all_gather_matmul_kernel(
         num_tiles = num_mb * num_nb
         a_op = operand(gathered, M, K, K, BM, BK, TMA)
         w_op = operand(w, N, K, stride_wn, BN, BK, TMA)
-        t = take_tile(sync, pid - NUM_PUSHERS, PERSISTENT)
-        while t < num_tiles:
+        u = take_tile(sync, pid - NUM_PUSHERS, PERSISTENT)
+        while u < num_tiles * split_k:
+            if SPLIT:
+                t = u // split_k
+            else:
+                t = u
             # Tile t -> (i-th row block in arrival order, column block), GROUP_M row
             # blocks at a time so that a group's tiles share W in L2.
             i, nb = tile_position(t, num_mb, num_nb, GROUP_M)
@@ -126,27 +138,38 @@ def _all_gather_matmul_kernel(
                 tdl.fence_async_proxy()
             trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
             t0 = trd.begin(TRACE)
-            acc = dot_tile(a_op, K, w_op, stride_wn, m0, nb * BN, M, N, K, BM, BN, BK,
-                           EVEN_K, TMA)
-            acc = add_bias(acc, bias, nb * BN, N, BN, HAS_BIAS)
-            store_tile(out, stride_om, acc, m0, nb * BN, m_end, N, BM, BN)
+            acc = op_tile(a_op, K, w_op, stride_wn, m0, nb * BN, M, N, K, u - t * split_k,
+                          split_k, BM, BN, BK, EVEN_K, TMA, SWAP_AB, SPLIT)
+            if SPLIT:
+                last, acc = finish_slice(acc, k_partials, k_counters, t, u - t * split_k,
+                                         split_k, BM, BN)
+            else:
+                last = True
+            if last:
+                acc = add_bias(acc, bias, nb * BN, N, BN, HAS_BIAS)
+                store_tile(out, stride_om, acc, m0, nb * BN, m_end, N, BM, BN)
             trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
-            t = take_tile(sync, num_tiles, PERSISTENT)
+            u = take_tile(sync, num_tiles * split_k, PERSISTENT)
     finish_program(sync, epoch, rank, world_size, heap_bases)
 
 
 def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None = None,
-                            config: dict | None = None, gemm: str | None = None) -> None:
+                            config: dict | None = None, gemm: str | None = None,
+                            split_k: int | None = None) -> None:
     """Add the fused kernel's launch to `plan` (inputs already checked; `out` is the
-    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "classic" or "tma"
-    (default: env TRIDENT_GEMM, see _common)."""
+    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "auto", "classic" or
+    "tma" (default: env TRIDENT_GEMM, see _common); config: overrides of the core's
+    config (SWAP_AB, SPLIT_K, tiles); split_k: exactly this many K slices per tile
+    (default: fused_tile.split_setup's choice). The row block follows M and K only
+    (every rank pushes and flags the same blocks), not this rank's N."""
     m_local, K = a.shape
     N = w.shape[0]
     M = m_local * ctx.world_size
-    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=8)
-    bm = cfg["BM"]
+    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=8, local="N")
+    bm, bn = tile_shape(cfg)
     num_mb = triton.cdiv(M, bm)
-    num_tiles = num_mb * triton.cdiv(N, cfg["BN"])
+    num_tiles = count_tiles("all_gather_matmul", M, N, ctx.world_size, cfg)
+    split, k_partials, k_counters = split_setup(ctx, cfg, num_tiles, K, split_k)
     ws = workspace(ctx, "all_gather_matmul", M * K * a.element_size(), ctx.world_size * num_mb)
     gathered = ws.view(a.dtype, M, K)
     # TMA reads the gathered rows (row stride K: 16-byte aligned when K % 8 == 0) and w
@@ -156,17 +179,18 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
         num_pushers = 16 if ctx.backend == "cuda" else 2
     num_pushers = max(1, min(num_pushers, per_rank_items))
     copy_m, copy_k = (32, 256) if ctx.backend == "cuda" else (16, 32)
-    grid = (num_pushers + gemm_programs(ctx, cfg, num_tiles, tma),)
+    grid = (num_pushers + gemm_programs(ctx, cfg, num_tiles * split, tma),)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _all_gather_matmul_kernel, grid,
         a, w, bias if bias is not None else a, Live(3), gathered, ws.sync, ctx.ctrl,
-        ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, m_local, M, N, K,
-        a.stride(0), w.stride(0), out.stride(0),
-        NUM_PUSHERS=num_pushers, BM=bm, BN=cfg["BN"], BK=cfg["BK"],
+        ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank, ctx.world_size,
+        m_local, M, N, K, a.stride(0), w.stride(0), out.stride(0),
+        NUM_PUSHERS=num_pushers, BM=bm, BN=bn, BK=cfg["BK"],
         GROUP_M=cfg["GROUP_M"], COPY_M=copy_m, COPY_K=copy_k,
         EVEN_K=K % cfg["BK"] == 0, ALIGNED=m_local % bm == 0, HAS_BIAS=bias is not None,
-        PERSISTENT=cfg["PERSISTENT"], TMA=tma, TRACE=trace,
+        PERSISTENT=cfg["PERSISTENT"], TMA=tma, SWAP_AB=cfg["SWAP_AB"], SPLIT=split > 1,
+        TRACE=trace,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 

@@ -23,8 +23,9 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
   writes that GPU's table into PATH; entries not measured say so ("measured": false).
 - Swap-AB (config SWAP_AB) for small M: the kernel computes out.T = w @ a.T, so that N
   fills the rows of the tile (wgmma's M, 64 per warp group) and the few rows of a its
-  16-64 columns; the epilogue stores each tile transposed. The fused ops' kernels do
-  not know it: config_for gives them the class's best plain config (fused_config).
+  16-64 columns; the epilogue stores each tile transposed. The fused ops run it too
+  (trident/ops/fused_tile.py: they transpose the tile in registers, so that their
+  communication still moves tiles of out).
 
 - Split-K (config SPLIT_K > 1: at most that many K slices per output tile) for problems
   with too few output tiles to fill the SMs (small M). Deterministic: each slice writes
@@ -65,7 +66,7 @@ from .._env import INTERPRET
 from ..placement import usable_sms
 from ..triton_launch import Launch, Live
 from . import gemm_tables
-from ._common import DOT_UPCAST, DTYPES, gemm_tile
+from ._common import DOT_UPCAST, DTYPES, finish_slice, gemm_tile
 
 # Candidates the benchmark tries for every shape class (names are table values).
 # Shared memory per stage is (BM + BN) * BK * 2 bytes, plus a BM x BN output tile.
@@ -216,9 +217,15 @@ def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     operand bytes: the workspace traffic), taken only if 5% under one slice's cost.
     A heuristic, not measured yet; the benchmark measures the candidates that use it.
     A swap-AB config tiles N with BM and M with BN."""
-    most = int(cfg.get("SPLIT_K", 1))
     rows, cols = (N, M) if cfg.get("SWAP_AB") else (M, N)
-    tiles = triton.cdiv(rows, cfg["BM"]) * triton.cdiv(cols, cfg["BN"])
+    return split_for_tiles(triton.cdiv(rows, cfg["BM"]) * triton.cdiv(cols, cfg["BN"]), K,
+                           cfg, sms)
+
+
+def split_for_tiles(tiles: int, K: int, cfg: dict, sms: int) -> int:
+    """split_k_for's choice for a launch of `tiles` output tiles of `cfg` (the fused ops
+    count their own tiles: trident/ops/fused_tile.py)."""
+    most = int(cfg.get("SPLIT_K", 1))
     if most <= 1 or tiles >= 2 * sms:
         return 1
     most = min(most, triton.cdiv(K, cfg["BK"]) // 2)
@@ -405,7 +412,6 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
         # [s * steps // split_k, (s + 1) * steps // split_k). The slices of a tile are
         # neighbouring units, so they run at about the same time.
         steps = tl.cdiv(K, BK)
-        offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
         for unit in tl.range(start, num_tiles * split_k, NUM_PROGRAMS):
             tile = unit // split_k
             s = unit % split_k
@@ -413,17 +419,8 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
             acc = dot_slice(a_op, stride_am, w_op, stride_wn, pid_m * BM, pid_n * BN, M, N,
                             K, s * steps // split_k, (s + 1) * steps // split_k, BM, BN, BK,
                             TMA)
-            tl.store(partials + unit * (BM * BN) + offs, acc)    # < 2**31: launch_args
-            # every thread's partial before the arrival (release), the others' partials
-            # after it (acquire) -- as in trident/language/epoch.py's last_program_out
-            tl.debug_barrier()
-            arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == split_k - 1:
-                tl.store(counters + tile, 0)             # rearmed for the next launch
-                first = partials + tile * split_k * (BM * BN)
-                total = tl.zeros((BM, BN), dtype=tl.float32)
-                for i in range(split_k):                 # slice order: deterministic
-                    total += tl.load(first + i * (BM * BN) + offs, cache_modifier=".cg")
+            last, total = finish_slice(acc, partials, counters, tile, s, split_k, BM, BN)
+            if last:
                 _epilogue(total, dst, bias, pid_m * BM, pid_n * BN, M, N, stride_om, BM, BN,
                           HAS_BIAS, OUT_DESC, SWAP_AB)
 

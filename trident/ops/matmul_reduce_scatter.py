@@ -45,9 +45,11 @@ from ..trace import kernel_args, tags
 from . import plain, selector
 from ..plans import Live, Plan
 from ._common import (SYNC_ACK, SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs,
-                      finish_program, fused_gemm_config, gemm_programs, new_plan, run,
-                      store_tile, take_tile, wait_peers_done, workspace)
-from .gemm import dot_tile, operand, tile_position, tma_compatible
+                      finish_program, finish_slice, new_plan, run, store_tile, take_tile,
+                      wait_peers_done, workspace)
+from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
+                         op_tile, split_setup, tile_shape)
+from .gemm import operand, tile_position, tma_compatible
 
 
 @triton.jit
@@ -76,12 +78,16 @@ def _tile_of(t, rank, world_size, M, N, m_local, BM: tl.constexpr, BN: tl.conste
 @triton.jit
 def _matmul_reduce_kernel(
         a, w, bias, out, partials, result, sync, ctrl, heap_bases, trace_buf,
+        k_partials, k_counters, split_k,
         rank, world_size, M, N, K, m_local, stride_am, stride_wn, stride_om,
         num_tiles, slots, num_gemm,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
         EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr,
-        PERSISTENT: tl.constexpr, TMA: tl.constexpr, OP: tl.constexpr,
-        TRACE: tl.constexpr):
+        PERSISTENT: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
+        SPLIT: tl.constexpr, OP: tl.constexpr, TRACE: tl.constexpr):
+    """BM x BN: the tile of out (fused_tile.tile_shape). SPLIT: split_k slices per tile,
+    work unit u = (q = u // split_k: the tile in this rank's order, slice u % split_k);
+    a tile is pushed and flagged only by its last slice, once summed (finish_slice)."""
     pid = tl.program_id(0)
     epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
     flags = sync + SYNC_FLAGS                 # [world, slots]: partial of rank s in slot
@@ -91,8 +97,12 @@ def _matmul_reduce_kernel(
         # ---- GEMM: this rank's partial of one tile at a time, pushed to the tile's owner
         a_op = operand(a, M, K, stride_am, BM, BK, TMA)
         w_op = operand(w, N, K, stride_wn, BN, BK, TMA)
-        q = take_tile(sync, pid, PERSISTENT)
-        while q < num_tiles:
+        u = take_tile(sync, pid, PERSISTENT)
+        while u < num_tiles * split_k:
+            if SPLIT:
+                q = u // split_k
+            else:
+                q = u
             if ALL_REDUCE:
                 t = (q + rank) % num_tiles
             else:
@@ -100,17 +110,23 @@ def _matmul_reduce_kernel(
             m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
                                                   GROUP_M, ALL_REDUCE)
             t0 = trd.begin(TRACE)
-            acc = dot_tile(a_op, stride_am, w_op, stride_wn, m0, n0, M, N, K, BM, BN, BK,
-                           EVEN_K, TMA)
+            acc = op_tile(a_op, stride_am, w_op, stride_wn, m0, n0, M, N, K, u - q * split_k,
+                          split_k, BM, BN, BK, EVEN_K, TMA, SWAP_AB, SPLIT)
+            if SPLIT:    # the tile is this rank's whole partial only once all slices are in
+                last, acc = finish_slice(acc, k_partials, k_counters, t, u - q * split_k,
+                                         split_k, BM, BN)
+            else:
+                last = True
             trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
-            t0 = trd.begin(TRACE)
-            # the owner must be done with the previous call's partials in this slot
-            tdl.wait(sync + SYNC_ACK + owner, epoch - 1, ctrl, rank, owner, OP)
-            dst = partials + (rank * slots + slot).to(tl.int64) * (BM * BN) + offs
-            tdl.store(dst, acc.to(partials.dtype.element_ty), rank, owner, heap_bases)
-            tdl.signal(flags + rank * slots + slot, epoch, rank, owner, heap_bases)
-            trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-            q = take_tile(sync, num_tiles, PERSISTENT)
+            if last:
+                t0 = trd.begin(TRACE)
+                # the owner must be done with the previous call's partials in this slot
+                tdl.wait(sync + SYNC_ACK + owner, epoch - 1, ctrl, rank, owner, OP)
+                dst = partials + (rank * slots + slot).to(tl.int64) * (BM * BN) + offs
+                tdl.store(dst, acc.to(partials.dtype.element_ty), rank, owner, heap_bases)
+                tdl.signal(flags + rank * slots + slot, epoch, rank, owner, heap_bases)
+                trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+            u = take_tile(sync, num_tiles * split_k, PERSISTENT)
     elif pid < num_gemm + slots:
         # ---- reduce: one slot of this rank's tiles, summed over ranks in rank order
         slot = pid - num_gemm
@@ -155,42 +171,41 @@ def _matmul_reduce_kernel(
 
 
 def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
-                        config: dict | None = None, gemm: str | None = None) -> None:
+                        config: dict | None = None, gemm: str | None = None,
+                        split_k: int | None = None) -> None:
     """Add the fused kernel's launch to `plan` (inputs already checked; `out` is the
-    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "classic" or "tma"
-    (default: env TRIDENT_GEMM, see _common)."""
+    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "auto", "classic" or
+    "tma" (default: env TRIDENT_GEMM, see _common); config: overrides of the core's
+    config (SWAP_AB, SPLIT_K, tiles); split_k: exactly this many K slices per tile
+    (default: fused_tile.split_setup's choice). Tile sizes follow M and N only (every
+    rank takes the same: they decide the slots); the slices follow this rank's K."""
     M, K = a.shape
     N = w.shape[0]
     world = ctx.world_size
-    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=1)
-    bm, bn = cfg["BM"], cfg["BN"]
-    num_nb = triton.cdiv(N, bn)
-    if all_reduce:
-        m_local = M
-        num_tiles = triton.cdiv(M, bm) * num_nb
-        slots = triton.cdiv(num_tiles, world)
-    else:
-        m_local = M // world
-        slots = triton.cdiv(m_local, bm) * num_nb
-        num_tiles = slots * world
+    op = "matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"
+    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=1, local="K")
+    bm, bn = tile_shape(cfg)
+    num_tiles = count_tiles(op, M, N, world, cfg)
+    m_local = M if all_reduce else M // world
+    slots = triton.cdiv(num_tiles, world)
+    split, k_partials, k_counters = split_setup(ctx, cfg, num_tiles, K, split_k)
     tile_bytes = bm * bn * a.element_size()
     num_partials = world * slots + (slots if all_reduce else 0)
-    op = "matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"
     ws = workspace(ctx, op, num_partials * tile_bytes, world * slots + num_tiles)
     buf = ws.view(a.dtype, num_partials, bm * bn)
     partials, result = buf[:world * slots], buf[world * slots:] if all_reduce else buf
     tma = cfg["PERSISTENT"] and tma_compatible(a, w)
-    num_gemm = gemm_programs(ctx, cfg, num_tiles, tma)
+    num_gemm = gemm_programs(ctx, cfg, num_tiles * split, tma)
     grid = (num_gemm + slots + (num_tiles if all_reduce else 0),)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _matmul_reduce_kernel, grid,
         a, w, bias if bias is not None else a, Live(3), partials, result, ws.sync, ctx.ctrl,
-        ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
-        a.stride(0), w.stride(0), out.stride(0), num_tiles, slots, num_gemm,
+        ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank, world, M, N,
+        K, m_local, a.stride(0), w.stride(0), out.stride(0), num_tiles, slots, num_gemm,
         BM=bm, BN=bn, BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], EVEN_K=K % cfg["BK"] == 0,
         HAS_BIAS=bias is not None, ALL_REDUCE=all_reduce, PERSISTENT=cfg["PERSISTENT"],
-        TMA=tma, OP=OP_CODES[op], TRACE=trace,
+        TMA=tma, SWAP_AB=cfg["SWAP_AB"], SPLIT=split > 1, OP=OP_CODES[op], TRACE=trace,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
