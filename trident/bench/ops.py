@@ -6,6 +6,11 @@ and each total M (tokens), measures:
   trident_fused   trident's fused kernel
   trident_auto    what the selector picks (trident/ops/crossover.json), and its choice
                   (eager / graph)
+  trident_fused_classic  the fused kernel on the classic GEMM core, only below 4096 rows
+                  where the fused kernel runs the tma core (column fused_gemm: core,
+                  swap-AB, tile of out, K slices; trident/ops/fused_tile.py): "auto" does
+                  where the GEMM table's entry is a small-M one (swap-AB or split-K), so
+                  this is the A/B of that choice
   plain           NCCL (torch.distributed) + cuBLAS (torch.matmul): the baseline
   torch_symm_mem  torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
                   (no all-reduce counterpart; never the multimem variants)
@@ -22,7 +27,8 @@ tma; recorded as trident_gemm in the JSON). --update-crossover merges the measur
 and graph, into the selector's table.
 
     trident bench ops                                   # every GPU, all layers, M 64..16384
-    trident bench ops --ops all_gather_matmul --m 1024,8192 --layers llama70b
+    trident bench ops --ops all_gather_matmul --m 1024,8192 --layers llama3-70b
+    python3 -m trident.bench.ops --world-size 2 --layers llama3-70b --m 64,256,1024,4096,8192
 On the CPU emulation (2 ranks, tiny shapes) it only shows that everything runs. Where
 ranks share a GPU, NCCL cannot run: the plain rows say so (`note`), comm_us is empty (the
 floor is the GEMM alone) and torch_symm_mem (no NCCL in it) stays.
@@ -121,7 +127,8 @@ def _comm_alone(ctx, op, a, n):
 
 
 def _bench(ctx, ops, ms, layer_names, timing):
-    from ..ops import gemm, selector
+    from ..ops import fused_tile, gemm, selector
+    from ..ops._common import TMA_MIN_M
     rows = []
     cases = [(op, layer, m) for op in ops for layer in _layers(ctx, op, layer_names) for m in ms]
     progress = common.Progress(len(cases), "ops", enabled=ctx.rank == 0)
@@ -135,6 +142,10 @@ def _bench(ctx, ops, ms, layer_names, timing):
         impls = {"trident_fused": lambda: fn(a, wt, algorithm="fused"),
                  "trident_auto": lambda: fn(a, wt),
                  "plain": (lambda: fn(a, wt, algorithm="plain")) if has_nccl else None}
+        fused_gemm = fused_tile.choice(ctx, op, m, n, k)
+        if not fused_gemm.startswith("classic") and m < TMA_MIN_M:
+            impls["trident_fused_classic"] = lambda: fn(a, wt, algorithm="fused",
+                                                        gemm="classic")
         tsm = _torch_symm_mem(ctx, op, a, wt)
         if tsm is not None:
             impls["torch_symm_mem"] = tsm
@@ -151,7 +162,8 @@ def _bench(ctx, ops, ms, layer_names, timing):
         sol = max(flops / ctx.world_size / (common.BF16_TFLOPS * 1e6), common.nvlink_floor_us(link))
         choice = (f"{selector.select(ctx, op, m, n, k, graph=False)} / "
                   f"{selector.select(ctx, op, m, n, k, graph=True)}")
-        base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, **alone, floor_us=floor,
+        base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, fused_gemm=fused_gemm,
+                    **alone, floor_us=floor,
                     sol_us=sol, gemm_only_vs_cublas=common.ratio(alone["gemm_us"],
                                                                  alone["gemm_only_us"]))
         case_rows = []
@@ -192,7 +204,8 @@ def _crossover_entries(ctx, rows):
     return out
 
 
-COLUMNS = ["op", "model", "layer", "M", "N", "K", "impl", "choice", "eager_us", "graph_us",
+COLUMNS = ["op", "model", "layer", "M", "N", "K", "fused_gemm", "impl", "choice", "eager_us",
+           "graph_us",
            "host_us", "synced_us", "eager_vs_plain", "graph_vs_plain", "floor_us", "vs_floor",
            "gemm_us", "gemm_only_us", "gemm_only_vs_cublas",
            "sol_us", "tflops"]
@@ -202,6 +215,8 @@ ABOUT = ("eager_us: calls queued back to back after a device barrier, device tim
          "over ranks. floor_us = max(gemm_us: cuBLAS alone, comm_us: NCCL alone), graph time; "
          "gemm_only_us: trident's GEMM core (trident/ops/gemm.py) alone on the same GEMM, no "
          "communication, graph time; gemm_only_vs_cublas = gemm_us / gemm_only_us; "
+         "fused_gemm: the GEMM of rank 0's fused kernel (core, swab = swap-AB, tile of out "
+         "rows x columns x BK, K slices); "
          "sol_us = max(flops/750 TFLOP/s, bytes/NVLink); *_vs_plain = plain time / time in "
          "that mode; vs_floor and tflops from the graph time")
 
