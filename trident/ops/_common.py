@@ -4,13 +4,16 @@ the switch between the two GEMM cores.
 
 The GEMM core (env TRIDENT_GEMM, read once at import; a call's `gemm=` option overrides
 it and is part of the plan key like every option):
-- "auto" (the default): "tma" for GEMMs of M >= TMA_MIN_M rows, else "classic". Measured
+- "auto" (the default): "tma" for GEMMs of M >= TMA_MIN_M rows, and below that where the
+  GEMM table's entry is a small-M one (swap-AB or split-K: the core's decode choice,
+  fused_tile.fused_gemm_config), else "classic". Measured
   2026-11-22 on 2x H200 at M = 8192 (Llama-3-70B TP=2 layers, bench/results/
   ops-ab-gemm-*-2xh200-2026-11-22.json): "tma" made every fused op 1.14-1.24x faster than
   "classic" and 1.02-1.15x faster than NCCL + cuBLAS eagerly; on one H200 the core alone
   was 0.99-1.05x cuBLAS at M >= 4096 and 0.63-0.96x below (gemm-1xh200-2026-11-22.json).
-  Smaller M with "tma" inside the fused kernels is not measured yet.
-- "classic": one output tile per GEMM program,
+  Smaller M with "tma" inside the fused kernels is not measured yet, and the table's
+  small-M entries are what the core alone measured (or starting points), not the fused ops.
+- "classic": one output tile (or split-K slice) per GEMM program,
   pointer loads (gemm_tile), tile sizes from gemm_config.
 - "tma": trident/ops/gemm.py's core inside the fused kernels -- persistent GEMM programs,
   one per SM at most, that take output tiles from a queue word of the workspace (an
@@ -18,9 +21,6 @@ it and is part of the plan key like every option):
   and W where gemm.tma_compatible allows (the pointer path otherwise, same kernel), tile
   configs from gemm_table.json by shape class (gemm.config_for; warp specialisation is
   not used: the tile loop waits on flags), swap-AB and split-K included (fused_tile.py).
-- "auto" also takes "tma" below TMA_MIN_M where the table's entry is a small-M one
-  (swap-AB or split-K): the GEMM core's decode choice. Not measured inside the fused ops
-  yet; the H200 table's split-K entries at M <= 128 are unmeasured starting points.
 
 Epochs (trident/language/epoch.py). Every fused kernel reads its workspace's epoch word
 at the start (this call is epoch e = stored + 1) and waits for flags to reach e, so flags

@@ -24,6 +24,9 @@ The GEMM programs run one of two cores (_common: env TRIDENT_GEMM, or the gemm= 
   16-byte aligned w; otherwise the same persistent programs use pointer loads. Tile
   configs come from gemm_table.json by the class of (M total, N_local, K). The epilogue
   (bias, masked store into `out`) is the classic one.
+- Either core runs swap-AB and split-K configs (fused_tile.py): the row block is the
+  tile's rows of out (a swap-AB config's BN), and with split-K each slice waits for its
+  rows, and only the last one, once the slices are summed, adds the bias and stores.
 To be measured on 2 GPUs (`trident bench ops`, TRIDENT_GEMM=tma against classic): the
 fused time per shape, and whether 16 pushers beside one GEMM program per SM is the
 right split now that the GEMM programs are persistent.
@@ -200,7 +203,8 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
 
     algorithm: "auto" (the selector's choice), "fused" (trident's kernel) or "plain"
     (also "nccl": NCCL all-gather + cuBLAS through torch). options go to the fused kernel
-    (num_pushers, config, gemm: "classic" or "tma", default env TRIDENT_GEMM).
+    (num_pushers, config, split_k, gemm: "auto", "classic" or "tma", default env
+    TRIDENT_GEMM; see all_gather_matmul_fused).
     """
     return run(ctx, "all_gather_matmul", _plan, a, w, bias, out, algorithm, options)
 

@@ -27,7 +27,8 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
     """all_reduce(a @ w.T) + bias -> [a.shape[0], w.shape[0]].
 
     algorithm: "auto" (the selector), "fused" or "plain" (also "nccl": cuBLAS + NCCL
-    all-reduce). options go to the fused kernel (config, gemm: "classic" or "tma").
+    all-reduce). options go to the fused kernel (config, split_k, gemm: "auto", "classic"
+    or "tma"; see matmul_reduce_scatter.matmul_reduce_fused).
     """
     return run(ctx, "matmul_all_reduce", _plan, a, w, bias, out, algorithm, options)
 

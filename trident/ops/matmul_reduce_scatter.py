@@ -24,6 +24,9 @@ The GEMM core (_common: env TRIDENT_GEMM, or the gemm= option):
   push each finished tile to its owner as before. Reducers and gather programs start
   after them (higher ids) and are unchanged; the slot layout follows the tile order, so
   the all-reduce result is still bitwise the same on every rank.
+- Either core runs swap-AB and split-K configs (fused_tile.py): a tile is still a block
+  of out, and with split-K only its last slice, once the slices are summed in slice
+  order, pushes it and sets the flag; the reducers do not change.
 To be measured on 2 GPUs (`trident bench ops`, TRIDENT_GEMM=tma against classic): the
 fused time per shape, and reducers that start only as GEMM programs leave their SMs
 (the ready-queue reduction of issue 13 is not built yet).
@@ -215,7 +218,8 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, algorithm: str = "auto
 
     a.shape[0] must be divisible by the world size. algorithm: "auto" (the selector),
     "fused" or "plain" (also "nccl": cuBLAS + NCCL reduce-scatter through torch). options
-    go to the fused kernel (config, gemm: "classic" or "tma", default env TRIDENT_GEMM).
+    go to the fused kernel (config, split_k, gemm: "auto", "classic" or "tma", default env
+    TRIDENT_GEMM; see matmul_reduce_fused).
     """
     return run(ctx, "matmul_reduce_scatter", _plan, a, w, bias, out, algorithm, options)
 
