@@ -10,7 +10,9 @@
 #   repeat  REPEAT_TESTS REPEAT times (a flaky fault: race or bad data)
 #   hier    the hierarchical collectives as 2 nodes x 1 rank (NCCL on the rails), tests and
 #           host time
-#   gemm    the GEMM core's table on GPU 0 (bounded bench)
+#   gemm    the GEMM core's table on GPU 0 (bounded bench; GEMM_TABLE: the file to update,
+#           e.g. trident/ops/gemm_table.json so that later steps use it)
+#   ops     bench ops at 2 ranks, Llama-3-70B TP=2 layers at OPS_M
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -78,8 +80,15 @@ for step in ${STEPS:-env tests}; do
   gemm)
     CUDA_VISIBLE_DEVICES=0 $T ${GEMM_TIMEOUT:-420} python3 -m trident.bench.gemm \
       --m ${GEMM_M:-64,128,256,1024,4096,8192} --budget-s ${GEMM_BUDGET:-380} --out-dir $OUT \
-      --update-table $OUT/gemm_table.json > $OUT/gemm.log 2>&1
-    say "== gemm rc=$?"; tail -40 $OUT/gemm.log | tee -a $LOG ;;
+      --update-table ${GEMM_TABLE:-$OUT/gemm_table.json} > $OUT/gemm.log 2>&1
+    say "== gemm rc=$?"; tail -25 $OUT/gemm.log | tee -a $LOG
+    [ -n "${GEMM_TABLE:-}" ] && cp $GEMM_TABLE $OUT/gemm_table.json ;;
+  ops)
+    # the fused ops against NCCL + cuBLAS (OPS_M), after `gemm` so that they use its table
+    $T ${OPS_TIMEOUT:-150} python3 -m trident.bench.ops --world-size 2 --layers llama3-70b \
+      --m ${OPS_M:-64,256,1024,4096,8192} --out-dir $OUT > $OUT/ops.log 2>&1
+    say "== bench ops rc=$?"; grep -v "FutureWarning\|enable_symm_mem" $OUT/ops.log | tr '\r' '\n' \
+      | grep -v "^ops \[" | tail -40 | tee -a $LOG ;;
   *) python3 $step 2>&1 | tee -a $LOG ;;
   esac
   say "== step $step: $((SECONDS - start)) s"
