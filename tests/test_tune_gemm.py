@@ -11,10 +11,14 @@ import pytest
 
 from trident import tune
 from trident.bench import gemm as bench
+from trident.launch import default_backend
 from trident.ops import gemm, gemm_tables
 from trident.tools import info
 
 H100 = "NVIDIA H100 80GB HBM3"
+# the CPU emulation's own cases: its refusal, and a run forced on its tiny shapes (on a GPU
+# machine both would measure the GPU, which bench/gpu_*.sh do with the real command)
+CPU_ONLY = pytest.mark.skipif(default_backend() == "cuda", reason="CPU emulation cases")
 
 
 @pytest.fixture
@@ -111,6 +115,7 @@ def test_written_file_is_what_the_gemm_core_reads(cache, monkeypatch):
         gemm._picked.pop(gpu, None)
 
 
+@CPU_ONLY
 def test_refused_on_the_cpu_emulation(cache, capsys):
     with pytest.raises(SystemExit) as exc:
         tune.main(["--gemm"])
@@ -125,6 +130,7 @@ def test_refused_on_the_cpu_emulation(cache, capsys):
         assert "--gemm" in capsys.readouterr().err
 
 
+@CPU_ONLY
 def test_forced_run_writes_the_cache_and_info_says_so(cache, capsys):
     info._gemm_info()
     before = capsys.readouterr().out
