@@ -15,6 +15,8 @@ from trident import topology
 from trident.ccl.hierarchical import cost
 from trident.launch import RankPool, default_backend
 
+from ..nodes import pool_in_nodes
+
 from .refs import assert_equal, place, rank_inputs, reduce_ref
 
 ALGS = ("hierarchical", "nccl")
@@ -66,16 +68,8 @@ def _by_local_world_size(ctx):
 
 @pytest.fixture(scope="module")
 def nodes_pool():
-    saved = os.environ.get(topology.NODE_SIZE_ENV)
-    os.environ[topology.NODE_SIZE_ENV] = str(NODE_SIZES[0])
-    try:
-        p = RankPool(WORLD, backend=default_backend(), heap_size=32 << 20, timeout=60.0,
-                     run_timeout=600.0)
-    finally:
-        if saved is None:
-            os.environ.pop(topology.NODE_SIZE_ENV)
-        else:
-            os.environ[topology.NODE_SIZE_ENV] = saved
+    p = pool_in_nodes(WORLD, NODE_SIZES[0], backend=default_backend(), heap_size=32 << 20,
+                      timeout=60.0, run_timeout=600.0)
     yield p
     p.close()
 
@@ -366,16 +360,8 @@ def nodes_of_3():
     of two). On the CPU, and on GPUs only where each rank has its own GPU."""
     if default_backend() == "cuda" and torch.cuda.device_count() < 6:
         pytest.skip("2 nodes x 3 on GPUs needs 6 GPUs (the CPU emulation runs it)")
-    saved = os.environ.get(topology.NODE_SIZE_ENV)
-    os.environ[topology.NODE_SIZE_ENV] = "3"
-    try:
-        p = RankPool(6, backend=default_backend(), heap_size=32 << 20, timeout=60.0,
-                     run_timeout=600.0)
-    finally:
-        if saved is None:
-            os.environ.pop(topology.NODE_SIZE_ENV)
-        else:
-            os.environ[topology.NODE_SIZE_ENV] = saved
+    p = pool_in_nodes(6, 3, backend=default_backend(), heap_size=32 << 20, timeout=60.0,
+                      run_timeout=600.0)
     yield p
     p.close()
 

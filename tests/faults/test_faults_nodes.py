@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from trident import topology
 from trident.errors import CommTimeout, InterNodeError
-from trident.launch import RankPool
+
+from ..nodes import pool_in_nodes
 
 from .procs import alive
 
@@ -22,16 +22,8 @@ WORLD, NODE = 4, 2
 def _fault(fn):
     """Run fn on 4 fresh ranks in nodes of 2; return the exception it raised and its text
     (with notes), after checking the time it took and that no rank was left over."""
-    saved = os.environ.get(topology.NODE_SIZE_ENV)
-    os.environ[topology.NODE_SIZE_ENV] = str(NODE)
-    try:
-        pool = RankPool(WORLD, backend="cpu", heap_size=4 << 20, timeout=TIMEOUT,
-                        run_timeout=120)
-    finally:
-        if saved is None:
-            os.environ.pop(topology.NODE_SIZE_ENV)
-        else:
-            os.environ[topology.NODE_SIZE_ENV] = saved
+    pool = pool_in_nodes(WORLD, NODE, backend="cpu", heap_size=4 << 20, timeout=TIMEOUT,
+                         run_timeout=120)
     pids = pool.pids
     t0 = time.monotonic()
     try:
