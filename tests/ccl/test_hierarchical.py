@@ -277,6 +277,51 @@ def test_bad_inputs(pool):
                 assert "ctx.node.device_barrier" in message
 
 
+def _graph_replay(ctx, seed):
+    """all_reduce, all_gather and reduce_scatter (hierarchical: node kernels and the rail's
+    NCCL calls) captured in one CUDA graph, replayed on new inputs written in place."""
+    w, me, bad = ctx.world_size, ctx.rank, []
+    t = torch.empty(4 * w + 1, device=ctx.device)
+    inp, gathered = torch.empty(5, device=ctx.device), torch.empty(5 * w, device=ctx.device)
+    big, part = torch.empty(3 * w, device=ctx.device), torch.empty(3, device=ctx.device)
+
+    def calls():
+        ctx.all_reduce(t, algorithm="hierarchical")
+        ctx.all_gather(gathered, inp, algorithm="hierarchical")
+        ctx.reduce_scatter(part, big, algorithm="hierarchical")
+
+    def fill(i):
+        xs = rank_inputs(w, t.shape, torch.float32, seed + i)
+        gs = rank_inputs(w, inp.shape, torch.float32, seed + 100 + i)
+        bs = rank_inputs(w, big.shape, torch.float32, seed + 200 + i)
+        t.copy_(xs[me]), inp.copy_(gs[me]), big.copy_(bs[me])
+        return reduce_ref(xs, "sum"), torch.cat(gs), reduce_ref(bs, "sum").chunk(w)[me]
+
+    fill(0)
+    calls()                                   # plans built before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    for i in range(1, 4):
+        refs = fill(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, ref, what in zip((t, gathered, part), refs, ("all_reduce", "all_gather",
+                                                              "reduce_scatter")):
+            if not torch.allclose(got.cpu(), ref, rtol=1e-5, atol=1e-5):
+                bad.append(f"{what} replay {i}")
+    ctx.barrier()
+    return bad
+
+
+def test_graph_replay(pool):
+    if default_backend() != "cuda" or pool.node_size != NODE_SIZES[0] or WORLD > torch.cuda.device_count():
+        pytest.skip("CUDA graphs with NCCL rails: GPUs with one rank each")
+    for rank, bad in enumerate(pool.run(_graph_replay, 5)):
+        assert not bad, f"rank {rank}: {bad}"
+
+
 def test_fused_ops_plain(pool):
     for rank, errs in enumerate(pool.run(_fused_plain, 11)):
         # bf16 outputs of sums over 8*4 products of |x| ~ 1: a few bf16 steps
