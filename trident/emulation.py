@@ -121,11 +121,9 @@ def install() -> None:
     _interp._patch_lang = _patch_lang
     executor._init_args_hst = _init_args_hst
     executor._restore_args_dev = _restore_args_dev
-    # The race detector (TRIDENT_SANITIZE=1) hooks the interpreter's memory ops and grid
-    # loop; nothing of it is installed when it is off.
-    from . import sanitize
-    if sanitize.requested():
-        sanitize.install_auto()
+    # The race detector (TRIDENT_SANITIZE=1, trident/sanitize.py) hooks the interpreter's
+    # memory ops and grid loop when a Context switches it on; nothing of it is installed
+    # here.
     _installed = True
 
 

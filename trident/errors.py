@@ -70,6 +70,27 @@ class HeapMismatchError(RuntimeError):
     """Ranks made different allocation requests on the symmetric heap."""
 
 
+class CallMismatchError(RuntimeError):
+    """Ranks made different host-side collective calls at the same point (a rank skipped
+    or reordered a trident call): the message names each rank's call."""
+
+
+class HostTimeout(CommTimeout):
+    """A host-side collective (barrier, workspace creation, debug check) did not hear from
+    every rank within the context's timeout: a rank skipped the call, failed before it or
+    died. The process group cannot be used afterwards."""
+
+    def __init__(self, op: str, rank: int, timeout_s: float, detail: str = ""):
+        self.op, self.rank, self.peer, self.timeout_s, self.detail = op, rank, None, timeout_s, detail
+        RuntimeError.__init__(
+            self, f"rank {rank}: {op} (a host-side collective) failed: another rank did not "
+                  f"join it within {timeout_s:g} s (it skipped this call, failed before it or "
+                  f"died)" + (f" [transport: {detail}]" if detail else ""))
+
+    def __reduce__(self):
+        return HostTimeout, (self.op, self.rank, self.timeout_s, self.detail)
+
+
 class InterNodeError(CommTimeout):
     """A step between nodes (a torch.distributed collective over a rail: one rank per
     node) failed: a rank of another node skipped the call, called another one, failed or

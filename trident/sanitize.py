@@ -658,7 +658,6 @@ class Sanitizer:
 # ---------------------------------------------------------------------- install / enable
 _active: Sanitizer | None = None
 _orig: dict = {}
-_context_wrapped = False
 
 
 def _builder():
@@ -723,15 +722,14 @@ def _sanitized_call(self, *args_dev, **kwargs):
     self._restore_args_dev(args_dev, args_hst, kwargs, kwargs_hst)
 
 
-def _wrap_context() -> None:
-    """Have Context.sync, host_exchange and close call the sanitizer of a context that has
-    one (and, with TRIDENT_SANITIZE=1, switch it on at the context's first host
-    collective: the barrier that ends trident.init). Done once, on first use."""
-    global _context_wrapped
-    if _context_wrapped:
+def _wrap_context(cls) -> None:
+    """Have cls.sync, host_exchange and close (cls: trident.Context, passed in so that this
+    module does not import trident.context) call the sanitizer of a context that has one
+    (and, with TRIDENT_SANITIZE=1, switch it on at the context's first host collective:
+    the barrier that ends trident.init). Done once per class, on first use."""
+    if getattr(cls, "_sanitize_wrapped", False):
         return
-    from .context import Context
-    sync, exchange, close = Context.sync, Context.host_exchange, Context.close
+    sync, exchange, close = cls.sync, cls.host_exchange, cls.close
 
     def sync_(self):
         san = getattr(self, "_sanitizer", None)
@@ -762,14 +760,14 @@ def _wrap_context() -> None:
     functools.update_wrapper(sync_, sync)
     functools.update_wrapper(host_exchange_, exchange)
     functools.update_wrapper(close_, close)
-    Context.sync, Context.host_exchange, Context.close = sync_, host_exchange_, close_
-    _context_wrapped = True
+    cls.sync, cls.host_exchange, cls.close = sync_, host_exchange_, close_
+    cls._sanitize_wrapped = True
 
 
-def install_auto() -> None:
-    """Called by trident.emulation when TRIDENT_SANITIZE=1: every context switches the
-    sanitizer on when trident.init ends."""
-    _wrap_context()
+def install_auto(cls) -> None:
+    """Called by trident.Context (`cls`) when TRIDENT_SANITIZE=1: every context switches
+    the sanitizer on when trident.init ends."""
+    _wrap_context(cls)
 
 
 def enable(ctx, seed: int | None = None) -> Sanitizer:
@@ -815,7 +813,7 @@ def enable(ctx, seed: int | None = None) -> Sanitizer:
         raise
     finally:
         os.unlink(path(ctx.rank))
-    _wrap_context()
+    _wrap_context(type(ctx))
     ctx._sanitizer = san
     _install(san)
     return san

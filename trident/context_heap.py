@@ -1,0 +1,173 @@
+"""Context's symmetric-heap methods: the tensor factories (empty, zeros, ...), free,
+is_symmetric / check_symmetric, heap offsets and peer views, and workspaces (heap objects
+that live as long as the context, created collectively on an op's first call).
+
+Part of trident.Context (trident/context.py), which inherits HeapMethods; this module does
+not import trident.context."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import HeapMismatchError
+from .heap.allocator import HeapFullError
+
+
+class HeapMethods:
+    """The heap methods of trident.Context. They use the context's device, world_size,
+    heap_size, allocator, plans, _heap (the backend's mapping), _heap_ptr, _persistent,
+    _workspaces, _calling, _closed, _check_open() and _barrier() (set by Context.__init__
+    and trident.context_sync.SyncMethods)."""
+
+    def _alloc(self, shape, dtype: torch.dtype) -> torch.Tensor:
+        self._check_open()
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise ValueError(f"negative dimension in shape {shape}")
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        offset = self.allocator.alloc(nbytes, what=f"for shape {list(shape)} {dtype}")
+        return self._heap.local[offset:offset + nbytes].view(dtype).view(shape)
+
+    def empty(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """An uninitialised tensor on the symmetric heap (same offset on every rank)."""
+        return self._alloc(shape, dtype)
+
+    def zeros(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._alloc(shape, dtype).zero_()
+
+    def ones(self, *shape, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._alloc(shape, dtype).fill_(1)
+
+    def full(self, shape, fill_value, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self._alloc((shape,) if isinstance(shape, int) else shape, dtype).fill_(fill_value)
+
+    def randn(self, *shape, dtype: torch.dtype = torch.float32, generator=None) -> torch.Tensor:
+        return self._alloc(shape, dtype).normal_(generator=generator)
+
+    def rand(self, *shape, dtype: torch.dtype = torch.float32, generator=None) -> torch.Tensor:
+        return self._alloc(shape, dtype).uniform_(generator=generator)
+
+    def arange(self, start, end=None, step=1, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        values = torch.arange(start, end, step, dtype=dtype) if end is not None \
+            else torch.arange(start, dtype=dtype)
+        return self._alloc(values.shape, dtype).copy_(values)
+
+    def empty_like(self, t: torch.Tensor) -> torch.Tensor:
+        return self._alloc(t.shape, t.dtype)
+
+    def zeros_like(self, t: torch.Tensor) -> torch.Tensor:
+        return self._alloc(t.shape, t.dtype).zero_()
+
+    def is_symmetric(self, t: torch.Tensor) -> bool:
+        """True if `t` lies in this context's heap (so peers can address it)."""
+        if self._closed or not isinstance(t, torch.Tensor) or t.device != self.device:
+            return False
+        return (t.untyped_storage().data_ptr() == self._heap_ptr
+                and self._heap_ptr <= t.data_ptr() < self._heap_ptr + self.heap_size)
+
+    def heap_offset(self, t: torch.Tensor) -> int:
+        """Byte offset of heap tensor `t` from this rank's heap base: where its copy lies in
+        every peer's heap too (translate: peer base + offset)."""
+        return t.data_ptr() - self._heap_ptr
+
+    def peer_view(self, peer: int, t: torch.Tensor) -> torch.Tensor:
+        """A torch tensor over `peer`'s copy of heap tensor `t` (same offset, shape and
+        dtype; `t` contiguous). On GPUs, torch copies into it go over NVLink on the copy
+        engines (the baseline for the kernels' own transfers)."""
+        self.check_symmetric(t, "peer_view: t")
+        if not t.is_contiguous():
+            raise ValueError("peer_view: t must be contiguous")
+        if not 0 <= peer < self.world_size:
+            raise ValueError(f"peer_view: peer must be in [0, {self.world_size}), got {peer}")
+        return self._heap.peer_view(peer, t.view(-1), 0, t.numel()).view(t.shape)
+
+    def free(self, t: torch.Tensor) -> None:
+        """Return `t`'s block to the heap. Every rank must free the same tensors in the same order."""
+        if not self.is_symmetric(t):
+            raise ValueError("ctx.free: tensor is not on this context's symmetric heap")
+        offset = self.heap_offset(t)
+        if self.allocator.is_free(offset):
+            raise ValueError(f"ctx.free: the tensor at heap offset {offset} was freed already "
+                             f"(double free)")
+        if not self.allocator.owns(offset):
+            raise ValueError(f"ctx.free: tensor at heap offset {offset} is a view inside an "
+                             f"allocation, not the tensor the factory returned")
+        self.plans.clear()           # plans may point into the block
+        self.allocator.free(offset)
+
+    def check_symmetric(self, t: torch.Tensor, name: str) -> None:
+        """Raise a clear error unless `t` is on the heap (for use by ops)."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not self.is_symmetric(t):
+            raise ValueError(f"{name} must be a tensor on the symmetric heap (made by ctx.empty/"
+                             f"zeros/...): peers cannot address memory outside it")
+
+    def free_since(self, live_before) -> None:
+        """Free every allocation made since `live_before` (a set of live offsets), then
+        restart the allocation history: all ranks end up with the same heap again, even
+        after a function that failed part-way on some ranks (used by RankPool)."""
+        keep = set(live_before) | self._persistent
+        for offset in self.allocator.live_offsets():
+            if offset not in keep:
+                self.allocator.free(offset)
+        self.allocator.restart_log()
+
+    def workspace(self, key, factory):
+        """A heap object that lives as long as the context (created on first use by
+        `factory(ctx)`, on every rank at the same call). Ops keep their buffers here.
+
+        Creation ends with a host barrier: a peer must not signal into flags this rank has
+        not zeroed yet. So the first call of an op is not graph-capturable; warm up first.
+        If creation fails on any rank (heap full, or ranks that asked for different sizes
+        or skipped the call), every rank gives back what it allocated, so the heap is the
+        same everywhere again and the context stays usable; the error names the op.
+        """
+        obj = self._workspaces.get(key)
+        if obj is None:
+            before = set(self.allocator.live_offsets())
+            error = None
+            try:
+                obj = factory(self)
+            except HeapFullError as e:
+                error = e
+            made = set(self.allocator.live_offsets()) - before
+
+            def roll_back():
+                for offset in made:
+                    self.allocator.free(offset)
+                self.allocator.restart_log()
+
+            try:
+                failed, keys = self._barrier("workspace", detail=key, failed=error is not None)
+            except HeapMismatchError as e:
+                roll_back()
+                raise HeapMismatchError(
+                    f"while {self._op_phrase()} created the workspace {key!r}: {e} Did "
+                    f"every rank make this call, with the same sizes?") from None
+            if keys is not None or any(failed):
+                roll_back()
+            if keys is not None:
+                names = "; ".join(f"rank {r}: {k!r}" for r, k in enumerate(keys))
+                raise HeapMismatchError(
+                    f"{self._op_phrase()}: the ranks created different workspaces ({names}): "
+                    f"their sizes differ. Every rank must call with the same sizes.")
+            if any(failed):
+                if error is None:
+                    bad = [r for r, f in enumerate(failed) if f]
+                    raise HeapFullError(
+                        f"{self._op_phrase()} needs the workspace {key!r}, which does not fit "
+                        f"in the symmetric heap of rank(s) {bad} (see the error there); make "
+                        f"the heap larger: td.init(heap_size=...) or TRIDENT_HEAP_SIZE.")
+                raise HeapFullError(f"{self._op_phrase()} needs the workspace {key!r}, "
+                                    f"which does not fit: {error}") from None
+            self._workspaces[key] = obj
+            self._persistent |= made
+        return obj
+
+    def _op_phrase(self) -> str:
+        return self._calling or "an op"
+

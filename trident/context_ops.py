@@ -1,0 +1,104 @@
+"""Context's op facade: ctx.all_reduce(...), ctx.all_gather_matmul(...), ctx.trace(...)
+and the rest hand over to trident.ccl, trident.ops and trident.trace, imported on first
+use (`trident.init` stays light, and those packages may take the context as an argument
+without importing trident.context).
+
+Part of trident.Context (trident/context.py), which inherits OpMethods."""
+from __future__ import annotations
+
+
+def _ccl():
+    """trident.ccl, imported on first use (an import statement per call costs ~0.5 us)."""
+    global _ccl_module
+    if _ccl_module is None:
+        from . import ccl
+        _ccl_module = ccl
+    return _ccl_module
+
+
+def _ops():
+    global _ops_module
+    if _ops_module is None:
+        from . import ops
+        _ops_module = ops
+    return _ops_module
+
+
+_ccl_module = _ops_module = None
+
+
+class _Building:
+    def __init__(self, ctx, name):
+        self.ctx, self.name = ctx, name
+
+    def __enter__(self):
+        self.prev, self.ctx._calling = self.ctx._calling, self.name
+
+    def __exit__(self, *exc):
+        self.ctx._calling = self.prev
+
+
+class OpMethods:
+    """The collectives, fused ops, tracing and the device barrier of trident.Context."""
+
+    # ------------------------------------------------------------------ collectives
+    # Each method hands over to its package (imported on first use); see docs/design.md.
+    def building(self, name: str):
+        """Context manager around a plan's build: names the op in the errors of the host
+        collectives it makes (a workspace that does not fit, a rank that skipped the op's
+        first call). Only builds pay for it; a warm call does not."""
+        return _Building(self, name)
+
+    def all_gather(self, out, inp, **options):
+        """out [world*n, ...] = concatenation of every rank's inp [n, ...]."""
+        return _ccl().all_gather(self, out, inp, **options)
+
+    def reduce_scatter(self, out, inp, op: str = "sum", **options):
+        """out [n, ...] = this rank's block of the sum over ranks of inp [world*n, ...]."""
+        return _ccl().reduce_scatter(self, out, inp, op, **options)
+
+    def all_reduce(self, t, op: str = "sum", **options):
+        """In place: t = reduction of t over ranks; returns t."""
+        return _ccl().all_reduce(self, t, op, **options)
+
+    def all_to_all(self, out, inp, out_splits=None, in_splits=None, **options):
+        """Rank r sends rows in_splits[p] of inp to rank p and receives out_splits[p] rows
+        from rank p into out, in rank order (None: even splits)."""
+        return _ccl().all_to_all(self, out, inp, out_splits, in_splits, **options)
+
+    def broadcast(self, t, src: int = 0, **options):
+        """t on every rank = t of rank `src`; returns t."""
+        return _ccl().broadcast(self, t, src, **options)
+
+    def all_reduce_add_rmsnorm(self, x, residual, weight, eps: float = 1e-6, **options):
+        """Fused: residual += all_reduce_sum(x) (in place); returns
+        rmsnorm(residual) * weight, one kernel (trident/ccl/add_rmsnorm.py)."""
+        return _ccl().all_reduce_add_rmsnorm(self, x, residual, weight, eps, **options)
+
+    # ------------------------------------------------------------------ fused ops
+    def all_gather_matmul(self, a, w, bias=None, **options):
+        """all_gather(a, dim 0) @ w.T + bias (column-parallel linear)."""
+        return _ops().all_gather_matmul(self, a, w, bias, **options)
+
+    def matmul_reduce_scatter(self, a, w, bias=None, **options):
+        """reduce_scatter(a @ w.T, dim 0) + bias (row-parallel linear)."""
+        return _ops().matmul_reduce_scatter(self, a, w, bias, **options)
+
+    def matmul_all_reduce(self, a, w, bias=None, **options):
+        """all_reduce(a @ w.T) + bias (row-parallel linear)."""
+        return _ops().matmul_all_reduce(self, a, w, bias, **options)
+
+    # ------------------------------------------------------------------ tracing
+    def trace(self, path: str | None = None, **options):
+        """Context manager: record device-side events of the ops inside it, then write
+        one Chrome/Perfetto trace merged across ranks."""
+        from . import trace
+        return trace.session(self, path, **options)
+
+    # ------------------------------------------------------------------ device barrier
+    def device_barrier(self) -> None:
+        """Stream-ordered barrier across ranks (one tiny kernel; CUDA-graph capturable)."""
+        from .ccl.barrier import device_barrier
+        device_barrier(self)
+        self.after_op()
+

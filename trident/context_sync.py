@@ -1,0 +1,269 @@
+"""Context's host-side collectives and error checks: timeouts, sync (a rank's device
+errors), the host barrier (every rank's errors and heap allocations), the debug-mode
+agreement check, reset, and the fixed-size header exchange they are all made of.
+
+Part of trident.Context (trident/context.py), which inherits SyncMethods; this module does
+not import trident.context."""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from .errors import (CallMismatchError, CommTimeout, HeapMismatchError, HostTimeout,
+                     decode_timeout, value_error_message)
+from .language import sync as _sync
+
+# Host-side copies of the control-block layout (the device side uses tl.constexpr).
+CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS = (
+    int(getattr(c, "value", c)) for c in (_sync.CTRL_ERROR, _sync.CTRL_TIMEOUT, _sync.CTRL_WORDS,
+                                          _sync.MAX_RANKS))
+
+# Host-side collectives of a context (barrier, workspace creation, debug-mode agreement
+# checks, reset) all begin with one all_gather of a header of this fixed size: which call
+# it is (name, step number, a digest of its details) and a payload. Any two of them pair
+# up in the transport, so ranks that made different calls find out from the headers and
+# every rank raises an error that names each rank's call (gloo aborts the process when
+# two collectives of different sizes meet).
+_HEADER_MAGIC = 0x7472696465_6E74      # "trident"
+_NAME_WORDS = 4                         # 32 bytes of the call's name
+_PAYLOAD_WORDS = 9
+_HEADER_WORDS = 3 + _NAME_WORDS + _PAYLOAD_WORDS
+
+
+def _digest(obj) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=8).digest(),
+                          "little", signed=True)
+
+
+def _name_words(name: str) -> list[int]:
+    raw = name.encode()[:8 * _NAME_WORDS].ljust(8 * _NAME_WORDS, b"\0")
+    return [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, len(raw), 8)]
+
+
+def _words_name(words) -> str:
+    return b"".join(int(w).to_bytes(8, "little", signed=True) for w in words).rstrip(b"\0") \
+        .decode(errors="replace")
+
+
+class SyncMethods:
+    """The synchronisation methods of trident.Context. They use the context's rank,
+    world_size, group, backend, device, debug, ctrl, allocator, plans, capturing,
+    _check_open(), _workspaces, _resettable and _host_step (set by Context.__init__)."""
+
+    @property
+    def host_timeout_s(self) -> float:
+        """Limit of a host-side collective: the device timeout plus 5 s, since a peer may
+        reach it only after one of its device waits has timed out."""
+        return self.timeout_s + 5.0
+
+    def set_timeout(self, seconds: float) -> None:
+        """Limit of every device-side wait. Past it, the wait gives up and CommTimeout follows."""
+        if seconds <= 0:
+            raise ValueError(f"timeout must be positive, got {seconds}")
+        self.timeout_s = float(seconds)
+        self.ctrl[CTRL_TIMEOUT] = int(seconds * 1e9)
+
+    def sync(self) -> None:
+        """Wait for this rank's queued device work; raise CommTimeout if a wait timed out,
+        else ValueError if a kernel recorded a bad input value (e.g. an MoE expert id)."""
+        self._check_open()
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        timeout, value = self._error_words()
+        self._raise_if_timed_out(timeout)
+        self._raise_value_error(value)
+
+    def _raise_if_timed_out(self, word: int) -> None:
+        if word:
+            self.ctrl[CTRL_ERROR] = 0
+            op, rank, peer = decode_timeout(word)
+            raise CommTimeout(op, rank, peer, self.timeout_s)
+
+    def _error_words(self) -> tuple[int, list[int]]:
+        """This rank's timeout word and bad-value record (kind, 4 words; see
+        language/sync.py), read in one device->host copy after the device work is done."""
+        first = int(_sync.CTRL_VALUE_ERROR)
+        words = self.ctrl[:first + 5].tolist()
+        return words[CTRL_ERROR], words[first:]
+
+    def _raise_value_error(self, record: list[int], rank: int | None = None) -> None:
+        """Raise a bad value that a kernel recorded (and dropped) as ValueError: this rank's
+        own record (cleared first), or rank `rank`'s as the barrier saw it."""
+        if record[0]:
+            if rank is None:
+                first = int(_sync.CTRL_VALUE_ERROR)
+                self.ctrl[first:first + 5] = 0
+            raise ValueError(value_error_message(record[0], record[1:],
+                                                 self.rank if rank is None else rank))
+
+    def after_op(self) -> None:
+        """Called by every op after its launch: in debug mode, synchronise and check errors
+        (not while a CUDA graph is captured: a sync there invalidates the capture)."""
+        if self.debug and not self.capturing():
+            self.sync()
+
+    def barrier(self) -> None:
+        """Host barrier: finishes device work, checks every rank's error words (timeouts
+        raise CommTimeout, bad input values that kernels recorded raise ValueError, on every
+        rank) and that all ranks made the same heap allocations, then synchronises the ranks.
+        A rank that made another host-side call meanwhile (an op's first call, a debug
+        check) makes every rank raise CallMismatchError; one that never comes, HostTimeout
+        after the context's timeout."""
+        self._barrier("barrier")
+
+    def _barrier(self, what: str, detail=None, failed: int = 0):
+        """The barrier's checks under the header `what`; returns every rank's `failed`
+        word and, when the ranks' `detail`s differ, the list of them (else None). When a
+        rank failed or the details differ, it returns before checking the heap and the
+        error words (the caller undoes its step on every rank first)."""
+        self._check_open()
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        timeout, value = self._error_words()
+        try:
+            table, details = self.host_exchange(
+                what, [self.allocator.digest(), timeout, *value, failed], detail=detail)
+        except HostTimeout:
+            self._raise_if_timed_out(timeout)    # a wait of this rank's that timed out says more
+            raise
+        failed = [row[7] for row in table]
+        if details is not None or any(failed):
+            return failed, details               # the caller rolls back on every rank
+        digests = [row[0] for row in table]
+        errors = [row[1] for row in table]
+        values = [row[2:7] for row in table]
+        if len(set(digests)) > 1:
+            self._raise_heap_mismatch(digests)
+        self.allocator.log.clear()
+        if errors[self.rank]:
+            self._raise_if_timed_out(errors[self.rank])
+        for word in errors:
+            if word:
+                op, rank, peer = decode_timeout(word)
+                raise CommTimeout(op, rank, peer, self.timeout_s)
+        # a bad input value on any rank: every rank raises (its own record first), so
+        # that callers that go on to collective work (frees) stay in step
+        self._raise_value_error(value)
+        for rank, record in enumerate(values):
+            self._raise_value_error(record, rank)
+        return failed, details
+
+    def agree(self, op: str, *signature) -> None:
+        """Debug mode's check before an op: raise ValueError if the ranks called `op` with
+        different sizes (`signature`: what must be equal everywhere), CallMismatchError
+        (naming each rank's call) if a rank is in another call. One fixed-size host
+        exchange, which a peer's barrier or other check cannot be confused with."""
+        _, everyone = self.host_exchange(op, detail=signature)
+        for rank, theirs in enumerate(everyone or ()):
+            if theirs != signature:
+                raise ValueError(f"{op}: rank {self.rank} called with {signature} but rank "
+                                 f"{rank} with {theirs}; every rank must pass the same sizes")
+
+    def host_exchange(self, what: str, payload=(), detail=None, check_step: bool = True):
+        """One host-side collective: every rank sends a fixed-size header (the call's name
+        `what`, its step number since init/reset, a digest of `detail`) and up to
+        9 int64 payload words; returns (every rank's payload words, the ranks' `detail`s
+        if they differ, else None).
+
+        Raises, on every rank alike, CallMismatchError naming each rank's call when the
+        ranks are not in the same call; HostTimeout when a rank does not come within the
+        context's timeout."""
+        self._check_open()
+        payload = [int(p) for p in payload]
+        if len(payload) > _PAYLOAD_WORDS:
+            raise AssertionError(f"host_exchange payload of {len(payload)} words")
+        step = self._host_step
+        self._host_step += 1
+        mine = torch.tensor([_HEADER_MAGIC, step, _digest(detail), *_name_words(what),
+                             *payload, *[0] * (_PAYLOAD_WORDS - len(payload))], dtype=torch.int64)
+        table = self._all_gather_header(mine, lambda: self._describe_call(what, detail))
+        if any(row[0] != _HEADER_MAGIC for row in table):
+            bad = [r for r, row in enumerate(table) if row[0] != _HEADER_MAGIC]
+            raise CallMismatchError(
+                f"{what}: rank {self.rank}'s host-side collective met another kind of "
+                f"collective on rank(s) {bad} (a torch.distributed call?); the ranks are out "
+                f"of step")
+        names = [_words_name(row[3:3 + _NAME_WORDS]) for row in table]
+        steps = [row[1] for row in table]
+        if len(set(names)) > 1 or (check_step and len(set(steps)) > 1):
+            calls = [None] * self.world_size
+            dist.all_gather_object(calls, self._describe_call(what, detail), group=self.group)
+            lines = "; ".join(f"rank {r} called {c} (its host-side call #{steps[r]})"
+                              for r, c in enumerate(calls))
+            raise CallMismatchError(
+                f"ranks made different calls at the same point: {lines}. Every rank must "
+                f"make the same trident calls in the same order (did a rank skip one?)")
+        details = None
+        if len({row[2] for row in table}) > 1:
+            details = [None] * self.world_size
+            dist.all_gather_object(details, detail, group=self.group)
+        return [row[3 + _NAME_WORDS:] for row in table], details
+
+    def _describe_call(self, what: str, detail) -> str:
+        if what == "workspace":
+            return f"{self._op_phrase()} (a call that creates the workspace {detail!r})"
+        if what in ("barrier", "reset"):
+            return f"ctx.{what}()"
+        return what if detail is None else f"{what} with {detail}"
+
+    def _all_gather_header(self, mine: torch.Tensor, describe) -> list[list[int]]:
+        """all_gather of the header, bounded by the host timeout; describe() names the
+        call in the error."""
+        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        try:
+            if dist.get_backend(self.group) == "gloo":
+                from torch._C._distributed_c10d import AllgatherOptions
+                opts = AllgatherOptions()
+                opts.timeout = datetime.timedelta(seconds=self.host_timeout_s)
+                backend = self.group._get_backend(torch.device("cpu"))
+                backend.allgather([everyone], [mine], opts).wait()
+            else:
+                device = [t.to(self.device) for t in everyone]
+                dist.all_gather(device, mine.to(self.device), group=self.group)
+                everyone = device
+        except RuntimeError as e:
+            raise HostTimeout(describe(), self.rank, self.host_timeout_s,
+                              str(e).strip()[:200]) from None
+        return torch.stack(everyone).tolist()        # one device->host copy
+
+    def _raise_heap_mismatch(self, digests: list[int]) -> None:
+        logs = [None] * self.world_size
+        dist.all_gather_object(logs, list(self.allocator.log), group=self.group)
+        ref = 0
+        other = next(r for r in range(self.world_size) if digests[r] != digests[ref])
+        a, b = logs[ref], logs[other]
+        i = next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
+        req_a = a[i] if i < len(a) else "(nothing)"
+        req_b = b[i] if i < len(b) else "(nothing)"
+        raise HeapMismatchError(
+            f"symmetric heap allocations differ between rank {ref} and rank {other}: request "
+            f"#{i} since the last barrier was '{req_a}' on rank {ref} but '{req_b}' on rank "
+            f"{other}. Every rank must allocate and free the same sizes in the same order.")
+
+    def register_reset(self, obj) -> None:
+        """Have ctx.reset() also call obj.reset() (kept as a weak reference): for objects
+        with device epochs and flags that are not workspaces, e.g. ExpertParallel."""
+        self._resettable.append(weakref.ref(obj))
+
+    def reset(self) -> None:
+        """Collective: after a failure, bring error words, epochs and flags back to zero on
+        every rank so the context can be used again."""
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.host_exchange("reset", check_step=False)
+        self._host_step = 0
+        self.plans.clear()
+        self.ctrl.zero_()
+        self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
+        for ws in list(self._workspaces.values()) + [r() for r in self._resettable]:
+            if ws is not None and hasattr(ws, "reset"):
+                ws.reset()
+        if self.backend == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.host_exchange("reset", check_step=False)
+        self._host_step = 0
+
