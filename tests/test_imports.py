@@ -1,0 +1,100 @@
+"""trident.context stays out of import cycles (issue 23): Context is the facade over
+ccl/, ops/, trace/, torch_ops.py, emulation.py and sanitize.py, which take the context as
+an argument and never import trident.context (docs/design.md, Layout).
+
+The graph is read from the source with ast: imports at module level and inside functions
+(the facade's lazy ones included), not those under `if TYPE_CHECKING:`. An import of
+a.b.c also imports the packages a.b (their __init__ runs), except the packages the
+importing module lies in (loaded before it) and the root package `trident`."""
+import ast
+import pathlib
+
+import trident
+
+ROOT = pathlib.Path(trident.__file__).parent
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    files = {}
+    for path in ROOT.rglob("*.py"):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        files[".".join(parts)] = path
+    return files
+
+
+def _imports(mod: str, path: pathlib.Path, files) -> set[str]:
+    """The trident modules that `mod` imports (see the module docstring)."""
+    out, stack = set(), [ast.parse(path.read_text())]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            stack.extend(node.orelse)
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:          # relative to mod's package (mod itself if a package)
+                parts = mod.split(".")
+                pkg = parts[:len(parts) - node.level + (path.name == "__init__.py")]
+                base = ".".join(pkg + ([node.module] if node.module else []))
+            names = [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in files:       # `from x import function`: module x
+                name = name.rpartition(".")[0]
+            while name and name != "trident":       # the module and its packages
+                if name != mod and not mod.startswith(name + "."):
+                    out.add(name)
+                name = name.rpartition(".")[0]
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while not comp or comp[-1] != v:
+                comp.append(stack.pop())
+                on_stack.discard(comp[-1])
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_graph_sees_the_facade_imports():
+    files = _modules()
+    graph = {m: _imports(m, p, files) for m, p in files.items()}
+    # the facade's lazy, function-level imports are edges (else the test below proves nothing)
+    assert {"trident.ccl", "trident.ops"} <= graph["trident.context_ops"]
+    assert {"trident.emulation", "trident.sanitize", "trident.world"} <= graph["trident.context"]
+    assert "trident.context" in graph["trident"]
+
+
+def test_context_is_in_no_import_cycle():
+    files = _modules()
+    graph = {m: _imports(m, p, files) for m, p in files.items()}
+    context = {m for m in files if m == "trident.context" or m.startswith("trident.context_")}
+    bad = [c for c in _cycles(graph) if context & set(c)]
+    assert not bad, "import cycles through trident.context: " + "; ".join(
+        " ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in bad)
