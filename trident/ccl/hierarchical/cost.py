@@ -58,28 +58,30 @@ def _link(hops: float, nbytes: float, us: float, gbps: float) -> float:
 
 
 def predict(op: str, nbytes: int, nodes: int, node_size: int,
-            inter: tuple[float, float] | None = None) -> dict[str, float]:
+            inter: tuple[float, float] | None = None,
+            intra: tuple[float, float] = (INTRA_GBPS, INTRA_US)) -> dict[str, float]:
     """Predicted microseconds of {"hierarchical": ..., "nccl": ...} for `op` at `nbytes`
     per rank on `nodes` nodes of `node_size` ranks; inter = (GB/s, us) of the network
-    (default: internode())."""
+    (default: internode()), intra = (GB/s, us per step) inside a node."""
     gbps, us = inter or internode()
+    node_gbps, node_us = intra
     m, l, n = nodes, node_size, float(nbytes)
     w = m * l
     if op == "all_reduce":
         flat = _link(2 * _log2(w), 2 * (w - 1) / w * n, us, gbps)
-        node = _link(2, 2 * (l - 1) / l * n, INTRA_US, INTRA_GBPS)
+        node = _link(2, 2 * (l - 1) / l * n, node_us, node_gbps)
         rail = _link(2 * _log2(m), 2 * (m - 1) / m * n / l, us, gbps)
     elif op in ("all_gather", "reduce_scatter"):
         flat = _link(w - 1, (w - 1) * n, us, gbps)
-        node = _link(1, (l - 1) * m * n, INTRA_US, INTRA_GBPS)
+        node = _link(1, (l - 1) * m * n, node_us, node_gbps)
         rail = _link(m - 1, (m - 1) * n, us, gbps)
     elif op == "all_to_all":
         flat = _link(w - 1, (w - l) / w * n, us, gbps)
-        node = _link(1, (l - 1) / l * n, INTRA_US, INTRA_GBPS)
+        node = _link(1, (l - 1) / l * n, node_us, node_gbps)
         rail = _link(m - 1, (m - 1) / m * n, us, gbps)
     elif op == "broadcast":
         flat = _link(_log2(w), n, us, gbps)
-        node = _link(1, n, INTRA_US, INTRA_GBPS)
+        node = _link(1, n, node_us, node_gbps)
         rail = _link(_log2(m), n, us, gbps)
     else:
         raise ValueError(f"no cost model for {op!r}")
