@@ -111,10 +111,8 @@ def select_across_nodes(op: str, nbytes: int, nodes: int, node_size: int,
     torch.distributed on the rails) or "nccl" (one torch.distributed collective over the
     world), by the cost model of hierarchical/cost.py until measured tables exist.
     nccl=False (GPU ranks sharing a GPU) always gives "hierarchical"."""
-    if not nccl:
-        return "hierarchical"
-    from .hierarchical import cost
-    return cost.choose(op, nbytes, nodes, node_size)
+    from .hierarchical import cost      # one way only: hierarchical does not import this
+    return cost.select(op, nbytes, nodes, node_size, nccl)
 
 
 def _row(rows: list, nbytes: int, nccl: bool) -> str | None:

@@ -3,8 +3,8 @@ meaning as on one node: inside a node trident's kernels on the node's heap, betw
 torch.distributed on the rails (one file per op). The inputs are checked as on one node,
 with the same messages; then `algorithm` ("auto", "hierarchical" or "nccl": one
 torch.distributed collective over the whole world) picks the path, "auto" through
-selector.select_across_nodes (the cost model of cost.py). all_to_all with uneven splits always takes the flat path (all_to_all.py
-says why).
+cost.select (the cost model; selector.select_across_nodes is its public name). all_to_all
+with uneven splits always takes the flat path (all_to_all.py says why).
 
 No launch plans here: each call makes its checks and its selection again (a few us of
 host time) and then the node steps, which have their plans. CUDA graphs: the node steps
@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 from .. import _check_splits_agree, checks, nccl
-from ..selector import select_across_nodes
 from .all_gather import all_gather as _all_gather
 from .all_reduce import all_reduce as _all_reduce
 from .all_to_all import all_to_all as _all_to_all, flat as _all_to_all_flat
@@ -32,7 +31,7 @@ def _algorithm(wctx, op: str, algorithm, nbytes: int) -> str:
     has_nccl = nccl.available(wctx)
     if algorithm is None or algorithm == "auto":
         topo = wctx.topology
-        return select_across_nodes(op, nbytes, topo.num_nodes, topo.node_size, has_nccl)
+        return cost.select(op, nbytes, topo.num_nodes, topo.node_size, has_nccl)
     choices = ["auto", "hierarchical"] + (["nccl"] if has_nccl else [])
     if algorithm == "nccl":
         nccl.check_available(wctx, f"{op}: algorithm 'nccl'", choices)

@@ -88,6 +88,13 @@ def predict(op: str, nbytes: int, nodes: int, node_size: int,
     return {"hierarchical": node + rail, "nccl": flat}
 
 
+def select(op: str, nbytes: int, nodes: int, node_size: int, nccl: bool = True) -> str:
+    """"auto" across nodes: "hierarchical" or "nccl" (one torch.distributed collective
+    over the world) by the model below until measured tables exist; nccl=False (GPU ranks
+    sharing a GPU, where the flat path cannot run) always gives "hierarchical"."""
+    return choose(op, nbytes, nodes, node_size) if nccl else "hierarchical"
+
+
 def choose(op: str, nbytes: int, nodes: int, node_size: int) -> str:
     """The algorithm the model predicts faster (ties: hierarchical)."""
     t = predict(op, nbytes, nodes, node_size)
