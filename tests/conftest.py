@@ -59,6 +59,8 @@ def pytest_addoption(parser):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    from .nodes import close_pools
     for p in _pools.values():
         p.close()
     _pools.clear()
+    close_pools()

@@ -182,4 +182,22 @@ def discover(group=None, timeout_s: float | None = None) -> Topology:
         data, barrier = (dist.new_group(topo.rail_ranks(l), **limit) for _ in range(2))
         if l == topo.local_rank:
             topo.rail_group, topo.rail_barrier_group = data, barrier
+    for g in (topo.node_group, topo.rail_group, topo.rail_barrier_group):
+        _GROUP_TIMEOUT_S[g] = timeout_s
     return topo
+
+
+_GROUP_TIMEOUT_S: dict = {}     # the sub-groups' limit, set once when they are made
+
+
+def group_timeout_s(group, default: float) -> float:
+    """The limit `discover` gave `group` (fixed when it was made: a later
+    ctx.set_timeout does not change it), else `default`."""
+    limit = _GROUP_TIMEOUT_S.get(group)
+    return default if limit is None else limit
+
+
+def forget_groups(*groups) -> None:
+    """Drop the limits of groups about to be destroyed."""
+    for g in groups:
+        _GROUP_TIMEOUT_S.pop(g, None)

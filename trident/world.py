@@ -9,25 +9,37 @@ torch.distributed on the rails between nodes: trident/ccl/hierarchical), and the
 factories, free, sync and timeouts are the node's (a tensor is symmetric within its
 node). What works on one node only -- kernels that address peers through the heap --
 is not offered here: the fused GEMM ops fall back to torch.matmul + torch.distributed
-over the world (the "plain" path), ExpertParallel refuses a context that spans nodes
-(MoE across nodes is issue 23, item 3), and the rest (device_barrier, tracing, the fused
+over the world (the "plain" path), ExpertParallel takes the two-stage route across nodes
+(trident/moe/across_nodes.py), and the rest (device_barrier, tracing, the fused
 all_reduce + RMSNorm, workspaces) raises AttributeError that points to `ctx.node`.
 """
 from __future__ import annotations
 
+import pickle
+
 import torch
 import torch.distributed as dist
 
+from . import topology
 from .ccl import hierarchical, nccl
 from .ccl.hierarchical import rail
 
 # what a WorldContext takes from its node's Context unchanged
 _FROM_NODE = frozenset((
-    "device", "backend", "heap_size", "debug", "empty", "zeros", "ones", "full", "randn",
+    "device", "backend", "heap_size", "empty", "zeros", "ones", "full", "randn",
     "rand", "arange", "empty_like", "zeros_like", "free", "is_symmetric", "check_symmetric",
     "heap_offset", "allocator", "sync", "set_timeout", "timeout_s", "host_timeout_s",
     "free_since", "ranks_per_device", "shares_device", "usable_sms",
     "heap_mapping", "capturing"))
+
+
+def _portable(e: BaseException | None) -> BaseException | None:
+    """e, or a RuntimeError with its text where e does not survive pickling."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return RuntimeError(f"{type(e).__name__}: {e}")
 
 
 class WorldContext:
@@ -52,6 +64,15 @@ class WorldContext:
             f"a trident context across nodes does not offer {name!r}: it works on the ranks "
             f"of one node, whose heap its kernels address. Use ctx.node.{name} (this node's "
             f"{self.topology.node_size} ranks) -- see docs/design.md, 'Beyond one node'")
+
+    @property
+    def debug(self) -> bool:
+        """The node's debug mode (every op checked at once); settable."""
+        return self.node.debug
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self.node.debug = value
 
     @property
     def nccl_available(self) -> bool:
@@ -118,18 +139,32 @@ class WorldContext:
         return getattr(plain, op)(self, a, w, bias, out)
 
     # ------------------------------------------------------------------ lifetime
-    def _rail_barrier(self) -> None:
+    def _rail_barrier(self, failed: BaseException | None = None) -> None:
         """After a node-wide barrier on every node: one tiny all_reduce on each rail, so
-        that every rank of every node has arrived."""
-        one = torch.ones(1, dtype=torch.int32, device=nccl.host_device(self))
-        rail.all_reduce(self.node, self.topology.rail_barrier_group, one, "sum",
-                        what="ctx.barrier()")
-        one.item()                  # NCCL returns at once: wait on the host
+        that every rank of every node has arrived. It also says whether a node's barrier
+        raised (on a node, every rank raises the same error): then every rank raises the
+        error of the lowest such node, so that all ranks stay in step, as on one node."""
+        group = self.topology.rail_barrier_group
+        flag = torch.full((1,), 1 + (failed is not None), dtype=torch.int32,
+                          device=nccl.host_device(self))
+        rail.all_reduce(self.node, group, flag, "sum", what="ctx.barrier()")
+        if flag.item() == self.topology.num_nodes:    # NCCL returns at once: wait here
+            return
+        errors_ = [None] * self.topology.num_nodes
+        dist.all_gather_object(errors_, _portable(failed), group=group)
+        first = next(e for e in errors_ if e is not None)
+        if failed is None:
+            raise first
 
     def barrier(self) -> None:
         """Host barrier over the world: the node's barrier (its checks of errors and heap
-        allocations, see Context.barrier), then the rails."""
-        self.node.barrier()
+        allocations, see Context.barrier), then the rails. An error one node's barrier
+        raises is raised on every rank of the world."""
+        try:
+            self.node.barrier()
+        except Exception as e:       # the other nodes must hear of it, then raise it here
+            self._rail_barrier(e)
+            raise
         self._rail_barrier()
 
     def reset(self) -> None:
@@ -144,7 +179,9 @@ class WorldContext:
         self.barrier()
         self.node.close()
         t = self.topology
-        for group in (t.node_group, t.rail_group, t.rail_barrier_group):
+        groups = (t.node_group, t.rail_group, t.rail_barrier_group)
+        topology.forget_groups(*groups)
+        for group in groups:
             dist.destroy_process_group(group)
 
     def __enter__(self) -> "WorldContext":

@@ -4,7 +4,7 @@ between the nodes -- on the CPU, on one GPU (the 4 ranks share it) and on 4 or m
 on 2 or 3 GPUs, 2 ranks as 2 nodes x 1, each on its own GPU, with NCCL between them. Every collective by both algorithms against plain torch on every
 rank's input (odd sizes, empty tensors, a rank with no rows, sum/max/min, several
 dtypes), the topology facts, bad inputs rejected as on one node, the fused ops' plain
-fallback, MoE's refusal; and, without ranks, the cost model and TRIDENT_NODE_SIZE's
+fallback, MoE's argument checks across nodes; and, without ranks, the cost model and TRIDENT_NODE_SIZE's
 checks."""
 import os
 
@@ -15,68 +15,21 @@ from trident import topology
 from trident.ccl.hierarchical import cost
 from trident.launch import RankPool, default_backend
 
-from ..nodes import pool_in_nodes
+from ..nodes import NODE_SIZES, WORLD, Layout, in_nodes_of, nodes_pool
 
 from .refs import assert_equal, place, rank_inputs, reduce_ref
 
 ALGS = ("hierarchical", "nccl")
 
 
-def _layouts():
-    """(world size, node sizes to test; the first is the pool's own) on this machine."""
-    if default_backend() == "cuda" and 2 <= torch.cuda.device_count() < 4:
-        return 2, (1,)
-    return 4, (2, 1)
-
-
-WORLD, NODE_SIZES = _layouts()
-
-
-class Layout:
-    """Runs functions on WORLD ranks as nodes of `node_size`: NODE_SIZES[0] is the pool's
-    own context (its ranks start with TRIDENT_NODE_SIZE set to it); another size, a second
-    context made for the call in the same ranks (cheaper than a second pool: rank start-up
-    dominates on the CPU)."""
-
-    def __init__(self, pool: RankPool, node_size: int):
-        self.pool, self.node_size = pool, node_size
-
-    def run(self, fn, *args):
-        if self.node_size == NODE_SIZES[0]:
-            return self.pool.run(fn, *args)
-        return self.pool.run(_in_nodes_of, self.node_size, fn, *args)
-
-
-def _in_nodes_of(ctx, node_size, fn, *args, env=topology.NODE_SIZE_ENV):
-    """fn(a new context, *args) with the ranks' `env` set to node_size instead of the
-    pool's TRIDENT_NODE_SIZE."""
-    import trident
-    saved = os.environ.pop(topology.NODE_SIZE_ENV)
-    os.environ[env] = str(node_size)
-    try:
-        with trident.init(heap_size=8 << 20, timeout=ctx.timeout_s) as other:
-            return fn(other, *args)
-    finally:
-        os.environ.pop(env)
-        os.environ[topology.NODE_SIZE_ENV] = saved
-
-
 def _by_local_world_size(ctx):
     """The layout torchrun gives: LOCAL_WORLD_SIZE=2 and no TRIDENT_NODE_SIZE."""
-    return _in_nodes_of(ctx, 2, _topology, env="LOCAL_WORLD_SIZE")
-
-
-@pytest.fixture(scope="module")
-def nodes_pool():
-    p = pool_in_nodes(WORLD, NODE_SIZES[0], backend=default_backend(), heap_size=32 << 20,
-                      timeout=60.0, run_timeout=600.0)
-    yield p
-    p.close()
+    return in_nodes_of(ctx, 2, _topology, env="LOCAL_WORLD_SIZE")
 
 
 @pytest.fixture(params=NODE_SIZES, ids=lambda n: f"nodes_of_{n}")
-def pool(request, nodes_pool) -> Layout:
-    return Layout(nodes_pool, request.param)
+def pool(request) -> Layout:
+    return Layout(nodes_pool(WORLD, NODE_SIZES[0]), request.param)
 
 
 # ---------------------------------------------------------------------------- in the ranks
@@ -192,7 +145,7 @@ def _bad_inputs(ctx):
         ("fused rows", lambda: ctx.matmul_reduce_scatter(
             torch.zeros(w + 1, 4, dtype=torch.bfloat16), torch.zeros(3, 4, dtype=torch.bfloat16))),
         ("fused dtype", lambda: ctx.all_gather_matmul(torch.zeros(2, 4), torch.zeros(3, 4))),
-        ("moe", lambda: __import__("trident").ExpertParallel(ctx, 8, 2, 16, 4)),
+        ("moe", lambda: __import__("trident").ExpertParallel(ctx, w + 1, 1, 16, 4)),
     ]
     got = []
     for what, call in calls:
@@ -247,10 +200,10 @@ def test_topology(pool):
         assert g["rail"] == [r % node_size + k * node_size for k in range(WORLD // node_size)]
 
 
-def test_local_world_size(nodes_pool):
+def test_local_world_size():
     if (WORLD, NODE_SIZES[0]) != (4, 2):
         pytest.skip(f"written for 4 ranks in nodes of 2; this machine runs {WORLD} ranks")
-    got = nodes_pool.run(_by_local_world_size)
+    got = nodes_pool(WORLD, NODE_SIZES[0]).run(_by_local_world_size)
     assert [(g["node"], g["local"], g["rail"]) for g in got] == \
         [(0, 0, [0, 2]), (0, 1, [1, 3]), (1, 0, [0, 2]), (1, 1, [1, 3])]
 
@@ -271,8 +224,8 @@ def test_bad_inputs(pool):
     for rank, got in enumerate(pool.run(_bad_inputs)):
         for what, kind, message in got:
             assert kind == expected.get(what, "ValueError"), f"rank {rank}: {what}: {kind} {message}"
-            if what == "moe":
-                assert "issue 23" in message and "ctx.node" in message
+            if what == "moe":      # the world's experts, across nodes (tests/moe has more)
+                assert f"world size ({WORLD})" in message
             if what == "node-only":
                 assert "ctx.node.device_barrier" in message
 
@@ -405,10 +358,7 @@ def nodes_of_3():
     of two). On the CPU, and on GPUs only where each rank has its own GPU."""
     if default_backend() == "cuda" and torch.cuda.device_count() < 6:
         pytest.skip("2 nodes x 3 on GPUs needs 6 GPUs (the CPU emulation runs it)")
-    p = pool_in_nodes(6, 3, backend=default_backend(), heap_size=32 << 20, timeout=60.0,
-                      run_timeout=600.0)
-    yield p
-    p.close()
+    return nodes_pool(6, 3)
 
 
 def test_two_nodes_of_three(nodes_of_3):

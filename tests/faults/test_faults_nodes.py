@@ -46,6 +46,7 @@ def _node_skips_a_call(ctx):
     assert ctx.spans_nodes and ctx.topology.num_nodes == 2
     t = torch.ones(64)
     ctx.all_reduce(t, algorithm="hierarchical")       # first call: made on every rank
+    ctx.set_timeout(1.0)       # device waits only: the rails keep the limit of their making
     if ctx.topology.node == 0:
         ctx.all_reduce(t, algorithm="hierarchical")   # node 1 goes on to the barrier
     ctx.barrier()
@@ -73,8 +74,10 @@ def _rank_of_other_node_dies(ctx):
 def test_node_skips_a_call():
     exc, text = _fault(_node_skips_a_call)
     assert isinstance(exc, CommTimeout), text
-    # node 0 waits in all_reduce's rail step, node 1 in the barrier's: each names its own
+    # node 0 waits in all_reduce's rail step, node 1 in the barrier's: each names its own,
+    # and the limit the rail group was made with (not the later set_timeout's)
     assert "between nodes" in text and ("all_reduce" in text or "ctx.barrier()" in text), text
+    assert f"within {TIMEOUT + 5:g} s" in text, text
 
 
 def test_rank_of_other_node_raises():

@@ -74,6 +74,23 @@ class PendingCombine:
         return self._out
 
 
+def check_args(world: int, num_experts, experts_per_token, hidden_dim, max_num_tokens,
+               dtype) -> None:
+    """The constructor's checks (shared with ExpertParallelAcrossNodes)."""
+    for name, v in (("num_experts", num_experts), ("experts_per_token", experts_per_token),
+                    ("hidden_dim", hidden_dim), ("max_num_tokens", max_num_tokens)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"ExpertParallel: {name} must be a positive int, got {v!r}")
+    if num_experts % world:
+        raise ValueError(f"ExpertParallel: num_experts ({num_experts}) must be a multiple "
+                         f"of the world size ({world}): rank r owns experts [r*L, (r+1)*L)")
+    if experts_per_token > num_experts:
+        raise ValueError(f"ExpertParallel: experts_per_token ({experts_per_token}) exceeds "
+                         f"num_experts ({num_experts}); experts of a token must differ")
+    if dtype not in _DTYPES:
+        raise TypeError(f"ExpertParallel: dtype must be one of {_DTYPES}, got {dtype}")
+
+
 class ExpertParallel:
     """Expert-parallel dispatch/combine for `num_experts` experts spread over the ranks.
 
@@ -89,27 +106,18 @@ class ExpertParallel:
     and API either way; keep one object per regime (decode, prefill) as with DeepEP.
     """
 
+    def __new__(cls, ctx, *args, **kwargs):
+        if cls is ExpertParallel and getattr(ctx, "spans_nodes", False):
+            from .across_nodes import ExpertParallelAcrossNodes
+            return ExpertParallelAcrossNodes(ctx, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
                  validate: bool = True, high_throughput: bool | None = None):
-        if getattr(ctx, "spans_nodes", False):
-            raise ValueError(
-                f"ExpertParallel: the context spans {ctx.topology.num_nodes} nodes; MoE "
-                f"dispatch/combine across nodes is not implemented yet (issue 23, item 3). "
-                f"Use a node-local context (ctx.node) for expert parallelism inside a node")
+        check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
+                   max_num_tokens, dtype)
         world = ctx.world_size
-        for name, v in (("num_experts", num_experts), ("experts_per_token", experts_per_token),
-                        ("hidden_dim", hidden_dim), ("max_num_tokens", max_num_tokens)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"ExpertParallel: {name} must be a positive int, got {v!r}")
-        if num_experts % world:
-            raise ValueError(f"ExpertParallel: num_experts ({num_experts}) must be a multiple "
-                             f"of the world size ({world}): rank r owns experts [r*L, (r+1)*L)")
-        if experts_per_token > num_experts:
-            raise ValueError(f"ExpertParallel: experts_per_token ({experts_per_token}) exceeds "
-                             f"num_experts ({num_experts}); experts of a token must differ")
-        if dtype not in _DTYPES:
-            raise TypeError(f"ExpertParallel: dtype must be one of {_DTYPES}, got {dtype}")
         self.ctx = ctx
         self.num_experts, self.experts_per_token = num_experts, experts_per_token
         self.hidden_dim, self.max_num_tokens, self.dtype = hidden_dim, max_num_tokens, dtype

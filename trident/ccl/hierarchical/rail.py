@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ... import errors
+from ... import errors, topology
 from .. import nccl
 
 
@@ -20,12 +20,12 @@ def guarded(ctx, group, what: str, fn, *args) -> None:
     """fn(*args), a torch.distributed collective over `group`: a transport error (the
     group's timeout, a peer's connection lost) becomes InterNodeError, named after `what`
     (the op), with this rank and the group's ranks. The group's timeout is the context's
-    host timeout at init (trident/topology.py)."""
+    host timeout at init (trident/topology.py), the one reported."""
     try:
         fn(*args)
     except RuntimeError as e:
         ranks = dist.get_process_group_ranks(group)
-        timeout = ctx.host_timeout_s
+        timeout = topology.group_timeout_s(group, ctx.host_timeout_s)
         raise errors.InterNodeError(what, dist.get_rank(), ranks, timeout,
                              " ".join(str(e).split())[:200]) from None
 

@@ -1,0 +1,231 @@
+"""ExpertParallel over a world of several nodes (what td.ExpertParallel(ctx, ...) makes
+when ctx spans nodes, trident/world.py): DeepEP's two-stage route with NCCL between nodes.
+
+dispatch: the sender checks the expert ids on the device (rail_route.clean_ids_kernel),
+packs each token once per node that owns any of its experts into that node's block of
+fixed-capacity rows (rail_route.py), and one all_to_all on its rail (the ranks of its
+local index on every node; torch.distributed: NCCL on GPUs, gloo on the CPU emulation)
+carries every block to the rank of the same local index on its node. That rank forwards
+the rows it received over NVLink with one node's ExpertParallel (`self.node_ep`, on
+ctx.node), whose expert_x / expert_num_tokens are the result: rank r of the world owns
+experts [r*L, (r+1)*L) as on one node. combine mirrors it: the node's combine returns to
+the forwarding rank, per row, the weighted sum over that node's experts; one all_to_all
+on the rail sends the rows back, and the sender adds its token's rows from each node
+(fp32, node order).
+
+Every size is fixed on the host (a node's block holds max_num_tokens rows; the rows in
+use say so in their ids), so a call has no host synchronisation and, with NCCL, can be
+captured into a CUDA graph after an eager warm-up. The price is the network bytes: every
+block is sent whole (docs/design.md, "Scale: past one node", has the figures).
+
+Split mode: dispatch(wait=False) queues the check, the packing, the rail exchange and the
+node's send half; .wait() the node's receive half. combine(wait=False) queues the node's
+send half; .wait() the node's receive half, the rail exchange back and the sum. On GPUs
+with NCCL the rail exchange and the node's send half of dispatch run on a side stream, so
+work queued between dispatch and .wait() overlaps the network transfer.
+
+fp8=True quantises each token once at the sender (fp8.quantize) and sends e4m3 bytes plus
+scales over the network (about half of bf16's bytes). The forwarding rank dequantises
+them to the dtype and the node's fp8 dispatch quantises again: the e4m3 values come out
+the same, each scale within the dtype's rounding (2^-9 relative for bf16) of the sender's.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ccl.hierarchical import rail
+from . import fp8 as F8
+from . import rail_route as RR
+from .expert_parallel import Dispatched, PendingCombine, PendingDispatch, check_args
+from .plans import _check_combine, _check_weights
+
+
+class ExpertParallelAcrossNodes:
+    """ExpertParallel over M nodes of L ranks (see the module docstring); the API, checks
+    and results are ExpertParallel's. Attributes as ExpertParallel's, plus node_ep (the
+    node-local ExpertParallel that forwards) and rail_rows (the network buffers)."""
+
+    def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
+                 max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
+                 validate: bool = True, high_throughput: bool | None = None):
+        from .expert_parallel import ExpertParallel
+        check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
+                   max_num_tokens, dtype)
+        topo = ctx.topology
+        self.ctx, self.topology = ctx, topo
+        self.num_experts, self.experts_per_token = num_experts, experts_per_token
+        self.hidden_dim, self.max_num_tokens, self.dtype = hidden_dim, max_num_tokens, dtype
+        self.num_local_experts = num_experts // ctx.world_size
+        self.experts_per_node = self.num_local_experts * topo.node_size
+        self.validate = bool(validate)
+        node = ctx.node
+        if high_throughput is None:
+            from .high_throughput import HT_MIN_TOKENS
+            high_throughput = max_num_tokens >= HT_MIN_TOKENS
+        # the forwarding stage: rows from every node's rank of this local index
+        self.node_ep = ExpertParallel(node, self.experts_per_node, experts_per_token,
+                                      hidden_dim, topo.num_nodes * max_num_tokens, dtype,
+                                      validate=False, high_throughput=high_throughput)
+        self.capacity = self.node_ep.capacity
+        self.high_throughput = self.node_ep.high_throughput
+        self.rail_rows = RR.RailRows(topo.num_nodes, max_num_tokens, hidden_dim,
+                                     experts_per_token, dtype, node.device)
+        self._node_y = torch.empty(self.rail_rows.rows, hidden_dim, dtype=dtype,
+                                   device=node.device)
+        self._fwd_x = None                 # fp8: the dequantised rows (made at first use)
+        self._side = (torch.cuda.Stream(node.device) if node.device.type == "cuda"
+                      and not rail.staged(node, topo.rail_group) else None)
+        self._seq = 0
+        self._node_d = self._node_pending = self._result = None
+        node.register_reset(self)
+
+    @staticmethod
+    def heap_bytes(num_nodes: int, node_size: int, experts_per_token: int, hidden_dim: int,
+                   max_num_tokens: int, dtype: torch.dtype = torch.bfloat16) -> int:
+        """Symmetric-heap bytes per rank (each node's heap) of one of this shape."""
+        from .expert_parallel import ExpertParallel
+        return ExpertParallel.heap_bytes(node_size, experts_per_token, hidden_dim,
+                                         num_nodes * max_num_tokens, dtype)
+
+    def reset(self) -> None:
+        """After ctx.reset(): a Dispatched from before can no longer be combined (the
+        node's ExpertParallel resets its own state)."""
+        self._seq += 1
+        self._node_pending = None
+
+    # ------------------------------------------------------------------ dispatch
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, wait: bool = True,
+                 validate: bool | None = None, topk_weights: torch.Tensor | None = None,
+                 fp8: bool = False):
+        """As ExpertParallel.dispatch: every token to the ranks owning its experts, across
+        nodes; returns a Dispatched (or, with wait=False, a PendingDispatch)."""
+        from .plans import _check_tokens
+        ctx, node, r = self.ctx, self.ctx.node, self.rail_rows
+        fp8 = bool(fp8)
+        if fp8:
+            F8.check_hidden(self.hidden_dim)
+        _check_tokens(self, x, topk_idx)
+        T, has_w = x.shape[0], topk_weights is not None
+        if has_w:
+            _check_weights(self, topk_weights, T, "dispatch")
+        check = self.validate if validate is None else bool(validate)
+        clean = r.clean[:T]
+        if T:
+            programs = max(1, min(T, 2 * node.usable_sms if node.backend == "cuda" else 2))
+            K = self.experts_per_token
+            RR.clean_ids_kernel[(programs,)](
+                topk_idx, topk_idx.stride(0), topk_idx.stride(1), clean, T, self.num_experts,
+                node.ctrl, int(check), K=K, KP=self.node_ep.buf.kp)
+        RR.pack(r, x, clean, topk_weights, self.experts_per_node, fp8)
+        side = self._side
+        if side is not None and not wait:
+            side.wait_stream(torch.cuda.current_stream(node.device))
+            with torch.cuda.stream(side):
+                self._forward(fp8, has_w, wait)
+        else:
+            self._forward(fp8, has_w, wait)
+        self._seq += 1
+        nd = self._node_d
+        self._result = Dispatched(nd.expert_x, nd.expert_num_tokens, T, has_w, self._seq,
+                                  nd.expert_x_scale)
+        if not wait:
+            return PendingDispatch(self, self._result)
+        if ctx.debug:
+            ctx.sync()
+        return self._result
+
+    def _forward(self, fp8: bool, has_w: bool, wait: bool) -> None:
+        """The rail exchange, then the node's dispatch of the rows received (its send half
+        only when not `wait`)."""
+        node, r = self.ctx.node, self.rail_rows
+        rows = r.rows
+        send = r.views(r.send, rows, fp8)["rows"]
+        got = r.views(r.recv, rows, fp8)
+        rail.all_to_all(node, self.topology.rail_group, got["rows"], send)
+        if fp8:
+            if self._fwd_x is None:
+                self._fwd_x = torch.empty(rows, self.hidden_dim, dtype=self.dtype,
+                                          device=node.device)
+            x = self._fwd_x.copy_(F8.dequantize(got["q"].view(torch.float8_e4m3fn),
+                                                got["scale"]))
+        else:
+            x = got["x"]
+        res = self.node_ep.dispatch(x, got["ids"], wait=wait, validate=False,
+                                    topk_weights=got["weights"] if has_w else None, fp8=fp8)
+        if wait:
+            self._node_d, self._node_pending = res, None
+        else:
+            self._node_d, self._node_pending = res._result, res
+
+    def _dispatch_recv(self, fp8: bool = False) -> None:
+        if self._side is not None:
+            torch.cuda.current_stream(self.ctx.node.device).wait_stream(self._side)
+        self._node_pending.wait()
+        self._node_pending = None
+
+    # ------------------------------------------------------------------ combine
+    def combine(self, expert_y: torch.Tensor, d: Dispatched,
+                topk_weights: torch.Tensor | None = None, wait: bool = True,
+                out: torch.Tensor | None = None):
+        """As ExpertParallel.combine: y[t] = sum_k topk_weights[t, k] * expert_y[row of
+        (t, k)], across nodes; with wait=False, a PendingCombine."""
+        if not isinstance(d, Dispatched):
+            raise TypeError(f"combine: d must be what dispatch returned (a Dispatched; call "
+                            f".wait() on a PendingDispatch), got {type(d).__name__}")
+        if d._seq != self._seq or self._node_pending is not None:
+            raise ValueError("combine: d is from an earlier dispatch, or its .wait() was not "
+                             "called; combine the latest dispatch after its .wait()")
+        T, H, node = d.num_tokens, self.hidden_dim, self.ctx.node
+        if topk_weights is None and not d.has_weights:
+            raise ValueError("combine: topk_weights is needed (dispatch was not given them)")
+        if out is None:
+            out = torch.empty(T, H, dtype=self.dtype, device=node.device)
+        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H)
+              or out.dtype != self.dtype or not out.is_contiguous() or out.device != node.device):
+            raise ValueError(f"combine: out must be a contiguous [{T}, {H}] {self.dtype} "
+                             f"tensor on {node.device}")
+        node_w = None if topk_weights is None else self.rail_rows.weights_recv
+        if topk_weights is not None:
+            _check_weights(self, topk_weights, T, "combine")
+        # expert_y's checks (the node's messages) before anything is sent
+        _check_combine(self.node_ep, expert_y, self._node_d, node_w, self._node_y)
+        if topk_weights is not None:
+            rail.all_to_all(node, self.topology.rail_group, node_w,
+                            RR.pack_weights(self.rail_rows, topk_weights))
+        res = self.node_ep.combine(expert_y, self._node_d, node_w, wait=wait, out=self._node_y)
+        if not wait:
+            self._combine_pending = res
+            return PendingCombine(self, out)
+        self._back(out)
+        return out
+
+    def _combine_recv(self, out: torch.Tensor) -> None:
+        self._combine_pending.wait()
+        self._back(out)
+
+    def _back(self, out: torch.Tensor) -> None:
+        r = self.rail_rows
+        rail.all_to_all(self.ctx.node, self.topology.rail_group, r.back[:r.rows], self._node_y)
+        RR.unpack(r, out)
+        if self.ctx.debug:
+            self.ctx.sync()
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        """Free the node's heap buffers (collective over the world)."""
+        if self.node_ep is not None:
+            self.node_ep.close()
+            self.node_ep = self.rail_rows = None
+
+    def __enter__(self) -> "ExpertParallelAcrossNodes":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        t = self.topology
+        return (f"trident.ExpertParallel(num_experts={self.num_experts}, "
+                f"experts_per_token={self.experts_per_token}, hidden_dim={self.hidden_dim}, "
+                f"max_num_tokens={self.max_num_tokens}, dtype={self.dtype}, "
+                f"world_size={self.ctx.world_size}, nodes={t.num_nodes}x{t.node_size})")
