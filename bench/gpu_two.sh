@@ -10,6 +10,10 @@
 #   repeat  REPEAT_TESTS REPEAT times (a flaky fault: race or bad data)
 #   hier    the hierarchical collectives as 2 nodes x 1 rank (NCCL on the rails), tests and
 #           host time
+#   nodes   contexts across nodes as 2 nodes x 1 rank (NCCL on the rails): tests of the
+#           hierarchical collectives and MoE across nodes, bench moe across nodes
+#           (MOE_MODELS, MOE_TOKENS) and the hierarchical launch/host bench
+#   nodes1  the same tests as 2 nodes x 2 ranks sharing GPU 0 under MPS (gloo rails)
 #   gemm    the GEMM core's table on GPU 0 (bounded bench; GEMM_TABLE: the file to update,
 #           e.g. trident/ops/gemm_table.json so that later steps use it)
 #   ops     bench ops at 2 ranks, Llama-3-70B TP=2 layers at OPS_M
@@ -77,6 +81,26 @@ for step in ${STEPS:-env tests}; do
         --out-dir $OUT > $OUT/hier-bench.log 2>&1
       say "== hierarchical bench rc=$?"; tail -30 $OUT/hier-bench.log | tee -a $LOG
     fi ;;
+  nodes)
+    TRIDENT_TEST_WORLD_SIZES=2 $T 240 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
+      --timeout 200 tests/ccl/test_hierarchical.py tests/moe/test_across_nodes.py > $OUT/nodes-tests.log 2>&1
+    say "== tests across nodes (2x1, NCCL) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/nodes-tests.log | tee -a $LOG
+    TRIDENT_NODE_SIZE=1 $T 240 python3 -m trident.bench.moe --world-size 2 \
+      --models ${MOE_MODELS:-deepseek-v3} --tokens ${MOE_TOKENS:-128,4096} --out-dir $OUT > $OUT/nodes-moe.log 2>&1
+    say "== bench moe across nodes rc=$?"; grep -v "^moe \[" $OUT/nodes-moe.log | tr '\r' '\n' | grep -v "^moe \[" | tail -30 | tee -a $LOG
+    if [ -f trident/bench/hierarchical.py ]; then
+      $T 200 python3 -m trident.bench.hierarchical ${HIER_ARGS:---world 2 --node-size 1} \
+        > $OUT/nodes-hier.log 2>&1
+      say "== hierarchical bench rc=$?"; tail -40 $OUT/nodes-hier.log | tee -a $LOG
+    fi ;;
+  nodes1)
+    MPS=$(command -v nvidia-cuda-mps-control || echo /usr/local/nvidia/bin/nvidia-cuda-mps-control)
+    $MPS -d && say "MPS daemon started"; sleep 2
+    CUDA_VISIBLE_DEVICES=0 TRIDENT_TEST_NODE_WORLD=4 $T 300 python3 -m pytest -q -rfEs --tb=short \
+      -p no:cacheprovider --timeout 250 tests/ccl/test_hierarchical.py tests/moe/test_across_nodes.py \
+      > $OUT/nodes1-tests.log 2>&1
+    say "== tests across nodes (2x2 on one GPU, gloo) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/nodes1-tests.log | tee -a $LOG
+    echo quit | $MPS ;;
   gemm)
     CUDA_VISIBLE_DEVICES=0 $T ${GEMM_TIMEOUT:-420} python3 -m trident.bench.gemm \
       --m ${GEMM_M:-64,128,256,1024,4096,8192} --budget-s ${GEMM_BUDGET:-380} --out-dir $OUT \

@@ -43,7 +43,11 @@ def close_pools() -> None:
 
 
 def _layouts():
-    """(world size, node sizes to test; the first is the pool's own) on this machine."""
+    """(world size, node sizes to test; the first is the pool's own) on this machine;
+    TRIDENT_TEST_NODE_WORLD=4 forces 4 ranks as 2 x 2 and 4 x 1 (e.g. on GPUs that the
+    ranks then share, gloo between nodes)."""
+    if os.environ.get("TRIDENT_TEST_NODE_WORLD") == "4":
+        return 4, (2, 1)
     if default_backend() == "cuda" and 2 <= torch.cuda.device_count() < 4:
         return 2, (1,)
     return 4, (2, 1)

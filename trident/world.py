@@ -10,7 +10,7 @@ factories, free, sync and timeouts are the node's (a tensor is symmetric within 
 node). What works on one node only -- kernels that address peers through the heap --
 is not offered here: the fused GEMM ops fall back to torch.matmul + torch.distributed
 over the world (the "plain" path), ExpertParallel takes the two-stage route across nodes
-(trident/moe/across_nodes.py), and the rest (device_barrier, tracing, the fused
+(trident/moe/across_nodes.py), device_barrier is the node's then the rail's, and the rest (tracing, the fused
 all_reduce + RMSNorm, workspaces) raises AttributeError that points to `ctx.node`.
 """
 from __future__ import annotations
@@ -155,6 +155,15 @@ class WorldContext:
         first = next(e for e in errors_ if e is not None)
         if failed is None:
             raise first
+
+    def device_barrier(self) -> None:
+        """Stream-ordered barrier over the world: the node's device barrier, then a
+        one-word all_reduce on the rail (NCCL, on the current stream: capturable; where
+        the rail is gloo through host copies, a host synchronisation)."""
+        self.node.device_barrier()
+        word = torch.zeros(1, dtype=torch.int32, device=self.device)
+        rail.all_reduce(self.node, self.topology.rail_group, word, "sum",
+                        what="ctx.device_barrier()")
 
     def barrier(self) -> None:
         """Host barrier over the world: the node's barrier (its checks of errors and heap

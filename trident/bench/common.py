@@ -329,6 +329,9 @@ def metadata(ctx, suite: str) -> dict:
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                                 "NVSHMEM_DISABLE_NVLS")},
     }
+    topo = getattr(ctx, "topology", None)
+    if topo is not None and topo.spans_nodes:     # a WorldContext: say so in the results
+        meta["nodes"] = f"{topo.num_nodes}x{topo.node_size} ({topo.source})"
     if ctx.backend == "cuda":
         try:
             meta["nvidia_smi_topo"] = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True,
@@ -357,6 +360,8 @@ def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
         gpu = gpu_tag(torch.cuda.get_device_name(ctx.device))
         tag = (f"{ctx.world_size}on{_gpus(ctx)}x{gpu}" if shares_gpu(ctx) else
                f"{ctx.world_size}x{gpu}")
+    if "nodes" in meta:
+        tag += f"-nodes{meta['nodes'].split()[0]}"
     path = os.path.join(out_dir, f"{suite}-{tag}-{meta['date'][:10]}.json")
     if ctx.rank == 0:
         os.makedirs(out_dir, exist_ok=True)
