@@ -126,7 +126,6 @@ class WorldContext:
                              f"(torch.matmul + torch.distributed); algorithm must be 'auto', "
                              f"'plain' or 'nccl', got {algorithm!r}. The fused kernels run "
                              f"inside a node: ctx.node.{op}(...)")
-        nccl.check_available(self, f"{op} across nodes (the plain path)", ["ctx.node." + op])
         w_rows = w.shape[0] if isinstance(w, torch.Tensor) and w.dim() == 2 else 0
         m = a.shape[0] if isinstance(a, torch.Tensor) and a.dim() == 2 else 0
         shape = {"all_gather_matmul": (m * self.world_size, w_rows),
@@ -136,6 +135,7 @@ class WorldContext:
         if op == "matmul_reduce_scatter" and a.shape[0] % self.world_size:
             raise ValueError(f"{op}: a has {a.shape[0]} rows, not a multiple of the world "
                              f"size {self.world_size}")
+        nccl.check_available(self, f"{op} across nodes (the plain path)", ["ctx.node." + op])
         return getattr(plain, op)(self, a, w, bias, out)
 
     # ------------------------------------------------------------------ lifetime

@@ -25,8 +25,9 @@ def available(ctx) -> bool:
 def unavailable_reason(ctx) -> str:
     """Why they cannot: how many ranks share this rank's GPU."""
     n = getattr(ctx, "ranks_per_device", 2)
-    return (f"NCCL is not available: {n} ranks share one GPU here (NCCL needs one GPU per "
-            f"rank; the host group is gloo)")
+    who = f"{n} ranks share one GPU here" if n > 1 else "ranks of this job share GPUs"
+    return (f"NCCL is not available: {who} (NCCL needs one GPU per rank; the host group "
+            f"is gloo)")
 
 
 def check_available(ctx, what: str, choices) -> None:
