@@ -1,8 +1,8 @@
 """ExpertParallel over a world of several nodes (what td.ExpertParallel(ctx, ...) makes
 when ctx spans nodes, trident/world.py): DeepEP's two-stage route with NCCL between nodes.
 
-dispatch: the sender checks the expert ids on the device (rail_route.clean_ids_kernel),
-packs each token once per node that owns any of its experts into that node's block of
+dispatch: the sender checks the expert ids on the device and packs (one kernel,
+rail_route.pack_kernel) each token once per node that owns any of its experts into that node's block of
 fixed-capacity rows (rail_route.py), and one all_to_all on its rail (the ranks of its
 local index on every node; torch.distributed: NCCL on GPUs, gloo on the CPU emulation)
 carries every block to the rank of the same local index on its node. That rank forwards
@@ -109,14 +109,10 @@ class ExpertParallelAcrossNodes:
         if has_w:
             _check_weights(self, topk_weights, T, "dispatch")
         check = self.validate if validate is None else bool(validate)
-        clean = r.clean[:T]
-        if T:
-            programs = max(1, min(T, 2 * node.usable_sms if node.backend == "cuda" else 2))
-            K = self.experts_per_token
-            RR.clean_ids_kernel[(programs,)](
-                topk_idx, topk_idx.stride(0), topk_idx.stride(1), clean, T, self.num_experts,
-                node.ctrl, int(check), K=K, KP=self.node_ep.buf.kp)
-        RR.pack(r, x, clean, topk_weights, self.experts_per_node, fp8)
+        programs = max(1, min(T, 2 * node.usable_sms if node.backend == "cuda" else 2))
+        RR.pack(r, node, x, topk_idx, topk_weights, check, self.num_experts,
+                self.experts_per_node, fp8, programs, self.node_ep.block_h,
+                self.node_ep.buf.kp)
         side = self._side
         if side is not None and not wait:
             side.wait_stream(torch.cuda.current_stream(node.device))

@@ -14,10 +14,11 @@ holds cap = max_num_tokens rows (a token goes at most once to each node); a row 
 iff one of its ids is >= 0, so the counts travel inside the payload and every size the
 network step sees is fixed on the host: no host synchronisation, capturable.
 
-The packing is torch on the device (cumsum positions: the rows of a block keep token
-order); the expert ids are first checked by `clean_ids_kernel`, the same device-side
-check as one node's dispatch (routing.py), which records the first bad id for
-ctx.sync()/ctx.barrier() to raise.
+`pack_kernel` packs a dispatch in one launch: it checks the expert ids with the same
+device-side check as one node's dispatch (routing.py, which records the first bad id for
+ctx.sync()/ctx.barrier() to raise), takes each row's position in its node's block from an
+atomic counter (so the rows of a block are in arrival order, not token order: dest
+records where each token went), and for fp8 quantises each token once (fp8.py).
 """
 from __future__ import annotations
 
@@ -30,13 +31,62 @@ from .routing import expert_ids
 
 
 @triton.jit
-def clean_ids_kernel(topk_idx, stride_it, stride_ik, out, num_tokens, num_experts, ctrl,
-                     check, K: tl.constexpr, KP: tl.constexpr):
-    """out[t, :K] (int32) = token t's expert ids, -1 where dropped (routing.expert_ids)."""
+def pack_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_w, stride_wt, stride_wk,
+                send_x, send_q, send_s, send_ids, send_w, stride_row, stride_row4,
+                dest, counter, ctrl, check, num_tokens, num_experts, experts_per_node,
+                num_nodes, cap, trash, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                MP: tl.constexpr, HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr,
+                BLOCK_H: tl.constexpr):
+    """One launch packs every token: its ids checked (routing.expert_ids, the one-node
+    check), then once per node holding any of its experts a row of that node's block at
+    the next free position (counter[node], atomic: positions in arrival order), holding
+    the token (fp8: e4m3 words and scales, quantised once), its node-local ids and its
+    weights; dest[t, node] = the row, `trash` where not sent. Row strides: stride_row in
+    elements of the dtype (send_x), stride_row4 in 4-byte words (the other views)."""
     ks = tl.arange(0, KP)
+    ms = tl.arange(0, MP)
     for t in range(tl.program_id(0), num_tokens, tl.num_programs(0)):
         e = expert_ids(topk_idx, t, stride_it, stride_ik, num_experts, ctrl, check, K, KP)
-        tl.store(out + t * K + ks, e, mask=ks < K)
+        node = tl.where(e >= 0, e // experts_per_node, -1)
+        on = node[None, :] == ms[:, None]                                   # [MP, KP]
+        hit = (tl.max(on.to(tl.int32), axis=1) > 0) & (ms < num_nodes)
+        pos = tl.atomic_add(counter + ms, 1, mask=hit, sem="relaxed", scope="gpu")
+        row = tl.where(hit, ms.to(tl.int64) * cap + pos, trash)
+        tl.store(dest + t * num_nodes + ms, row, mask=ms < num_nodes)
+        local = tl.where(on, e[None, :] - ms[:, None] * experts_per_node, -1)
+        kmask = hit[:, None] & (ks[None, :] < K)
+        tl.store(send_ids + row[:, None] * stride_row4 + ks[None, :], local, mask=kmask)
+        if HAS_WEIGHTS:
+            w = tl.load(topk_w + t * stride_wt + ks * stride_wk, mask=ks < K, other=0.0)
+            tl.store(send_w + row[:, None] * stride_row4 + ks[None, :],
+                     tl.broadcast_to(w[None, :], [MP, KP]), mask=kmask)
+        src = x + t * stride_x
+        if FP8:     # as dispatch's push_payload: 2 * BLOCK_H channels per step
+            G: tl.constexpr = 2 * BLOCK_H // F8.GROUP
+            GW: tl.constexpr = F8.GROUP // 4
+            groups = tl.arange(0, G)
+            chan = tl.arange(0, F8.GROUP)
+            wcols = tl.arange(0, GW)
+            for c in tl.static_range(0, H, 2 * BLOCK_H):
+                gm = c // F8.GROUP + groups < H // F8.GROUP
+                v = tl.load(src + c + groups[:, None] * F8.GROUP + chan[None, :],
+                            mask=gm[:, None], other=0.0)
+                words, scale = F8.quantize_groups(v.to(tl.float32), G)
+                for m in range(0, num_nodes):
+                    r = tl.sum(tl.where(ms == m, row, 0))
+                    keep = r != trash
+                    tl.store(send_q + r * stride_row4 + c // 4 + groups[:, None] * GW
+                             + wcols[None, :], words, mask=gm[:, None] & keep)
+                    tl.store(send_s + r * stride_row4 + c // F8.GROUP + groups, scale,
+                             mask=gm & keep)
+        else:
+            cols = tl.arange(0, BLOCK_H)
+            for c in tl.static_range(0, H, BLOCK_H):
+                cm = c + cols < H
+                v = tl.load(src + c + cols, mask=cm)
+                tl.store(send_x + row[:, None] * stride_row + c + cols[None, :],
+                         tl.broadcast_to(v[None, :], [MP, BLOCK_H]),
+                         mask=hit[:, None] & cm[None, :])
 
 
 def _align(n: int) -> int:
@@ -63,9 +113,8 @@ class RailRows:
         self.send = torch.empty((self.rows + 1) * biggest, dtype=torch.uint8, device=device)
         self.recv = torch.empty(self.rows * biggest, dtype=torch.uint8, device=device)
         self.back = torch.zeros(self.rows + 1, hidden, dtype=dtype, device=device)
-        self.clean = torch.empty(cap, k, dtype=torch.int32, device=device)
+        self.counter = torch.zeros(num_nodes, dtype=torch.int32, device=device)
         self.dest = torch.empty(cap, num_nodes, dtype=torch.int64, device=device)
-        self.nodes_ar = torch.arange(num_nodes, device=device)
         self.weights_send = torch.empty(self.rows + 1, k, dtype=torch.float32, device=device)
         self.weights_recv = torch.empty(self.rows, k, dtype=torch.float32, device=device)
 
@@ -83,31 +132,31 @@ class RailRows:
         return parts
 
 
-def pack(r: RailRows, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor | None,
-         experts_per_node: int, fp8: bool) -> dict:
-    """Write tokens x [T, H] with clean ids [T, K] (and weights) into r.send's rows, one
-    row per (token, node it has experts on), in token order within a node's block; keeps
-    each (token, node)'s row in r.dest[:T] (r.rows where not sent). Returns send's views."""
-    T, M, cap = x.shape[0], r.nodes, r.cap
+def pack(r: RailRows, node, x: torch.Tensor, topk_idx: torch.Tensor, w, check: bool,
+         num_experts: int, experts_per_node: int, fp8: bool, programs: int,
+         block_h: int, kp: int) -> None:
+    """Write tokens x [T, H] (ids topk_idx, weights w or None) into r.send's rows, one row
+    per (token, node it has experts on), and each (token, node)'s row into r.dest[:T]
+    (r.rows where not sent): three launches (the ids' fill, the counters' zeroing, then
+    pack_kernel). Bad ids are recorded in `node`'s control block when `check`."""
+    T = x.shape[0]
     send = r.views(r.send, r.rows + 1, fp8)
     send["ids"].fill_(-1)
-    node = torch.where(ids >= 0, ids // experts_per_node, -1)              # [T, K]
-    on = node[:, None, :] == r.nodes_ar[None, :, None]                     # [T, M, K]
-    to = on.any(dim=2)                                                     # [T, M]
-    dest = torch.where(to, r.nodes_ar * cap + to.cumsum(dim=0) - 1, r.rows)
-    r.dest[:T].copy_(dest)
-    dest = r.dest[:T]
-    local = ids[:, None, :] - (r.nodes_ar * experts_per_node)[None, :, None]
-    send["ids"].index_put_((dest,), torch.where(on, local, -1).to(torch.int32))
-    if w is not None:
-        send["weights"].index_put_((dest,), w[:, None, :].expand(T, M, r.k))
-    if fp8:
-        q, scale = F8.quantize(x)
-        send["q"].index_put_((dest,), q.view(torch.uint8)[:, None, :].expand(T, M, r.hidden))
-        send["scale"].index_put_((dest,), scale[:, None, :].expand(T, M, scale.shape[1]))
-    else:
-        send["x"].index_put_((dest,), x[:, None, :].expand(T, M, r.hidden))
-    return send
+    r.counter.zero_()
+    if not T:
+        return
+    words = send["rows"][:, :4].view(torch.int32)      # any 4-byte view: the row base
+    q = send["q"].view(torch.int32) if fp8 else words
+    sx = send["x"] if not fp8 else x
+    pack_kernel[(programs,)](
+        x, x.stride(0), topk_idx, topk_idx.stride(0), topk_idx.stride(1),
+        x if w is None else w, 0 if w is None else w.stride(0), 0 if w is None else w.stride(1),
+        sx, q, send["scale"] if fp8 else words, send["ids"], send["weights"],
+        send["x"].stride(0) if not fp8 else 0, send["ids"].stride(0),
+        r.dest, r.counter, node.ctrl, int(check), T, num_experts, experts_per_node,
+        r.nodes, r.cap, r.rows, H=r.hidden, K=r.k, KP=kp,
+        MP=max(2, triton.next_power_of_2(r.nodes)), HAS_WEIGHTS=w is not None, FP8=fp8,
+        BLOCK_H=block_h, num_warps=4 if node.backend == "cuda" else 1)
 
 
 def pack_weights(r: RailRows, w: torch.Tensor) -> torch.Tensor:
