@@ -126,9 +126,10 @@ def _deterministic_and_launched(ctx):
     kw = plan.steps[0].kwargs
     plan.finish()
     plan(tensors)
-    core = gemm.INTERPRET_CONFIG
-    assert (kw["BM"], kw["BN"], kw["SWAP_AB"], kw["SPLIT"]) == \
-        (core["BN"], core["BM"], True, True)
+    assert (kw["SWAP_AB"], kw["SPLIT"]) == (True, True)
+    if ctx.backend == "cpu":       # the tile is known there; on GPUs it comes from the table
+        core = gemm.INTERPRET_CONFIG
+        assert (kw["BM"], kw["BN"]) == (core["BN"], core["BM"])
     ctx.sync()
 
 
