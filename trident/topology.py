@@ -201,3 +201,19 @@ def forget_groups(*groups) -> None:
     """Drop the limits of groups about to be destroyed."""
     for g in groups:
         _GROUP_TIMEOUT_S.pop(g, None)
+
+
+def pool_in_nodes(world_size: int, node_size: int, **pool_options):
+    """A trident.launch.RankPool of world_size ranks in nodes of node_size consecutive
+    ranks (TRIDENT_NODE_SIZE in the ranks' environment only; this process's own is left
+    as it was): how the tests and benchmarks start a world of nodes on one machine."""
+    from .launch import RankPool
+    saved = os.environ.get(NODE_SIZE_ENV)
+    os.environ[NODE_SIZE_ENV] = str(node_size)
+    try:
+        return RankPool(world_size, **pool_options)
+    finally:
+        if saved is None:
+            os.environ.pop(NODE_SIZE_ENV)
+        else:
+            os.environ[NODE_SIZE_ENV] = saved

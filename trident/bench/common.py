@@ -153,8 +153,10 @@ def _graph_plans(ctx):
     by device time there, and a plan built during capture is not itself made a graph), so
     that the capture finds their kernels compiled and their workspaces made: making a
     workspace synchronises, which a capture forbids. Eager warm-up does not do this when
-    the graph table picks another algorithm than the eager one."""
-    holders = [h for h in (ctx, getattr(ctx, "plans", None))
+    the graph table picks another algorithm than the eager one. A context across nodes
+    (trident.world.WorldContext) builds its plans on its node's Context."""
+    contexts = (ctx, ctx.node) if getattr(ctx, "spans_nodes", False) else (ctx,)
+    holders = [h for c in contexts for h in (c, getattr(c, "plans", None))
                if callable(getattr(h, "capturing", None))]
     real = [h.capturing for h in holders]
     for h in holders:
@@ -350,8 +352,9 @@ def gpu_tag(name: str) -> str:
 
 
 def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
-                  out_dir: str | None = None) -> str:
-    """Write {metadata, extra, marked, rows} as JSON (rank 0 only); returns the path.
+                  out_dir: str | None = None, path: str | None = None) -> str:
+    """Write {metadata, extra, marked, rows} as JSON (rank 0 only) to `path`, or to a file
+    of `out_dir` named after the suite, the hardware and the date; returns the path.
     "marked" (see `marked`) is this function's to write, whatever `extra` says."""
     out_dir = out_dir or RESULTS_DIR
     meta = metadata(ctx, suite)
@@ -362,9 +365,9 @@ def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
                f"{ctx.world_size}x{gpu}")
     if "nodes" in meta:
         tag += f"-nodes{meta['nodes'].split()[0]}"
-    path = os.path.join(out_dir, f"{suite}-{tag}-{meta['date'][:10]}.json")
+    path = path or os.path.join(out_dir, f"{suite}-{tag}-{meta['date'][:10]}.json")
     if ctx.rank == 0:
-        os.makedirs(out_dir, exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:
             json.dump({**meta, **(extra or {}), "marked": marked(ctx), "rows": rows}, f,
                       indent=1)

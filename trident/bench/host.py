@@ -38,6 +38,8 @@ import time
 
 import torch
 
+from .counting import count_torch_ops
+
 CALLS, BATCH = 20000, 50
 
 
@@ -177,21 +179,6 @@ def _silence(ctx):
     return undo
 
 
-def _count_torch_ops(fn, calls: int = 20) -> float:
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.n += 1
-            return func(*args, **(kwargs or {}))
-    with Count():
-        for _ in range(calls):
-            fn()
-    return Count.n / calls
-
-
 def _time(fn, calls: int, batch: int) -> list[float]:
     """ns per call of each batch of `batch` calls (`calls` in all). Short batches: on a
     loaded machine most of them run without being preempted, and the fastest says what
@@ -264,7 +251,7 @@ def measure(ctx, calls: int = CALLS, batch: int = BATCH, only=None) -> dict:
                     fn[0]()
                     fn = fn[1]
                 builds, step, syncs[0] = ctx.plans.builds, ctx._host_step, 0
-                ops = _count_torch_ops(fn)
+                ops = count_torch_ops(fn)
                 ts = _time(fn, calls, batch)
                 results[name] = dict(ns=min(ts), median_ns=statistics.median(ts),
                                      torch_ops=ops, builds=ctx.plans.builds - builds,
