@@ -237,7 +237,7 @@ def run(world: int, node_size: int, opts: dict, backend: str | None = None,
     backend = backend or default_backend()
     pool = pool_in_nodes(world, node_size, backend=backend,
                          heap_size=(1 << 30) if backend == "cuda" else 64 << 20,
-                         timeout=300.0, run_timeout=1200.0)
+                         timeout=120.0, run_timeout=1200.0)
     try:
         return pool.run(measure, opts)[0]
     finally:
