@@ -236,8 +236,9 @@ class RankPool:
                 env, self._mps, self.mps_note = sharing_env(self.world_size, gpus)
         self.run_timeout = run_timeout
         # how long the other ranks may take to report after one failed or died: they may be
-        # in a wait that ends only at the context's timeout
-        self.failure_grace = (timeout or 30.0) + (5.0 if self.backend == "cpu" else 2.0)
+        # in a host collective that ends only at the context's host timeout (its timeout
+        # + 5 s, Context.host_timeout_s); 2 s more lets them report that timeout themselves
+        self.failure_grace = (timeout or 30.0) + 5.0 + 2.0
         self.job = uuid.uuid4().hex[:12]
         env.update(TRIDENT_BACKEND=self.backend, TRIDENT_JOB_ID=self.job)
         if self.backend == "cpu":
@@ -387,6 +388,14 @@ class RankPool:
                 exc.add_note(f"rank {other} failed too: {text}")
             if stuck_note:
                 exc.add_note(stuck_note)
+            timed_out = sorted(r for _, r, (_, _, _, level) in errors if level == 2)
+            if timed_out and self._procs is not None:
+                # a host collective that timed out leaves its process group unusable: a
+                # reset would only wait for the transport's timeout once more
+                self.close(force=True)
+                exc.add_note(f"a host-side collective timed out on rank(s) {timed_out}, after "
+                             f"which the process groups cannot be used again; the rank "
+                             f"processes were stopped")
             raise exc
         return [results[r] for r in range(self.world_size)]
 
