@@ -36,7 +36,13 @@ def _run(tmp_path, *args, planted):
     return json.loads(path.read_text()), time.monotonic() - t0
 
 
-def test_stalled_wrong_and_crashed_candidates_are_reported(tmp_path):
+def test_stalled_wrong_and_crashed_candidates_are_reported(tmp_path, monkeypatch):
+    """The bounded bench's handling of a candidate that stalls, is wrong or kills its
+    worker, on the bench's two-shape interpreter path everywhere. On a GPU the bench runs
+    its whole shape sweep, where the stalled candidate alone costs 15 s per shape: this
+    test ran past 360 s on an H200, most likely for that. The stall and crash handling
+    is the same code on both devices (trident/bench/bounded.py)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")     # read by bench._device and the workers
     result, _ = _run(tmp_path, "--timeout-s", "15",
                      planted=["hangs", "wrong", "kills_its_worker"])
     rows = result["rows"]

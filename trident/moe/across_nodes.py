@@ -26,7 +26,7 @@ work queued between dispatch and .wait() overlaps the network transfer.
 
 fp8=True quantises each token once at the sender (fp8.quantize) and sends e4m3 bytes plus
 scales over the network (about half of bf16's bytes). The forwarding rank dequantises
-them to the dtype and the node's fp8 dispatch quantises again: the e4m3 values come out
+them to the dtype (rail_route.dequantize_kernel) and the node's fp8 dispatch quantises again: the e4m3 values come out
 the same, each scale within the dtype's rounding (2^-9 relative for bf16) of the sender's.
 """
 from __future__ import annotations
@@ -76,7 +76,7 @@ class ExpertParallelAcrossNodes:
         self._side = (torch.cuda.Stream(node.device) if node.device.type == "cuda"
                       and not rail.staged(node, topo.rail_group) else None)
         self._seq = 0
-        self._node_d = self._node_pending = self._result = None
+        self._node_d = self._node_pending = self._combine_pending = self._result = None
         node.register_reset(self)
 
     @staticmethod
@@ -91,7 +91,8 @@ class ExpertParallelAcrossNodes:
         """After ctx.reset(): a Dispatched from before can no longer be combined (the
         node's ExpertParallel resets its own state)."""
         self._seq += 1
-        self._node_pending = None
+        self._node_pending = self._combine_pending = None
+        self.rail_rows.reset()
 
     # ------------------------------------------------------------------ dispatch
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, wait: bool = True,
@@ -109,9 +110,8 @@ class ExpertParallelAcrossNodes:
         if has_w:
             _check_weights(self, topk_weights, T, "dispatch")
         check = self.validate if validate is None else bool(validate)
-        programs = max(1, min(T, 2 * node.usable_sms if node.backend == "cuda" else 2))
         RR.pack(r, node, x, topk_idx, topk_weights, check, self.num_experts,
-                self.experts_per_node, fp8, programs, self.node_ep.block_h,
+                self.experts_per_node, fp8, RR.grid_programs(node, T), self.node_ep.block_h,
                 self.node_ep.buf.kp)
         side = self._side
         if side is not None and not wait:
@@ -142,8 +142,7 @@ class ExpertParallelAcrossNodes:
             if self._fwd_x is None:
                 self._fwd_x = torch.empty(rows, self.hidden_dim, dtype=self.dtype,
                                           device=node.device)
-            x = self._fwd_x.copy_(F8.dequantize(got["q"].view(torch.float8_e4m3fn),
-                                                got["scale"]))
+            x = RR.dequantize(r, node, got, self._fwd_x, self.node_ep.block_h)
         else:
             x = got["x"]
         res = self.node_ep.dispatch(x, got["ids"], wait=wait, validate=False,
@@ -196,13 +195,14 @@ class ExpertParallelAcrossNodes:
         return out
 
     def _combine_recv(self, out: torch.Tensor) -> None:
-        self._combine_pending.wait()
+        pending, self._combine_pending = self._combine_pending, None
+        pending.wait()
         self._back(out)
 
     def _back(self, out: torch.Tensor) -> None:
         r = self.rail_rows
         rail.all_to_all(self.ctx.node, self.topology.rail_group, r.back[:r.rows], self._node_y)
-        RR.unpack(r, out)
+        RR.unpack(r, self.ctx.node, out, self.node_ep.block_h)
         if self.ctx.debug:
             self.ctx.sync()
 

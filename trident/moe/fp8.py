@@ -74,6 +74,48 @@ e4m3_bits = _e4m3_bits_exact if INTERPRET else _e4m3_bits_native
 
 
 @triton.jit
+def e4m3_value(bits):
+    """float8_e4m3fn bits (int32, 0..255) -> fp32, exactly, with integer operations
+    (the interpreter's float8 casts are not exact); NaN (0x7F, 0xFF) is never produced by
+    the quantiser and is not decoded."""
+    sign = (bits & 0x80) << 24
+    exp = (bits >> 3) & 0xF
+    man = bits & 0x7
+    normal = (sign | ((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    sub = man.to(tl.float32) * 0.001953125           # m * 2^-9, exact
+    return tl.where(exp == 0, tl.where(sign != 0, -sub, sub), normal)
+
+
+@triton.jit
+def _bf16_exact(v):
+    """fp32 -> bf16 rounded to nearest even with integer operations (the interpreter's
+    cast truncates); finite inputs."""
+    bits = v.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return rounded.to(tl.float32, bitcast=True).to(tl.bfloat16)
+
+
+@triton.jit
+def _bf16_native(v):
+    return v.to(tl.bfloat16)
+
+
+_to_bf16 = _bf16_exact if INTERPRET else _bf16_native
+
+
+@triton.jit
+def dequantized(bits, scale, dtype: tl.constexpr):
+    """e4m3 bits (int32) times their scales (fp32), rounded to `dtype` to nearest even on
+    every backend, as torch's dequantize(q, scale).to(dtype) is: the forwarding rank's
+    re-quantisation then gives the sender's e4m3 bytes."""
+    v = e4m3_value(bits) * scale
+    if dtype == tl.bfloat16:
+        return _to_bf16(v)
+    else:
+        return v.to(dtype)
+
+
+@triton.jit
 def quantize_groups(v, G: tl.constexpr):
     """v [G, 128] fp32 -> (words [G, 32] int32: the e4m3 bytes, four per word, the first
     in the lowest byte, as in memory; scales [G] fp32)."""

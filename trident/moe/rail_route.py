@@ -18,7 +18,10 @@ network step sees is fixed on the host: no host synchronisation, capturable.
 device-side check as one node's dispatch (routing.py, which records the first bad id for
 ctx.sync()/ctx.barrier() to raise), takes each row's position in its node's block from an
 atomic counter (so the rows of a block are in arrival order, not token order: dest
-records where each token went), and for fp8 quantises each token once (fp8.py).
+records where each token went), and for fp8 quantises each token once (fp8.py); its
+last program marks the rows no token took and zeroes the counters. On the way back,
+`unpack_kernel` sums each token's rows from the nodes (one launch), and at the forwarding
+rank `dequantize_kernel` turns fp8 rows into the dtype (one launch, rows in use only).
 """
 from __future__ import annotations
 
@@ -33,16 +36,18 @@ from .routing import expert_ids
 @triton.jit
 def pack_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_w, stride_wt, stride_wk,
                 send_x, send_q, send_s, send_ids, send_w, stride_row, stride_row4,
-                dest, counter, ctrl, check, num_tokens, num_experts, experts_per_node,
+                dest, counter, done, ctrl, check, num_tokens, num_experts, experts_per_node,
                 num_nodes, cap, trash, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                 MP: tl.constexpr, HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr,
-                BLOCK_H: tl.constexpr):
+                BLOCK_H: tl.constexpr, FILL_ROWS: tl.constexpr):
     """One launch packs every token: its ids checked (routing.expert_ids, the one-node
     check), then once per node holding any of its experts a row of that node's block at
     the next free position (counter[node], atomic: positions in arrival order), holding
     the token (fp8: e4m3 words and scales, quantised once), its node-local ids and its
-    weights; dest[t, node] = the row, `trash` where not sent. Row strides: stride_row in
-    elements of the dtype (send_x), stride_row4 in 4-byte words (the other views)."""
+    weights; dest[t, node] = the row, `trash` where not sent. The last program to finish
+    marks the rows no token took as unused and zeroes the counters (_finish). Row
+    strides: stride_row in elements of the dtype (send_x), stride_row4 in 4-byte words
+    (the other views)."""
     ks = tl.arange(0, KP)
     ms = tl.arange(0, MP)
     for t in range(tl.program_id(0), num_tokens, tl.num_programs(0)):
@@ -87,6 +92,30 @@ def pack_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_w, stride_wt, 
                 tl.store(send_x + row[:, None] * stride_row + c + cols[None, :],
                          tl.broadcast_to(v[None, :], [MP, BLOCK_H]),
                          mask=hit[:, None] & cm[None, :])
+    _finish(send_ids, stride_row4, counter, done, num_nodes, cap, K, KP, FILL_ROWS)
+
+
+@triton.jit
+def _finish(send_ids, stride_row4, counter, done, num_nodes, cap, K: tl.constexpr,
+            KP: tl.constexpr, FILL_ROWS: tl.constexpr):
+    """The last program of pack_kernel to arrive (a ticket on `done`, acq_rel: it sees
+    every other program's counter increments) takes each node's count, zeroing the
+    counter for the next call, and writes ids -1 into that block's rows past the count,
+    so that the receiver skips them; then it zeroes `done`. This saves two memsets per
+    dispatch and keeps the call one launch."""
+    tl.debug_barrier()              # every thread of this program has made its stores
+    ticket = tl.atomic_add(done, 1, sem="acq_rel", scope="gpu")
+    if ticket == tl.num_programs(0) - 1:
+        ks = tl.arange(0, KP)
+        rs = tl.arange(0, FILL_ROWS)
+        unused = tl.full([FILL_ROWS, KP], -1, tl.int32)
+        for m in range(0, num_nodes):
+            used = tl.atomic_xchg(counter + m, 0, sem="relaxed", scope="gpu")
+            for r0 in range(used, cap, FILL_ROWS):
+                rows = m * cap + r0 + rs
+                tl.store(send_ids + rows.to(tl.int64)[:, None] * stride_row4 + ks[None, :],
+                         unused, mask=(r0 + rs < cap)[:, None] & (ks < K)[None, :])
+        tl.atomic_xchg(done, 0, sem="relaxed", scope="gpu")
 
 
 def _align(n: int) -> int:
@@ -114,9 +143,16 @@ class RailRows:
         self.recv = torch.empty(self.rows * biggest, dtype=torch.uint8, device=device)
         self.back = torch.zeros(self.rows + 1, hidden, dtype=dtype, device=device)
         self.counter = torch.zeros(num_nodes, dtype=torch.int32, device=device)
+        self.done = torch.zeros(1, dtype=torch.int32, device=device)    # pack's tickets
         self.dest = torch.empty(cap, num_nodes, dtype=torch.int64, device=device)
         self.weights_send = torch.empty(self.rows + 1, k, dtype=torch.float32, device=device)
         self.weights_recv = torch.empty(self.rows, k, dtype=torch.float32, device=device)
+
+    def reset(self) -> None:
+        """After ctx.reset(): counters as at the start (a pack that failed midway could
+        leave them non-zero)."""
+        self.counter.zero_()
+        self.done.zero_()
 
     def views(self, raw: torch.Tensor, n: int, fp8: bool) -> dict:
         """The parts of the first n rows of `raw` (send or recv) in the layout of `fp8`."""
@@ -137,26 +173,34 @@ def pack(r: RailRows, node, x: torch.Tensor, topk_idx: torch.Tensor, w, check: b
          block_h: int, kp: int) -> None:
     """Write tokens x [T, H] (ids topk_idx, weights w or None) into r.send's rows, one row
     per (token, node it has experts on), and each (token, node)'s row into r.dest[:T]
-    (r.rows where not sent): three launches (the ids' fill, the counters' zeroing, then
-    pack_kernel). Bad ids are recorded in `node`'s control block when `check`."""
+    (r.rows where not sent); the rows no token took get ids -1. One launch (pack_kernel),
+    also for T = 0. Bad ids are recorded in `node`'s control block when `check`."""
     T = x.shape[0]
     send = r.views(r.send, r.rows + 1, fp8)
-    send["ids"].fill_(-1)
-    r.counter.zero_()
-    if not T:
-        return
     words = send["rows"][:, :4].view(torch.int32)      # any 4-byte view: the row base
     q = send["q"].view(torch.int32) if fp8 else words
     sx = send["x"] if not fp8 else x
+    if not T:                  # nothing is read: stand-ins with an address
+        x, topk_idx, sx = words, words, (send["x"] if not fp8 else words)
     pack_kernel[(programs,)](
         x, x.stride(0), topk_idx, topk_idx.stride(0), topk_idx.stride(1),
         x if w is None else w, 0 if w is None else w.stride(0), 0 if w is None else w.stride(1),
         sx, q, send["scale"] if fp8 else words, send["ids"], send["weights"],
         send["x"].stride(0) if not fp8 else 0, send["ids"].stride(0),
-        r.dest, r.counter, node.ctrl, int(check), T, num_experts, experts_per_node,
+        r.dest, r.counter, r.done, node.ctrl, int(check), T, num_experts, experts_per_node,
         r.nodes, r.cap, r.rows, H=r.hidden, K=r.k, KP=kp,
         MP=max(2, triton.next_power_of_2(r.nodes)), HAS_WEIGHTS=w is not None, FP8=fp8,
-        BLOCK_H=block_h, num_warps=4 if node.backend == "cuda" else 1)
+        BLOCK_H=block_h, FILL_ROWS=64, num_warps=_warps(node))
+
+
+def _warps(node) -> int:
+    return 4 if node.backend == "cuda" else 1
+
+
+def grid_programs(node, n: int) -> int:
+    """Programs of a grid-stride launch over n items: two per usable SM on GPUs, 2 on
+    the CPU emulation."""
+    return max(1, min(n, 2 * node.usable_sms if node.backend == "cuda" else 2))
 
 
 def pack_weights(r: RailRows, w: torch.Tensor) -> torch.Tensor:
@@ -166,9 +210,59 @@ def pack_weights(r: RailRows, w: torch.Tensor) -> torch.Tensor:
     return r.weights_send[:r.rows]
 
 
-def unpack(r: RailRows, out: torch.Tensor) -> torch.Tensor:
+@triton.jit
+def unpack_kernel(back, stride_back, dest, out, stride_out, num_tokens, num_nodes, trash,
+                  H: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = sum over nodes m of back[dest[t, m]] in fp32, in node order; a node the
+    token was not sent to (dest == trash) adds nothing."""
+    cols = tl.arange(0, BLOCK_H)
+    for t in range(tl.program_id(0), num_tokens, tl.num_programs(0)):
+        for c in tl.static_range(0, H, BLOCK_H):
+            cm = c + cols < H
+            acc = tl.zeros([BLOCK_H], tl.float32)
+            for m in range(0, num_nodes):
+                row = tl.load(dest + t * num_nodes + m)
+                acc += tl.load(back + row * stride_back + c + cols, mask=cm & (row != trash),
+                               other=0.0).to(tl.float32)
+            tl.store(out + t * stride_out + c + cols, acc.to(out.dtype.element_ty), mask=cm)
+
+
+def unpack(r: RailRows, node, out: torch.Tensor, block_h: int) -> torch.Tensor:
     """out [T, H] = sum over nodes of the rows r.back returned for each token (fp32
-    accumulation, node order; the zero row for a node the token was not sent to)."""
+    accumulation, node order): one launch, no temporaries."""
     T = out.shape[0]
-    rows = r.back.index_select(0, r.dest[:T].reshape(-1)).view(T, r.nodes, r.hidden)
-    return out.copy_(rows.float().sum(dim=1))
+    if T:
+        unpack_kernel[(grid_programs(node, T),)](
+            r.back, r.back.stride(0), r.dest, out, out.stride(0), T, r.nodes, r.rows,
+            H=r.hidden, BLOCK_H=block_h, num_warps=_warps(node))
+    return out
+
+
+@triton.jit
+def dequantize_kernel(q, stride_q, scale, stride_s, ids, stride_ids, out, stride_out, rows,
+                      H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
+    """out[r] = e4m3 bytes q[r] (uint8) times their scales, for every row r in use (an id
+    >= 0); unused rows are left as they are (the node's dispatch skips them)."""
+    ks = tl.arange(0, KP)
+    cols = tl.arange(0, BLOCK_H)
+    for r in range(tl.program_id(0), rows, tl.num_programs(0)):
+        e = tl.load(ids + r * stride_ids + ks, mask=ks < K, other=-1)
+        if tl.max(e) >= 0:
+            for c in tl.static_range(0, H, BLOCK_H):
+                bits = tl.load(q + r * stride_q + c + cols).to(tl.int32)
+                s = tl.load(scale + r * stride_s + (c + cols) // F8.GROUP)
+                tl.store(out + r * stride_out + c + cols,
+                         F8.dequantized(bits, s, out.dtype.element_ty))
+
+
+def dequantize(r: RailRows, node, got: dict, out: torch.Tensor, block_h: int) -> torch.Tensor:
+    """The rows received in fp8 (r.views(..., fp8=True)) as out [rows, H] in the dtype:
+    one launch over the rows in use. H is a multiple of 128, so block_h (buffers.block_h:
+    the largest power of two wasting nothing) divides it: no masks."""
+    rows = got["q"].shape[0]
+    dequantize_kernel[(grid_programs(node, rows),)](
+        got["q"], got["q"].stride(0), got["scale"], got["scale"].stride(0), got["ids"],
+        got["ids"].stride(0), out, out.stride(0), rows, H=r.hidden, K=r.k,
+        KP=max(2, triton.next_power_of_2(r.k)), BLOCK_H=block_h, num_warps=_warps(node))
+    return out
