@@ -303,8 +303,14 @@ def device_kind(ctx) -> str:
 
 
 def _gpus(ctx) -> int:
-    """GPUs the job's ranks use (round-robin placement, trident/placement.py)."""
-    return -(-ctx.world_size // getattr(ctx, "ranks_per_device", 1))
+    """GPUs the job's ranks use (round-robin over the visible ones, trident/placement.py).
+    Counted from the visible GPUs, not ctx.ranks_per_device: a context across nodes has
+    its node's count there, which says nothing of the other nodes' ranks on this GPU."""
+    return min(ctx.world_size, max(1, torch.cuda.device_count()))
+
+
+def _ranks_per_gpu(ctx) -> int:
+    return -(-ctx.world_size // _gpus(ctx)) if ctx.backend == "cuda" else 1
 
 
 def default_world(backend: str, cpu: int = 2) -> int:
@@ -324,7 +330,7 @@ def metadata(ctx, suite: str) -> dict:
         "device": device_kind(ctx),
         "backend": ctx.backend,
         "world_size": ctx.world_size,
-        "ranks_per_gpu": getattr(ctx, "ranks_per_device", 1),
+        "ranks_per_gpu": _ranks_per_gpu(ctx),
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": sys.version.split()[0],
