@@ -236,7 +236,7 @@ def nccl_runs(ctx) -> bool:
 
 
 def shares_gpu(ctx) -> bool:
-    return bool(getattr(ctx, "shares_device", False))
+    return bool(getattr(ctx, "shares_device", False)) or _ranks_per_gpu(ctx) > 1
 
 
 def marked(ctx) -> str | None:
@@ -303,14 +303,17 @@ def device_kind(ctx) -> str:
 
 
 def _gpus(ctx) -> int:
-    """GPUs the job's ranks use (round-robin over the visible ones, trident/placement.py).
-    Counted from the visible GPUs, not ctx.ranks_per_device: a context across nodes has
-    its node's count there, which says nothing of the other nodes' ranks on this GPU."""
-    return min(ctx.world_size, max(1, torch.cuda.device_count()))
+    """GPUs the job's ranks use (round-robin placement, trident/placement.py)."""
+    return -(-ctx.world_size // _ranks_per_gpu(ctx))
 
 
 def _ranks_per_gpu(ctx) -> int:
-    return -(-ctx.world_size // _gpus(ctx)) if ctx.backend == "cuda" else 1
+    """The job's ranks on each GPU: the context's count, except across nodes, where the
+    context counts its node's ranks only (the other nodes' may share the GPU too, as on
+    one machine under TRIDENT_NODE_SIZE): there, from the visible GPUs."""
+    if getattr(ctx, "spans_nodes", False) and ctx.backend == "cuda":
+        return -(-ctx.world_size // min(ctx.world_size, max(1, torch.cuda.device_count())))
+    return getattr(ctx, "ranks_per_device", 1)
 
 
 def default_world(backend: str, cpu: int = 2) -> int:
