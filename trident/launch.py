@@ -28,7 +28,10 @@ from multiprocessing.connection import wait as wait_any
 
 import torch.multiprocessing as mp
 
-from .errors import CommTimeout
+from .errors import CallMismatchError, CommTimeout
+
+# what the ranks' falling out of step raises: a consequence of an error elsewhere
+_OUT_OF_STEP = (CommTimeout, CallMismatchError)
 
 
 def _free_port() -> int:
@@ -67,18 +70,45 @@ def sharing_env(world_size: int, gpus: int):
     return env, daemon, note
 
 
+def _handled_cause(exc: BaseException) -> BaseException | None:
+    """The error an out-of-step error (a timeout, a call mismatch) was raised while
+    handling, if any: a rank that fails and then meets its peers in a collective during
+    cleanup (a `finally` that closes or frees) gets one there, and its first error is what
+    went wrong. Walks exc's __context__ chain for the deepest error that is not out of
+    step itself and was not translated into its successor (`raise ... from None`, as
+    HostTimeout does with the transport's RuntimeError)."""
+    if not isinstance(exc, _OUT_OF_STEP):
+        return None
+    cause, seen = None, set()
+    while exc.__context__ is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        inner = exc.__context__
+        if not isinstance(inner, _OUT_OF_STEP) and not exc.__suppress_context__:
+            cause = inner
+        exc = inner
+    return cause
+
+
 def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str, int]:
     """(the pickled exception or None, its one-line summary, its traceback, its rank as a
     cause: 0 a root cause, 1 a device wait that timed out (names the peer it waited for),
-    2 a host collective that timed out (a consequence of something else))."""
+    2 a host collective that timed out (a consequence of something else)). An error raised
+    while handling another (_handled_cause) names that one and ranks 0."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    summary = f"{type(exc).__name__}: {exc}"
+    level = 0 if not isinstance(exc, CommTimeout) else 2 if exc.peer is None else 1
+    cause = _handled_cause(exc)
+    if cause is not None:
+        first = f"{type(cause).__name__}: {cause}"
+        summary += f" [while handling {first}]"
+        tb = f"(this rank first raised {first}; the error below came while handling it)\n{tb}"
+        level = 0
     try:
         blob = pickle.dumps(exc)
         pickle.loads(blob)
     except Exception:
         blob = None
-    level = 0 if not isinstance(exc, CommTimeout) else 2 if exc.peer is None else 1
-    return blob, f"{type(exc).__name__}: {exc}", tb, level
+    return blob, summary, tb, level
 
 
 def _exit_status(code) -> str:

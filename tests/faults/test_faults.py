@@ -88,6 +88,20 @@ def _one_rank_skips_first_call(ctx, debug):
     ctx.barrier()
 
 
+def _one_rank_fails_then_cleans_up(ctx, debug):
+    """Rank 1 fails a check; its `finally` meets rank 0 in a barrier after rank 0's
+    all_reduce has waited for it in vain."""
+    ctx.debug = debug
+    t = ctx.ones(256)
+    ctx.all_reduce(t)              # first call: plan and workspaces made on both ranks
+    try:
+        if ctx.rank == 1:
+            raise AssertionError("rank 1's check failed")
+        ctx.all_reduce(t)
+    finally:
+        ctx.barrier()
+
+
 def _sizes_in_different_classes(ctx, debug):
     """Staging buffers of different size classes on the two ranks (debug off)."""
     ctx.debug = debug
@@ -109,6 +123,17 @@ def test_one_rank_is_killed():
     exc, text = _fault(_one_rank_is_killed)
     assert "rank 1 process died (killed by SIGKILL)" in text, text
     assert "rank 0" in text and "all_reduce (a call that creates the workspace" in text, text
+
+
+def test_a_failure_before_cleanup_is_named():
+    """The barrier in rank 1's cleanup raises rank 0's timeout on both ranks; the report
+    leads with rank 1's, which names the error it was raised while handling."""
+    exc, text = _fault(_one_rank_fails_then_cleans_up)
+    assert isinstance(exc, td.CommTimeout), text
+    assert "raised on rank 1" in text, text
+    assert "this rank first raised AssertionError: rank 1's check failed" in text, text
+    [rank0] = [line for line in text.splitlines() if line.startswith("rank 0 failed too")]
+    assert "while handling" not in rank0, text       # rank 0 had nothing else to handle
 
 
 def test_one_rank_skips_a_collective():
