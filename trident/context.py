@@ -93,6 +93,7 @@ class Context(HeapMethods, SyncMethods, OpMethods):
             self._heap = CpuHeap(self.heap_size, self.rank, self.world_size, self.group,
                                  self._job_id())
         self._closed = False
+        self._broken = None          # the host collective that failed: the group is unusable
         self._host_step = 0          # host-side collectives made since init / reset
         self._calling = None         # the public op running now (for error messages)
         self.trace_buffer = None     # set while a trace session is active (trident/trace)

@@ -13,8 +13,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .errors import (CallMismatchError, CommTimeout, HeapMismatchError, HostTimeout,
-                     decode_timeout, value_error_message)
+from .errors import (CallMismatchError, CommTimeout, GroupUnusable, HeapMismatchError,
+                     HostTimeout, decode_timeout, value_error_message)
 from .language import sync as _sync
 
 # Host-side copies of the control-block layout (the device side uses tl.constexpr).
@@ -52,7 +52,8 @@ def _words_name(words) -> str:
 class SyncMethods:
     """The synchronisation methods of trident.Context. They use the context's rank,
     world_size, group, backend, device, debug, ctrl, allocator, plans, capturing,
-    _check_open(), _workspaces, _resettable and _host_step (set by Context.__init__)."""
+    _check_open(), _workspaces, _resettable, _host_step and _broken (set by
+    Context.__init__)."""
 
     @property
     def host_timeout_s(self) -> float:
@@ -171,8 +172,10 @@ class SyncMethods:
 
         Raises, on every rank alike, CallMismatchError naming each rank's call when the
         ranks are not in the same call; HostTimeout when a rank does not come within the
-        context's timeout."""
+        context's timeout, after which every later one raises GroupUnusable at once."""
         self._check_open()
+        if self._broken is not None:
+            raise GroupUnusable(self._describe_call(what, detail), self.rank, self._broken)
         payload = [int(p) for p in payload]
         if len(payload) > _PAYLOAD_WORDS:
             raise AssertionError(f"host_exchange payload of {len(payload)} words")
@@ -226,7 +229,8 @@ class SyncMethods:
                 dist.all_gather(device, mine.to(self.device), group=self.group)
                 everyone = device
         except RuntimeError as e:
-            raise HostTimeout(describe(), self.rank, self.host_timeout_s,
+            self._broken = describe()
+            raise HostTimeout(self._broken, self.rank, self.host_timeout_s,
                               str(e).strip()[:200]) from None
         return torch.stack(everyone).tolist()        # one device->host copy
 

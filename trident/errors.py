@@ -91,6 +91,23 @@ class HostTimeout(CommTimeout):
         return HostTimeout, (self.op, self.rank, self.timeout_s, self.detail)
 
 
+class GroupUnusable(CommTimeout):
+    """A host-side collective (or a step between nodes) was asked of a process group
+    that failed earlier -- a HostTimeout or InterNodeError -- after which the group
+    cannot be used again. The call fails at once rather than wait out another timeout;
+    the job's processes must be started again."""
+
+    def __init__(self, op: str, rank: int, earlier: str):
+        self.op, self.rank, self.peer, self.timeout_s, self.earlier = op, rank, None, 0.0, earlier
+        RuntimeError.__init__(
+            self, f"rank {rank}: {op} was not attempted: {earlier} failed earlier on this "
+                  f"rank, and its process group cannot be used after that. End the job's "
+                  f"processes and start them again")
+
+    def __reduce__(self):
+        return GroupUnusable, (self.op, self.rank, self.earlier)
+
+
 class InterNodeError(CommTimeout):
     """A step between nodes (a torch.distributed collective over a rail: one rank per
     node) failed: a rank of another node skipped the call, called another one, failed or

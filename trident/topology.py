@@ -197,10 +197,25 @@ def group_timeout_s(group, default: float) -> float:
     return default if limit is None else limit
 
 
+_GROUP_FAILED: dict = {}        # group -> the call in which it failed (unusable since)
+
+
+def mark_failed(group, what: str) -> None:
+    """Record that a collective over `group` failed (timed out, lost a peer): the group
+    cannot be used again (errors.GroupUnusable)."""
+    _GROUP_FAILED.setdefault(group, what)
+
+
+def failed(group) -> str | None:
+    """The call in which `group` failed, or None."""
+    return _GROUP_FAILED.get(group)
+
+
 def forget_groups(*groups) -> None:
-    """Drop the limits of groups about to be destroyed."""
+    """Drop what is recorded of groups about to be destroyed."""
     for g in groups:
         _GROUP_TIMEOUT_S.pop(g, None)
+        _GROUP_FAILED.pop(g, None)
 
 
 def pool_in_nodes(world_size: int, node_size: int, **pool_options):

@@ -15,6 +15,7 @@ import torch
 
 import trident as td
 from trident.context import CallMismatchError, HostTimeout
+from trident.errors import GroupUnusable
 from trident.launch import RankPool
 
 from .procs import alive
@@ -102,6 +103,19 @@ def _one_rank_fails_then_cleans_up(ctx, debug):
         ctx.barrier()
 
 
+def _reuse_after_host_timeout(ctx):
+    """Rank 1 skips a barrier; rank 0's times out, and its next host collective must fail
+    at once. Returns (seconds that took, its message) on rank 0."""
+    if ctx.rank == 1:
+        return None
+    with pytest.raises(HostTimeout):
+        ctx.barrier()
+    t0 = time.monotonic()
+    with pytest.raises(GroupUnusable) as info:
+        ctx.barrier()
+    return time.monotonic() - t0, str(info.value)
+
+
 def _sizes_in_different_classes(ctx, debug):
     """Staging buffers of different size classes on the two ranks (debug off)."""
     ctx.debug = debug
@@ -177,3 +191,13 @@ def test_sizes_in_different_scratch_classes():
 def test_sizes_in_different_scratch_classes_debug():
     exc, text = _fault(_sizes_in_different_classes, debug=True)
     assert isinstance(exc, ValueError) and "every rank must pass the same sizes" in text, text
+
+
+def test_a_failed_group_is_not_used_again():
+    pool = RankPool(2, backend="cpu", heap_size=4 << 20, timeout=TIMEOUT, run_timeout=120)
+    try:
+        took, text = pool.run(_reuse_after_host_timeout)[0]
+    finally:
+        pool.close(force=True)
+    assert took < 1.0, took
+    assert "rank 0: ctx.barrier() was not attempted: ctx.barrier() failed earlier" in text, text

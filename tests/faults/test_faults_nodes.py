@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from trident.errors import CommTimeout, InterNodeError
+from trident.errors import CommTimeout, GroupUnusable, InterNodeError
 
 from ..nodes import pool_in_nodes
 
@@ -70,6 +70,21 @@ def _rank_of_other_node_dies(ctx):
     ctx.barrier()
 
 
+def _rail_reused_after_failure(ctx):
+    """Node 1 skips an all_reduce: node 0's rail step fails, and the next one over the
+    same rail must fail at once. Returns (seconds, message) on node 0."""
+    t = torch.ones(64)
+    ctx.all_reduce(t, algorithm="hierarchical")       # made on every rank
+    if ctx.topology.node == 1:
+        return None
+    with pytest.raises(InterNodeError):
+        ctx.all_reduce(t, algorithm="hierarchical")
+    t0 = time.monotonic()
+    with pytest.raises(GroupUnusable) as info:
+        ctx.all_reduce(t, algorithm="hierarchical")
+    return time.monotonic() - t0, str(info.value)
+
+
 # ---------------------------------------------------------------- the cases
 def test_node_skips_a_call():
     exc, text = _fault(_node_skips_a_call)
@@ -96,3 +111,19 @@ def test_inter_node_error_pickles():
     e = InterNodeError("all_reduce", 1, [1, 3], 10.0, "Timed out")
     again = pickle.loads(pickle.dumps(e))
     assert str(again) == str(e) and again.ranks == [1, 3] and isinstance(again, CommTimeout)
+    u = GroupUnusable("all_reduce", 2, "ctx.barrier()")
+    again = pickle.loads(pickle.dumps(u))
+    assert str(again) == str(u) and again.earlier == "ctx.barrier()" and again.peer is None
+
+
+def test_a_failed_rail_is_not_used_again():
+    pool = pool_in_nodes(WORLD, NODE, backend="cpu", heap_size=4 << 20, timeout=TIMEOUT,
+                         run_timeout=120)
+    try:
+        results = pool.run(_rail_reused_after_failure)
+    finally:
+        pool.close(force=True)
+    for took, text in results[:NODE]:
+        assert took < 1.0, took
+        assert "all_reduce (its step between nodes) was not attempted" in text, text
+    assert results[NODE:] == [None] * NODE

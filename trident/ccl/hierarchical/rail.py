@@ -20,14 +20,19 @@ def guarded(ctx, group, what: str, fn, *args) -> None:
     """fn(*args), a torch.distributed collective over `group`: a transport error (the
     group's timeout, a peer's connection lost) becomes InterNodeError, named after `what`
     (the op), with this rank and the group's ranks. The group's timeout is the context's
-    host timeout at init (trident/topology.py), the one reported."""
+    host timeout at init (trident/topology.py), the one reported. A group that failed so
+    is not used again: later calls over it raise errors.GroupUnusable at once."""
+    earlier = topology.failed(group)
+    if earlier is not None:
+        raise errors.GroupUnusable(f"{what} (its step between nodes)", dist.get_rank(), earlier)
     try:
         fn(*args)
     except RuntimeError as e:
+        topology.mark_failed(group, f"{what} (its step between nodes)")
         ranks = dist.get_process_group_ranks(group)
         timeout = topology.group_timeout_s(group, ctx.host_timeout_s)
         raise errors.InterNodeError(what, dist.get_rank(), ranks, timeout,
-                             " ".join(str(e).split())[:200]) from None
+                                    " ".join(str(e).split())[:200]) from None
 
 
 def staged(ctx, group) -> bool:
