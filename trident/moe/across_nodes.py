@@ -34,10 +34,11 @@ from __future__ import annotations
 import torch
 
 from ..ccl.hierarchical import rail
+from ..plans import live_key, tensor_key
 from . import fp8 as F8
 from . import rail_route as RR
-from .expert_parallel import Dispatched, PendingCombine, PendingDispatch, check_args
-from .plans import _check_combine, _check_weights
+from .expert_parallel import _IDS, Dispatched, PendingCombine, PendingDispatch, check_args
+from .plans import _check_combine, _check_tokens, _check_weights, cached
 
 
 class ExpertParallelAcrossNodes:
@@ -75,8 +76,9 @@ class ExpertParallelAcrossNodes:
         self._fwd_x = None                 # fp8: the dequantised rows (made at first use)
         self._side = (torch.cuda.Stream(node.device) if node.device.type == "cuda"
                       and not rail.staged(node, topo.rail_group) else None)
-        self._seq = 0
+        self._seq, self._id = 0, next(_IDS)
         self._node_d = self._node_pending = self._combine_pending = self._result = None
+        self._unpack = None                # combine's last step (a plan's run)
         node.register_reset(self)
 
     @staticmethod
@@ -100,19 +102,13 @@ class ExpertParallelAcrossNodes:
                  fp8: bool = False):
         """As ExpertParallel.dispatch: every token to the ranks owning its experts, across
         nodes; returns a Dispatched (or, with wait=False, a PendingDispatch)."""
-        from .plans import _check_tokens
-        ctx, node, r = self.ctx, self.ctx.node, self.rail_rows
-        fp8 = bool(fp8)
-        if fp8:
-            F8.check_hidden(self.hidden_dim)
-        _check_tokens(self, x, topk_idx)
-        T, has_w = x.shape[0], topk_weights is not None
-        if has_w:
-            _check_weights(self, topk_weights, T, "dispatch")
+        ctx, node = self.ctx, self.ctx.node
+        fp8, has_w = bool(fp8), topk_weights is not None
         check = self.validate if validate is None else bool(validate)
-        RR.pack(r, node, x, topk_idx, topk_weights, check, self.num_experts,
-                self.experts_per_node, fp8, RR.grid_programs(node, T), self.node_ep.block_h,
-                self.node_ep.buf.kp)
+        key = ("moe_dispatch_across", self._id, tensor_key(x), tensor_key(topk_idx),
+               tensor_key(topk_weights) if has_w else None, check, fp8, node.capturing())
+        cached(node, key, self._pack_plan, x, topk_idx, topk_weights, check, fp8)()
+        T = x.shape[0]
         side = self._side
         if side is not None and not wait:
             side.wait_stream(torch.cuda.current_stream(node.device))
@@ -130,6 +126,17 @@ class ExpertParallelAcrossNodes:
             ctx.sync()
         return self._result
 
+    def _pack_plan(self, x, topk_idx, w, check: bool, fp8: bool):
+        """dispatch's checks (once per signature, as on one node) and its packing plan."""
+        if fp8:
+            F8.check_hidden(self.hidden_dim)
+        _check_tokens(self, x, topk_idx)
+        if w is not None:
+            _check_weights(self, w, x.shape[0], "dispatch")
+        return RR.pack_plan(self.rail_rows, self.ctx.node, x, topk_idx, w, check,
+                            self.num_experts, self.experts_per_node, fp8,
+                            self.node_ep.block_h, self.node_ep.buf.kp)
+
     def _forward(self, fp8: bool, has_w: bool, wait: bool) -> None:
         """The rail exchange, then the node's dispatch of the rows received (its send half
         only when not `wait`)."""
@@ -142,7 +149,9 @@ class ExpertParallelAcrossNodes:
             if self._fwd_x is None:
                 self._fwd_x = torch.empty(rows, self.hidden_dim, dtype=self.dtype,
                                           device=node.device)
-            x = RR.dequantize(r, node, got, self._fwd_x, self.node_ep.block_h)
+            x = self._fwd_x
+            cached(node, ("moe_dequantize_across", self._id, node.capturing()),
+                   RR.dequantize_plan, r, node, x, self.node_ep.block_h)()
         else:
             x = got["x"]
         res = self.node_ep.dispatch(x, got["ids"], wait=wait, validate=False,
@@ -170,21 +179,17 @@ class ExpertParallelAcrossNodes:
         if d._seq != self._seq or self._node_pending is not None:
             raise ValueError("combine: d is from an earlier dispatch, or its .wait() was not "
                              "called; combine the latest dispatch after its .wait()")
-        T, H, node = d.num_tokens, self.hidden_dim, self.ctx.node
-        if topk_weights is None and not d.has_weights:
+        T, node, has_w = d.num_tokens, self.ctx.node, topk_weights is not None
+        if not has_w and not d.has_weights:
             raise ValueError("combine: topk_weights is needed (dispatch was not given them)")
         if out is None:
-            out = torch.empty(T, H, dtype=self.dtype, device=node.device)
-        elif (not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H)
-              or out.dtype != self.dtype or not out.is_contiguous() or out.device != node.device):
-            raise ValueError(f"combine: out must be a contiguous [{T}, {H}] {self.dtype} "
-                             f"tensor on {node.device}")
-        node_w = None if topk_weights is None else self.rail_rows.weights_recv
-        if topk_weights is not None:
-            _check_weights(self, topk_weights, T, "combine")
-        # expert_y's checks (the node's messages) before anything is sent
-        _check_combine(self.node_ep, expert_y, self._node_d, node_w, self._node_y)
-        if topk_weights is not None:
+            out = torch.empty(T, self.hidden_dim, dtype=self.dtype, device=node.device)
+        key = ("moe_combine_across", self._id, tensor_key(expert_y),
+               tensor_key(topk_weights) if has_w else None, d.has_weights, T, live_key(out),
+               node.capturing())
+        self._unpack = cached(node, key, self._unpack_plan, expert_y, topk_weights, out, T)
+        node_w = self.rail_rows.weights_recv if has_w else None
+        if has_w:
             rail.all_to_all(node, self.topology.rail_group, node_w,
                             RR.pack_weights(self.rail_rows, topk_weights))
         res = self.node_ep.combine(expert_y, self._node_d, node_w, wait=wait, out=self._node_y)
@@ -194,6 +199,21 @@ class ExpertParallelAcrossNodes:
         self._back(out)
         return out
 
+    def _unpack_plan(self, expert_y, w, out, T: int):
+        """combine's checks (once per signature; expert_y's with the node's messages,
+        before anything is sent) and the plan of its last step, the sum at the sender."""
+        node, H = self.ctx.node, self.hidden_dim
+        if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H)
+                or out.dtype != self.dtype or not out.is_contiguous()
+                or out.device != node.device):
+            raise ValueError(f"combine: out must be a contiguous [{T}, {H}] {self.dtype} "
+                             f"tensor on {node.device}")
+        if w is not None:
+            _check_weights(self, w, T, "combine")
+        node_w = None if w is None else self.rail_rows.weights_recv
+        _check_combine(self.node_ep, expert_y, self._node_d, node_w, self._node_y)
+        return RR.unpack_plan(self.rail_rows, node, out, self.node_ep.block_h)
+
     def _combine_recv(self, out: torch.Tensor) -> None:
         pending, self._combine_pending = self._combine_pending, None
         pending.wait()
@@ -202,7 +222,7 @@ class ExpertParallelAcrossNodes:
     def _back(self, out: torch.Tensor) -> None:
         r = self.rail_rows
         rail.all_to_all(self.ctx.node, self.topology.rail_group, r.back[:r.rows], self._node_y)
-        RR.unpack(r, self.ctx.node, out, self.node_ep.block_h)
+        self._unpack((out,))
         if self.ctx.debug:
             self.ctx.sync()
 

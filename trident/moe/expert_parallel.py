@@ -154,11 +154,7 @@ class ExpertParallel:
     # ------------------------------------------------------------------ plans
     def _plan(self, key, build, *args):
         """The plan of `key` (trident/plans.py), built by `build(self, *args)` if new."""
-        plan = self.ctx.plans.get(key)
-        if plan is None:
-            with self.ctx.building(key[0]):
-                plan = self.ctx.plans.put(key, build(self, *args))
-        return plan.run
+        return plans.cached(self.ctx, key, build, self, *args)
 
     def programs(self, work: int) -> int:
         """Programs of a launch (half) with `work` items: at least 1, at most max_programs."""

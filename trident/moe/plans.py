@@ -98,6 +98,16 @@ def _check_combine(ep, expert_y, d, topk_weights, out) -> int:
 
 
 # ---------------------------------------------------------------------------- plans
+def cached(ctx, key, build, *args):
+    """The run of `key`'s plan in ctx's cache, built by build(*args) if new (named after
+    key[0] in the errors of the host collectives its build makes)."""
+    plan = ctx.plans.get(key)
+    if plan is None:
+        with ctx.building(key[0]):
+            plan = ctx.plans.put(key, build(*args))
+    return plan.run
+
+
 def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, args: dict,
             **constexprs) -> None:
     """Add a launch of `kernel` with every parameter taken by name from the ExpertParallel's

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..plans import Live, Plan
 from . import fp8 as F8
 from .routing import expert_ids
 
@@ -147,6 +148,7 @@ class RailRows:
         self.dest = torch.empty(cap, num_nodes, dtype=torch.int64, device=device)
         self.weights_send = torch.empty(self.rows + 1, k, dtype=torch.float32, device=device)
         self.weights_recv = torch.empty(self.rows, k, dtype=torch.float32, device=device)
+        self._views: dict = {}
 
     def reset(self) -> None:
         """After ctx.reset(): counters as at the start (a pack that failed midway could
@@ -155,7 +157,15 @@ class RailRows:
         self.done.zero_()
 
     def views(self, raw: torch.Tensor, n: int, fp8: bool) -> dict:
-        """The parts of the first n rows of `raw` (send or recv) in the layout of `fp8`."""
+        """The parts of the first n rows of `raw` (send or recv) in the layout of `fp8`
+        (made once: the buffers are fixed)."""
+        key = (raw is self.send, n, fp8)
+        parts = self._views.get(key)
+        if parts is None:
+            parts = self._views[key] = self._make_views(raw, n, fp8)
+        return parts
+
+    def _make_views(self, raw: torch.Tensor, n: int, fp8: bool) -> dict:
         R, P, H, k = self.row_bytes[fp8], self.payload_bytes[fp8], self.hidden, self.k
         rows = raw[:n * R].view(n, R)
         parts = dict(rows=rows, ids=rows[:, P:P + 4 * k].view(torch.int32),
@@ -168,21 +178,25 @@ class RailRows:
         return parts
 
 
-def pack(r: RailRows, node, x: torch.Tensor, topk_idx: torch.Tensor, w, check: bool,
-         num_experts: int, experts_per_node: int, fp8: bool, programs: int,
-         block_h: int, kp: int) -> None:
-    """Write tokens x [T, H] (ids topk_idx, weights w or None) into r.send's rows, one row
-    per (token, node it has experts on), and each (token, node)'s row into r.dest[:T]
-    (r.rows where not sent); the rows no token took get ids -1. One launch (pack_kernel),
-    also for T = 0. Bad ids are recorded in `node`'s control block when `check`."""
+def pack_plan(r: RailRows, node, x: torch.Tensor, topk_idx: torch.Tensor, w, check: bool,
+              num_experts: int, experts_per_node: int, fp8: bool, block_h: int,
+              kp: int) -> Plan:
+    """The launch plan (trident/plans.py) that writes tokens x [T, H] (ids topk_idx,
+    weights w or None) into r.send's rows, one row per (token, node it has experts on),
+    and each (token, node)'s row into r.dest[:T] (r.rows where not sent); the rows no
+    token took get ids -1. One launch (pack_kernel), also for T = 0. Bad ids are
+    recorded in `node`'s control block when `check`. The call's tensors are kept as
+    addresses only (the plan's key holds them)."""
     T = x.shape[0]
+    plan = Plan((x, topk_idx, w), "moe_pack")
     send = r.views(r.send, r.rows + 1, fp8)
     words = send["rows"][:, :4].view(torch.int32)      # any 4-byte view: the row base
     q = send["q"].view(torch.int32) if fp8 else words
     sx = send["x"] if not fp8 else x
     if not T:                  # nothing is read: stand-ins with an address
         x, topk_idx, sx = words, words, (send["x"] if not fp8 else words)
-    pack_kernel[(programs,)](
+    plan.launch(
+        pack_kernel, (grid_programs(node, T),),
         x, x.stride(0), topk_idx, topk_idx.stride(0), topk_idx.stride(1),
         x if w is None else w, 0 if w is None else w.stride(0), 0 if w is None else w.stride(1),
         sx, q, send["scale"] if fp8 else words, send["ids"], send["weights"],
@@ -191,6 +205,7 @@ def pack(r: RailRows, node, x: torch.Tensor, topk_idx: torch.Tensor, w, check: b
         r.nodes, r.cap, r.rows, H=r.hidden, K=r.k, KP=kp,
         MP=max(2, triton.next_power_of_2(r.nodes)), HAS_WEIGHTS=w is not None, FP8=fp8,
         BLOCK_H=block_h, FILL_ROWS=64, num_warps=_warps(node))
+    return plan
 
 
 def _warps(node) -> int:
@@ -227,15 +242,17 @@ def unpack_kernel(back, stride_back, dest, out, stride_out, num_tokens, num_node
             tl.store(out + t * stride_out + c + cols, acc.to(out.dtype.element_ty), mask=cm)
 
 
-def unpack(r: RailRows, node, out: torch.Tensor, block_h: int) -> torch.Tensor:
-    """out [T, H] = sum over nodes of the rows r.back returned for each token (fp32
-    accumulation, node order): one launch, no temporaries."""
+def unpack_plan(r: RailRows, node, out: torch.Tensor, block_h: int) -> Plan:
+    """The launch plan of out [T, H] (the call's tensor 0, a Live argument: it may be
+    fresh per call) = the sum over nodes of the rows r.back returned for each token (fp32
+    accumulation, node order): one launch, no temporaries; none for T = 0."""
     T = out.shape[0]
+    plan = Plan((out,), "moe_unpack")
     if T:
-        unpack_kernel[(grid_programs(node, T),)](
-            r.back, r.back.stride(0), r.dest, out, out.stride(0), T, r.nodes, r.rows,
-            H=r.hidden, BLOCK_H=block_h, num_warps=_warps(node))
-    return out
+        plan.launch(unpack_kernel, (grid_programs(node, T),), r.back, r.back.stride(0), r.dest,
+                    Live(0), out.stride(0), T, r.nodes, r.rows, H=r.hidden, BLOCK_H=block_h,
+                    num_warps=_warps(node))
+    return plan
 
 
 @triton.jit
@@ -256,13 +273,16 @@ def dequantize_kernel(q, stride_q, scale, stride_s, ids, stride_ids, out, stride
                          F8.dequantized(bits, s, out.dtype.element_ty))
 
 
-def dequantize(r: RailRows, node, got: dict, out: torch.Tensor, block_h: int) -> torch.Tensor:
-    """The rows received in fp8 (r.views(..., fp8=True)) as out [rows, H] in the dtype:
-    one launch over the rows in use. H is a multiple of 128, so block_h (buffers.block_h:
-    the largest power of two wasting nothing) divides it: no masks."""
-    rows = got["q"].shape[0]
-    dequantize_kernel[(grid_programs(node, rows),)](
-        got["q"], got["q"].stride(0), got["scale"], got["scale"].stride(0), got["ids"],
-        got["ids"].stride(0), out, out.stride(0), rows, H=r.hidden, K=r.k,
-        KP=max(2, triton.next_power_of_2(r.k)), BLOCK_H=block_h, num_warps=_warps(node))
-    return out
+def dequantize_plan(r: RailRows, node, out: torch.Tensor, block_h: int) -> Plan:
+    """The launch plan that turns the rows received in fp8 (r.recv in the fp8 layout)
+    into out [rows, H] in the dtype: one launch over the rows in use. H is a multiple of
+    128, so block_h (buffers.block_h: the largest power of two wasting nothing) divides
+    it: no masks."""
+    got = r.views(r.recv, r.rows, True)
+    plan = Plan((), "moe_dequantize")
+    plan.launch(dequantize_kernel, (grid_programs(node, r.rows),), got["q"],
+                got["q"].stride(0), got["scale"], got["scale"].stride(0), got["ids"],
+                got["ids"].stride(0), out, out.stride(0), r.rows, H=r.hidden, K=r.k,
+                KP=max(2, triton.next_power_of_2(r.k)), BLOCK_H=block_h,
+                num_warps=_warps(node))
+    return plan
