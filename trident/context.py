@@ -93,7 +93,6 @@ class Context(HeapMethods, SyncMethods, OpMethods):
             self._heap = CpuHeap(self.heap_size, self.rank, self.world_size, self.group,
                                  self._job_id())
         self._closed = False
-        self._broken = None          # the host collective that failed: the group is unusable
         self._host_step = 0          # host-side collectives made since init / reset
         self._calling = None         # the public op running now (for error messages)
         self.trace_buffer = None     # set while a trace session is active (trident/trace)
@@ -114,6 +113,7 @@ class Context(HeapMethods, SyncMethods, OpMethods):
         self.heap_bases = torch.tensor(self._heap.bases, dtype=torch.int64, device=self.device)
         self.ctrl = self.zeros(CTRL_WORDS, dtype=torch.int64)
         self._persistent.add(0)
+        self._init_errors()
         self.set_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
         self.barrier()
         self._register_name()
@@ -191,11 +191,15 @@ class Context(HeapMethods, SyncMethods, OpMethods):
             raise RuntimeError("this trident Context is closed")
 
     def close(self) -> None:
-        """Release the heap. Tensors from this context must not be used afterwards."""
+        """Release the heap. Tensors from this context must not be used afterwards.
+        A failure this rank already raised (and did not reset) is not raised again."""
         if self._closed:
             return
         try:
             self.barrier()
+        except Exception:
+            if self._failure is None:
+                raise
         finally:
             self._closed = True
             self.plans.clear()

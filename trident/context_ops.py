@@ -34,8 +34,12 @@ class _Building:
     def __enter__(self):
         self.prev, self.ctx._calling = self.ctx._calling, self.name
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, exc, tb):
         self.ctx._calling = self.prev
+        if exc is not None and not isinstance(exc, KeyboardInterrupt):
+            # this rank will not launch the call: peers already waiting in it for this
+            # rank stop at once and name this error (trident/context_sync.py)
+            self.ctx._publish(exc)
 
 
 class OpMethods:
@@ -46,7 +50,8 @@ class OpMethods:
     def building(self, name: str):
         """Context manager around a plan's build: names the op in the errors of the host
         collectives it makes (a workspace that does not fit, a rank that skipped the op's
-        first call). Only builds pay for it; a warm call does not."""
+        first call), and publishes an error the build raises to the peers. Only builds pay
+        for it; a warm call does not."""
         return _Building(self, name)
 
     def all_gather(self, out, inp, **options):

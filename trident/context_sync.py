@@ -13,14 +13,18 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from .errors import (CallMismatchError, CommTimeout, GroupUnusable, HeapMismatchError,
-                     HostTimeout, decode_timeout, value_error_message)
+from . import topology
+from .errors import (CallMismatchError, GroupUnusable, HeapMismatchError, HostTimeout,
+                     PeerFailed, decode_timeout, device_error, value_error_message)
 from .language import sync as _sync
 
 # Host-side copies of the control-block layout (the device side uses tl.constexpr).
-CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS = (
-    int(getattr(c, "value", c)) for c in (_sync.CTRL_ERROR, _sync.CTRL_TIMEOUT, _sync.CTRL_WORDS,
-                                          _sync.MAX_RANKS))
+(CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, CTRL_FAILED, CTRL_HOST_WORD, CTRL_BASES,
+ CTRL_TEXT, CTRL_TEXT_WORDS) = (
+    int(getattr(c, "value", c)) for c in (
+        _sync.CTRL_ERROR, _sync.CTRL_TIMEOUT, _sync.CTRL_WORDS, _sync.MAX_RANKS,
+        _sync.CTRL_FAILED, _sync.CTRL_HOST_WORD, _sync.CTRL_BASES, _sync.CTRL_TEXT,
+        _sync.CTRL_TEXT_WORDS))
 
 # Host-side collectives of a context (barrier, workspace creation, debug-mode agreement
 # checks, reset) all begin with one all_gather of a header of this fixed size: which call
@@ -52,8 +56,72 @@ def _words_name(words) -> str:
 class SyncMethods:
     """The synchronisation methods of trident.Context. They use the context's rank,
     world_size, group, backend, device, debug, ctrl, allocator, plans, capturing,
-    _check_open(), _workspaces, _resettable, _host_step and _broken (set by
-    Context.__init__)."""
+    _check_open(), _workspaces, _resettable, _host_step, _error_view and _failure (set by
+    Context.__init__).
+
+    Errors and the state they leave (README "Reliability"):
+    - a device wait that gave up (timeout, a peer that failed, a call that differs)
+      records a code in the rank's error word; the host reads it without a device sync
+      (`_error_view`: the control block on the CPU emulation, its pinned mirror on GPUs),
+      so the next call on the rank raises it at once (PlanCache.get), as do sync() and
+      barrier(). That failure is sticky (`_failure`) until reset(): the rank's device state
+      (epochs, flags) is out of step with its peers';
+    - every error raised to the caller is also published to the peers (`_publish`): a
+      count of errors and the message in the rank's control block, so that a peer whose
+      kernel waits for this rank stops at once with PeerFailed naming the cause, instead
+      of timing out. Ranks that fail alike keep equal counts and do not stop each other.
+    """
+
+    def _init_errors(self) -> None:
+        """The control block's error plumbing (called by Context.__init__ once `ctrl`
+        exists): every rank's heap base (so a wait can read its peer's error words), the
+        word the host reads without a sync, and the hot path's check of it."""
+        self.ctrl[CTRL_BASES:CTRL_BASES + self.world_size] = self.heap_bases
+        if self.backend == "cuda":
+            # pinned host memory is mapped into the device's address space (UVA): waits
+            # store their error code there too, and the host reads it with no sync
+            self._host_error = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+            self.ctrl[CTRL_HOST_WORD] = self._host_error.data_ptr()
+            words = self._host_error.numpy()
+        else:       # the interpreter runs kernels on the host: the block itself
+            words = self.ctrl.numpy()
+        # a memoryview of int64: an element read costs ~50 ns (a numpy element ~300)
+        self._error_view = memoryview(words).cast("B").cast("q")
+        self._failure = None
+        self.plans.watch(self._error_view, self._raise_failure)
+
+    def _raise_failure(self, word: int | None = None):
+        """Raise this rank's device failure: the first one (sticky until reset) or the one
+        the error word records now (`word`, else the host-visible word)."""
+        if self._failure is None:
+            word = int(self._error_view[CTRL_ERROR]) if word is None else word
+            cause = ""
+            if (word >> 48) & 0xFF == 1:          # PeerFailed: the peer's own message
+                cause = self._peer_message(decode_timeout(word)[2])
+            self._failure = device_error(word, self.timeout_s, cause)
+            self._publish(self._failure)
+        raise self._failure
+
+    def _publish(self, exc: BaseException) -> None:
+        """Tell the peers that this rank raised `exc`: its message, then one more error in
+        the count their waits compare with their own (language/sync.py). Not while a CUDA
+        graph is captured (the writes would become part of the graph)."""
+        if self._closed or self.capturing():
+            return
+        text = f"{type(exc).__name__} on rank {self.rank}: {exc}".encode()[:8 * CTRL_TEXT_WORDS - 1]
+        words = torch.frombuffer(bytearray(text.ljust(8 * CTRL_TEXT_WORDS, b"\0")),
+                                 dtype=torch.int64)
+        self.ctrl[CTRL_TEXT:CTRL_TEXT + CTRL_TEXT_WORDS].copy_(words)
+        self.ctrl[CTRL_FAILED:CTRL_FAILED + 1].add_(1)     # after the text, in stream order
+
+    def _peer_message(self, peer: int) -> str:
+        """The message of the last error rank `peer` published (read from its control
+        block; a copy over the link on GPUs: an error path only)."""
+        try:
+            words = self._heap.peer_view(peer, self.ctrl, CTRL_TEXT, CTRL_TEXT_WORDS).cpu()
+            return bytes(words.numpy().tobytes()).rstrip(b"\0").decode(errors="replace")
+        except Exception:         # the message is a courtesy: never hide the failure
+            return ""
 
     @property
     def host_timeout_s(self) -> float:
@@ -79,10 +147,8 @@ class SyncMethods:
         self._raise_value_error(value)
 
     def _raise_if_timed_out(self, word: int) -> None:
-        if word:
-            self.ctrl[CTRL_ERROR] = 0
-            op, rank, peer = decode_timeout(word)
-            raise CommTimeout(op, rank, peer, self.timeout_s)
+        if word or self._failure is not None:
+            self._raise_failure(word)
 
     def _error_words(self) -> tuple[int, list[int]]:
         """This rank's timeout word and bad-value record (kind, 4 words; see
@@ -98,14 +164,18 @@ class SyncMethods:
             if rank is None:
                 first = int(_sync.CTRL_VALUE_ERROR)
                 self.ctrl[first:first + 5] = 0
-            raise ValueError(value_error_message(record[0], record[1:],
+            exc = ValueError(value_error_message(record[0], record[1:],
                                                  self.rank if rank is None else rank))
+            if rank is None:
+                self._publish(exc)
+            raise exc
 
     def after_op(self) -> None:
-        """Called by every op after its launch: in debug mode, synchronise and check errors
-        (not while a CUDA graph is captured: a sync there invalidates the capture)."""
+        """Called by every op after its launch: in debug mode, synchronise and check every
+        rank's errors, so that all ranks raise at this call (not while a CUDA graph is
+        captured: a sync there invalidates the capture)."""
         if self.debug and not self.capturing():
-            self.sync()
+            self._barrier("debug check")
 
     def barrier(self) -> None:
         """Host barrier: finishes device work, checks every rank's error words (timeouts
@@ -142,10 +212,12 @@ class SyncMethods:
         self.allocator.log.clear()
         if errors[self.rank]:
             self._raise_if_timed_out(errors[self.rank])
-        for word in errors:
+        for rank, word in enumerate(errors):
             if word:
-                op, rank, peer = decode_timeout(word)
-                raise CommTimeout(op, rank, peer, self.timeout_s)
+                kind = (word >> 48) & 0xFF
+                raise device_error(word, self.timeout_s,
+                                   self._peer_message(decode_timeout(word)[2]) if kind == 1
+                                   else "")
         # a bad input value on any rank: every rank raises (its own record first), so
         # that callers that go on to collective work (frees) stay in step
         self._raise_value_error(value)
@@ -174,8 +246,9 @@ class SyncMethods:
         ranks are not in the same call; HostTimeout when a rank does not come within the
         context's timeout, after which every later one raises GroupUnusable at once."""
         self._check_open()
-        if self._broken is not None:
-            raise GroupUnusable(self._describe_call(what, detail), self.rank, self._broken)
+        earlier = topology.failed(self.group)     # a group that failed once stays unusable
+        if earlier is not None:
+            raise GroupUnusable(self._describe_call(what, detail), self.rank, earlier)
         payload = [int(p) for p in payload]
         if len(payload) > _PAYLOAD_WORDS:
             raise AssertionError(f"host_exchange payload of {len(payload)} words")
@@ -229,8 +302,8 @@ class SyncMethods:
                 dist.all_gather(device, mine.to(self.device), group=self.group)
                 everyone = device
         except RuntimeError as e:
-            self._broken = describe()
-            raise HostTimeout(self._broken, self.rank, self.host_timeout_s,
+            topology.mark_failed(self.group, describe())
+            raise HostTimeout(describe(), self.rank, self.host_timeout_s,
                               str(e).strip()[:200]) from None
         return torch.stack(everyone).tolist()        # one device->host copy
 
@@ -255,14 +328,29 @@ class SyncMethods:
 
     def reset(self) -> None:
         """Collective: after a failure, bring error words, epochs and flags back to zero on
-        every rank so the context can be used again."""
+        every rank so that the context can be used again: the next correct call is right.
+
+        The heap itself cannot be repaired: if the ranks' live heap blocks differ (a rank
+        allocated a size the others did not), reset raises HeapMismatchError naming the
+        first difference, and every call raises it again until the ranks free what differs
+        and call reset() once more."""
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
-        self.host_exchange("reset", check_step=False)
+        blocks = sorted((o, self.allocator.length(o)) for o in self.allocator.live_offsets())
+        table, _ = self.host_exchange("reset", [_digest(blocks)], check_step=False)
         self._host_step = 0
+        if len({row[0] for row in table}) > 1:
+            everyone = [None] * self.world_size
+            dist.all_gather_object(everyone, blocks, group=self.group)
+            self._fail_sticky(_heap_difference(everyone))
+            raise self._failure
         self.plans.clear()
         self.ctrl.zero_()
+        self._error_view[CTRL_ERROR] = 0
+        self._failure = None
         self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
+        self._init_errors()
+        self.allocator.restart_log()      # the heaps agree: compare from here on
         for ws in list(self._workspaces.values()) + [r() for r in self._resettable]:
             if ws is not None and hasattr(ws, "reset"):
                 ws.reset()
@@ -271,3 +359,25 @@ class SyncMethods:
         self.host_exchange("reset", check_step=False)
         self._host_step = 0
 
+    def _fail_sticky(self, exc: BaseException) -> None:
+        """Make every later call on this rank raise `exc` at once, until a reset works."""
+        self._failure = exc
+        if not self._error_view[CTRL_ERROR]:
+            self._error_view[CTRL_ERROR] = _sync.ERROR_MARK
+
+
+def _heap_difference(everyone: list) -> HeapMismatchError:
+    """The first difference between the ranks' live heap blocks ((offset, bytes) lists)."""
+    ref = everyone[0]
+    for rank, blocks in enumerate(everyone[1:], 1):
+        if blocks != ref:
+            mine, theirs = set(ref) - set(blocks), set(blocks) - set(ref)
+            first = min(mine | theirs)
+            where = ("rank 0" if first in mine else f"rank {rank}")
+            return HeapMismatchError(
+                f"reset: the ranks' symmetric heaps differ: {where} holds a block of "
+                f"{first[1]} bytes at offset {first[0]} that "
+                f"{'rank ' + str(rank) if first in mine else 'rank 0'} does not. A heap that "
+                f"differs cannot be repaired: free the tensors that were allocated with "
+                f"different sizes (ctx.free on every rank), then call ctx.reset() again")
+    return HeapMismatchError("reset: the ranks' symmetric heaps differ")

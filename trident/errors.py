@@ -33,6 +33,23 @@ def decode_timeout(word: int) -> tuple[str, int, int]:
     return OP_NAMES.get(op, f"op#{op}"), (word >> 16) & 0xFFFF, word & 0xFFFF
 
 
+# What a failed device wait found (bits 48..55 of the error word; language/sync.py KIND_*)
+KIND_TIMEOUT, KIND_PEER_FAILED, KIND_MISMATCH = 0, 1, 2
+
+
+def device_error(word: int, timeout_s: float, cause: str = "") -> "CommTimeout":
+    """The exception for a nonzero error word: CommTimeout (the peer never signalled),
+    PeerFailed (the peer had failed: `cause` is its message, when known) or CallMismatch
+    (the peer's call differs from this rank's)."""
+    op, rank, peer = decode_timeout(word)
+    kind = (word >> 48) & 0xFF
+    if kind == KIND_PEER_FAILED:
+        return PeerFailed(op, rank, peer, cause)
+    if kind == KIND_MISMATCH:
+        return CallMismatch(op, rank, peer)
+    return CommTimeout(op, rank, peer, timeout_s)
+
+
 # Kinds of bad input values a kernel can record in the control block (language/sync.py:
 # CTRL_VALUE_ERROR, then four argument words). Kernels drop such values; the host turns the
 # record into a ValueError at the next ctx.sync() / ctx.barrier(). Append only.
@@ -125,3 +142,36 @@ class InterNodeError(CommTimeout):
 
     def __reduce__(self):
         return InterNodeError, (self.op, self.rank, self.ranks, self.timeout_s, self.detail)
+
+
+class PeerFailed(CommTimeout):
+    """A device wait gave up because the rank it waited for had failed: that rank raised
+    an error in this call (bad input, a heap that is full, ...) or an earlier one, or one
+    of its own waits gave up. The message carries the peer's error where it is known."""
+
+    def __init__(self, op: str, rank: int, peer: int, cause: str = ""):
+        self.op, self.rank, self.peer, self.timeout_s, self.cause = op, rank, peer, 0.0, cause
+        RuntimeError.__init__(
+            self, f"rank {rank}: {op} stopped: rank {peer}, which it waited for, failed"
+                  + (f" ({cause})" if cause else "")
+                  + ". Outputs of this call are not valid; call ctx.reset() on every rank")
+
+    def __reduce__(self):
+        return PeerFailed, (self.op, self.rank, self.peer, self.cause)
+
+
+class CallMismatch(CommTimeout):
+    """Ranks met in one collective kernel with different calls: a size, dtype, reduction,
+    algorithm or op that differs (found on the device, from a fingerprint of the call that
+    travels with the signals peers wait on). Every rank of the pair raises it."""
+
+    def __init__(self, op: str, rank: int, peer: int):
+        self.op, self.rank, self.peer, self.timeout_s = op, rank, peer, 0.0
+        RuntimeError.__init__(
+            self, f"rank {rank}: {op}: rank {peer} made a different call at the same point "
+                  f"(another size, dtype, reduction, algorithm or op). Every rank must make "
+                  f"the same calls with the same sizes; outputs of this call are not valid; "
+                  f"call ctx.reset() on every rank")
+
+    def __reduce__(self):
+        return CallMismatch, (self.op, self.rank, self.peer)

@@ -202,7 +202,8 @@ _GROUP_FAILED: dict = {}        # group -> the call in which it failed (unusable
 
 def mark_failed(group, what: str) -> None:
     """Record that a collective over `group` failed (timed out, lost a peer): the group
-    cannot be used again (errors.GroupUnusable)."""
+    cannot be used again (errors.GroupUnusable). Any process group: a context's own (its
+    host exchanges, trident/context_sync.py) as well as the rails."""
     _GROUP_FAILED.setdefault(group, what)
 
 

@@ -39,7 +39,8 @@ DIVISIBLE_BY_16 = [["tt.divisibility", 16]]
 I32, I64, P8, P16, P32, P64 = "i32", "i64", "*i8", "*i16", "*i32", "*i64"
 PF32, PBF16, PF16 = "*fp32", "*bf16", "*fp16"
 # the arguments most kernels share
-COMMON = dict(ctrl=P64, heap_bases=P64, trace_buf=P64, rank=I32, world_size=I32, world=I32)
+COMMON = dict(ctrl=P64, heap_bases=P64, trace_buf=P64, rank=I32, world_size=I32, world=I32,
+              fp=I32)      # fp: the collectives' call fingerprint (ccl/device.py)
 
 
 # The most shared memory one block may have on sm_90 (227 KB): a kernel that asks for more

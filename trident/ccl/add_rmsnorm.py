@@ -42,7 +42,8 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from . import common, nccl
-from .device import DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, reduce_slots, scratch_half
+from .device import (DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, fingerprint, poison,
+                     reduce_slots, scratch_half)
 from ..plans import Live, Plan, tensor_key
 
 NAME = "all_reduce_add_rmsnorm"
@@ -55,7 +56,7 @@ CPU_MAX_BLOCK = 256
 
 @triton.jit
 def _add_rmsnorm_kernel(x, residual, weight, out, scratch, flags, sync, ctrl, heap_bases,
-                        trace_buf, rank, world_size, rows, hidden, stride, half, eps,
+                        trace_buf, rank, world_size, rows, hidden, stride, half, eps, fp,
                         BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -72,8 +73,8 @@ def _add_rmsnorm_kernel(x, residual, weight, out, scratch, flags, sync, ctrl, he
                 tdl.store(slots + rank * stride + offs, v, rank, (rank + i) % world_size,
                           heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
-             OP_ALL_REDUCE, trace_buf, TRACE)
+    ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
+                  OP_ALL_REDUCE, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for row in range(pid, rows, nprog):
         base = row * hidden
@@ -81,7 +82,8 @@ def _add_rmsnorm_kernel(x, residual, weight, out, scratch, flags, sync, ctrl, he
         for c in range(0, hidden, BLOCK):
             offs = base + c + tl.arange(0, BLOCK)
             mask = offs < base + hidden
-            s = reduce_slots(x, slots, stride, offs, mask, rank, world_size, SUM)
+            # a failed exchange leaves NaN in the residual and the output (poison)
+            s = poison(reduce_slots(x, slots, stride, offs, mask, rank, world_size, SUM), ok)
             r = tl.load(residual + offs, mask=mask).to(tl.float32) + s
             r = r.to(residual.dtype.element_ty)
             tl.store(residual + offs, r, mask=mask)
@@ -216,4 +218,5 @@ def _one_shot(ctx, plan, rows, hidden, x, eps, fresh, block, programs):
     plan.launch(
         _add_rmsnorm_kernel, (grid,), x, plan.tensors[1], plan.tensors[2], out, slots,
         st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
-        rows, hidden, stride, slots.numel() // 2, eps, BLOCK=block, TRACE=trace, **options)
+        rows, hidden, stride, slots.numel() // 2, eps,
+        fingerprint(_add_rmsnorm_kernel, rows, hidden, str(x.dtype), eps), BLOCK=block, TRACE=trace, **options)

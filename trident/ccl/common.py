@@ -23,7 +23,7 @@ class State:
 
     def __init__(self, ctx):
         self.sync = ctx.zeros(2, dtype=torch.int64)
-        self.flags = ctx.zeros(device.NUM_PHASES * device.MAX_RANKS
+        self.flags = ctx.zeros(device.NUM_REGIONS * device.MAX_RANKS
                                * device.MAX_PROGRAMS, dtype=torch.int64)
         self.a2a_meta = ctx.zeros(2 * device.MAX_RANKS, dtype=torch.int64)
         self.a2a_check = ctx.zeros(1, dtype=torch.int64)

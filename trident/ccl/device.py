@@ -30,6 +30,17 @@ exchange. The world size is a constexpr (WORLD) in these kernels, so that loops 
 ranks unroll: `peer_ptrs` translates every rank's pointer once per program, and
 `reduce_peers` issues the loads of all ranks before combining them.
 
+Call fingerprints. Ranks that meet in one launch must have made the same call: a rank
+that all-reduces 100 elements while its peer all-reduces 200 would otherwise pair up
+with it and return half-reduced data. Each launch carries `fp`, a fingerprint of the call
+(kernel, sizes, dtype, reduction: `fingerprint` below, computed once per plan), and every
+`notify` stores it beside the flag, in a slot of the launch's parity (a peer can be one
+launch ahead, never two). `wait_for` compares the peer's fingerprint with its own after
+the wait; a difference records CallMismatch in the error word on both ranks of the pair.
+The waits' results say whether the launch may trust what peers sent: a program whose
+wait failed writes `poison` (NaN, or all bits set for integers) into the outputs it owns,
+so a failed call never returns plausible data.
+
 Scratch halves. Kernels that push into a peer's scratch buffer use half `epoch % 2`:
 the first or second half of the whole buffer, a fixed byte range whatever the op and its
 slot stride (ops of different sizes share a buffer; halves derived from a per-op stride
@@ -38,6 +49,8 @@ Every launch waits for at least one signal that each peer sent in that same laun
 a rank can be at most one launch ahead of any peer: half `epoch % 2` is free again when
 launch `epoch + 2` writes it.
 """
+import hashlib
+
 import triton
 import triton.language as tl
 
@@ -51,6 +64,8 @@ ARRIVE = tl.constexpr(0)              # "I entered this launch": my buffers may 
 DATA = tl.constexpr(1)                # "my data for you is in place"
 DONE = tl.constexpr(2)                # "I no longer read or write your buffers"
 NUM_PHASES = tl.constexpr(3)
+FP_REGION = tl.constexpr(3)           # two regions after the phases: fingerprints by parity
+NUM_REGIONS = tl.constexpr(5)         # the flags buffer: phases, then fingerprints
 # Op codes that a timed-out wait records (trident/errors.py OP_NAMES), by collective.
 OP_ALL_GATHER = tl.constexpr(OP_CODES["all_gather"])
 OP_REDUCE_SCATTER = tl.constexpr(OP_CODES["reduce_scatter"])
@@ -153,28 +168,79 @@ def _flag(flags, phase, src):
 
 
 @triton.jit
-def notify(flags, phase: tl.constexpr, epoch, rank, peer, heap_bases):
+def _fp_slot(flags, epoch, src):
+    return _flag(flags, FP_REGION + epoch % 2, src)
+
+
+@triton.jit
+def notify(flags, phase: tl.constexpr, epoch, rank, peer, heap_bases, fp):
     """Tell `peer` (release, after every store of this program) that this program of
-    `rank` reached `phase` of launch `epoch`."""
+    `rank` reached `phase` of launch `epoch`, in a call of fingerprint `fp`."""
+    tdl.store(_fp_slot(flags, epoch, rank), fp.to(tl.int64), rank, peer, heap_bases)
     tdl.signal(_flag(flags, phase, rank), epoch, rank, peer, heap_bases)
 
 
 @triton.jit
-def wait_for(flags, phase: tl.constexpr, epoch, src, ctrl, rank, op: tl.constexpr):
-    """Wait (acquire, bounded) until program of the same id on `src` reached `phase`."""
-    tdl.wait(_flag(flags, phase, src), epoch, ctrl, rank, src, op)
+def wait_for(flags, phase: tl.constexpr, epoch, src, ctrl, rank, op: tl.constexpr, fp):
+    """Wait (acquire, bounded) until program of the same id on `src` reached `phase`;
+    True if it did, in a call of the same fingerprint `fp` (else CallMismatch is recorded)."""
+    ok = tdl.wait(_flag(flags, phase, src), epoch, ctrl, rank, src, op)
+    same = tl.load(_fp_slot(flags, epoch, src), volatile=True) == fp.to(tl.int64)
+    if ok & (not same):
+        tdl.record_error(ctrl, rank, src, op, tdl.KIND_MISMATCH)
+    return ok & same
 
 
 @triton.jit
-def notify_all(flags, phase: tl.constexpr, epoch, rank, world_size, heap_bases):
+def notify_all(flags, phase: tl.constexpr, epoch, rank, world_size, heap_bases, fp):
     for i in range(1, world_size):
-        notify(flags, phase, epoch, rank, (rank + i) % world_size, heap_bases)
+        notify(flags, phase, epoch, rank, (rank + i) % world_size, heap_bases, fp)
 
 
 @triton.jit
-def wait_all(flags, phase: tl.constexpr, epoch, ctrl, rank, world_size, op: tl.constexpr):
+def wait_all(flags, phase: tl.constexpr, epoch, ctrl, rank, world_size, op: tl.constexpr, fp):
+    """wait_for every peer; True if every wait succeeded."""
+    ok = tl.cast(1, tl.int1)      # not tl.full([]): Gluon's full needs a layout
     for i in range(1, world_size):
-        wait_for(flags, phase, epoch, (rank + i) % world_size, ctrl, rank, op)
+        ok = ok & wait_for(flags, phase, epoch, (rank + i) % world_size, ctrl, rank, op, fp)
+    return ok
+
+
+@triton.jit
+def _all_ones(x):
+    """All bits set, in x's dtype: NaN in every floating format, -1 as a signed integer."""
+    if x.dtype.is_floating():
+        bad = x * float("nan")
+    else:
+        bad = ~(x ^ x)
+    return bad
+
+
+@triton.jit
+def poison(x, ok):
+    """`x` where the launch's waits succeeded (`ok`), else all bits set (`_all_ones`):
+    what a failed call leaves in its outputs."""
+    return tl.where(ok, x, _all_ones(x))
+
+
+@triton.jit
+def poison_out(out, n, BLOCK: tl.constexpr):
+    """Fill this program's blocks of out[:n] with all bits set: the outputs of a launch
+    whose first exchange failed, which therefore moved no data."""
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        tl.store(out + offs, _all_ones(tl.load(out + offs, mask=mask)), mask=mask)
+
+
+def fingerprint(kernel, *parts) -> int:
+    """The call's fingerprint for `fp` (host side, once per plan): the kernel (algorithm
+    and op) and `parts` (sizes, dtypes, reduction, root: what every rank's call must
+    share). An odd 31-bit value other than 1, so Triton compiles the argument once."""
+    name = getattr(getattr(kernel, "fn", kernel), "__qualname__", str(kernel))
+    module = getattr(getattr(kernel, "fn", kernel), "__module__", "")
+    digest = hashlib.blake2b(repr((module, name, parts)).encode(), digest_size=4).digest()
+    return (int.from_bytes(digest, "little") & 0x3FFFFFFF) | 0x40000001
 
 
 @triton.jit
@@ -239,10 +305,11 @@ def reduce_peers(ptrs, oks, offs, mask, WORLD: tl.constexpr, OP: tl.constexpr,
 
 @triton.jit
 def exchange(flags, phase: tl.constexpr, epoch, ctrl, rank, world_size, heap_bases,
-             op: tl.constexpr, trace_buf, TRACE: tl.constexpr):
+             op: tl.constexpr, fp, trace_buf, TRACE: tl.constexpr):
     """Tell every peer this program reached `phase`, then wait until all of them did
-    (traced as one WAIT)."""
+    (traced as one WAIT). True if every peer came, in a call of fingerprint `fp`."""
     t0 = trd.begin(TRACE)
-    notify_all(flags, phase, epoch, rank, world_size, heap_bases)
-    wait_all(flags, phase, epoch, ctrl, rank, world_size, op)
+    notify_all(flags, phase, epoch, rank, world_size, heap_bases, fp)
+    ok = wait_all(flags, phase, epoch, ctrl, rank, world_size, op, fp)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    return ok

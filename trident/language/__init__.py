@@ -17,11 +17,13 @@ GPU grid free of deadlock when it is larger than what fits on the chip at once.
 from .epoch import last_program_out, launch_epoch
 from .rma import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or,
                   atomic_xchg, atomic_xor, get, load, put, store, translate)
-from .sync import (CTRL_WORDS, MAX_RANKS, backoff, barrier, fence_async_proxy, load_acquire,
+from .sync import (CTRL_WORDS, KIND_MISMATCH, KIND_PEER_FAILED, KIND_TIMEOUT, MAX_RANKS,
+                   backoff, barrier, fence_async_proxy, load_acquire, peer_failed, record_error,
                    signal, timestamp, wait)
 
 __all__ = ["translate", "load", "store", "get", "put", "atomic_add", "atomic_cas",
            "atomic_xchg", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor",
            "signal", "wait", "barrier", "timestamp", "backoff", "load_acquire",
-           "fence_async_proxy",
+           "fence_async_proxy", "record_error", "peer_failed", "KIND_TIMEOUT",
+           "KIND_PEER_FAILED", "KIND_MISMATCH",
            "launch_epoch", "last_program_out", "CTRL_WORDS", "MAX_RANKS"]

@@ -11,6 +11,18 @@ after a wait agree across warps.
 Every wait is bounded: past the context's timeout it records (op, rank, peer) in the
 rank's error word and returns False; the host then raises trident.CommTimeout. Once the
 error word is set, later waits return at once, so a missing peer costs one timeout.
+
+A wait also gives up at once, recording PEER_FAILED, when the peer it waits for has
+failed: its own error word is set (one of its waits gave up) or it has raised more errors
+on the host than this rank has (CTRL_FAILED: a call that failed its checks on that rank
+only, so it never launched). Ranks that fail together keep equal counts and do not stop
+each other. The peer's control block is found through CTRL_BASES (heap bases, copied into
+the block by the host), so `wait` needs nothing but `ctrl`. The peer is polled once every
+PEER_POLL rounds of backoff, so that a healthy wait adds no traffic to the link.
+
+On GPUs the host reads the error word without a device sync: a failing wait also stores
+its code into a word of pinned host memory whose address is CTRL_HOST_WORD (0 on the CPU
+emulation, where the host reads the control block itself).
 """
 import triton
 import triton.language as tl
@@ -34,9 +46,46 @@ MAX_RANKS = tl.constexpr(64)
 # Bad values are dropped by the kernel; the host raises ValueError at the next sync.
 CTRL_VALUE_ERROR = tl.constexpr(8 + 64)
 CTRL_VALUE_ARGS = tl.constexpr(8 + 64 + 1)
-CTRL_WORDS = tl.constexpr(8 + 64 + 8)
+CTRL_FAILED = tl.constexpr(8 + 64 + 5)      # errors this rank raised on the host since reset
+CTRL_HOST_WORD = tl.constexpr(8 + 64 + 6)   # address of the pinned mirror of CTRL_ERROR, or 0
+CTRL_BASES = tl.constexpr(8 + 64 + 8)       # heap base of every rank, in this process
+CTRL_TEXT = tl.constexpr(8 + 64 + 8 + 64)   # the last host error's message (512 bytes)
+CTRL_TEXT_WORDS = tl.constexpr(64)
+CTRL_WORDS = tl.constexpr(8 + 64 + 8 + 64 + 64)
 
 _ERROR_FLAG = tl.constexpr(1 << 62)
+ERROR_MARK = (1 << 62) | (0xFF << 48)    # set by the host: this rank failed (waits return)
+# what a failed wait records, in bits 48..55 of the error word (trident/errors.py)
+KIND_TIMEOUT = tl.constexpr(0)
+KIND_PEER_FAILED = tl.constexpr(1)
+KIND_MISMATCH = tl.constexpr(2)
+PEER_POLL = tl.constexpr(32)
+
+
+@triton.jit
+def peer_failed(ctrl, peer):
+    """Whether `peer` has failed: its error word is set, or it raised more host errors
+    than this rank (see the module docstring)."""
+    theirs = tl.load(ctrl + CTRL_BASES + peer).to(tl.pointer_type(tl.int64))
+    bad = tl.load(theirs + CTRL_ERROR, volatile=True) != 0
+    more = tl.load(theirs + CTRL_FAILED, volatile=True) > tl.load(ctrl + CTRL_FAILED,
+                                                                  volatile=True)
+    return bad | more
+
+
+@triton.jit
+def record_error(ctrl, rank, peer, op: tl.constexpr, kind):
+    """Record the first error of this rank (the error word, by CAS from 0, and the host's
+    pinned mirror of it on GPUs). Later waits see it and return at once."""
+    code = ((tl.cast(kind, tl.int64) << 48) + (tl.cast(op, tl.int64) << 32)
+            + (tl.cast(rank, tl.int64) << 16) + peer + _ERROR_FLAG)
+    # cmp spelled as int64: the interpreter sizes the CAS by cmp's type. Scalars are
+    # made with tl.cast, not tl.full([]): Gluon's full needs a layout (see gluon.py)
+    tl.atomic_cas(ctrl + CTRL_ERROR, tl.cast(0, tl.int64), code.to(tl.int64),
+                  sem="relaxed", scope="gpu")
+    host = tl.load(ctrl + CTRL_HOST_WORD)
+    if host != 0:
+        tl.store(host.to(tl.pointer_type(tl.int64)), code.to(tl.int64), cache_modifier=".wt")
 
 
 @triton.jit
@@ -62,19 +111,20 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
     cur = load_acquire(flag)
     if cur < value:
         failed = tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
+        gone = peer_failed(ctrl, peer)
         limit = tl.load(ctrl + CTRL_TIMEOUT)
         start = timestamp()
-        while (cur < value) & (not failed):
+        rounds = 0
+        while (cur < value) & (not failed) & (not gone):
             backoff()
             cur = load_acquire(flag)
             failed = (timestamp() - start) > limit
+            rounds += 1
+            if rounds % PEER_POLL == 0:     # a peer that failed, or another program here
+                gone = peer_failed(ctrl, peer) | (tl.load(ctrl + CTRL_ERROR, volatile=True) != 0)
         if cur < value:
-            code = ((tl.cast(op, tl.int64) << 32) + (tl.cast(rank, tl.int64) << 16) + peer
-                    + _ERROR_FLAG)
-            # cmp spelled as int64: the interpreter sizes the CAS by cmp's type. Scalars are
-            # made with tl.cast, not tl.full([]): Gluon's full needs a layout (see gluon.py)
-            tl.atomic_cas(ctrl + CTRL_ERROR, tl.cast(0, tl.int64), code.to(tl.int64),
-                          sem="relaxed", scope="gpu")
+            # KIND_TIMEOUT is 0: the kind is KIND_PEER_FAILED exactly when the peer had failed
+            record_error(ctrl, rank, peer, op, tl.cast(gone, tl.int64) * KIND_PEER_FAILED)
     # The warps of a program poll on their own and may leave the loop at different times
     # (or one may skip it). Leave together, so that program-wide state read after the
     # wait (an epoch, a counter) is the same in every warp.

@@ -30,12 +30,13 @@ from trident.language.gluon import jit
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, MAX_PROGRAMS, OP_ALL_GATHER, begin_epoch, exchange, scratch_half
+from ..device import (DATA, MAX_PROGRAMS, OP_ALL_GATHER, begin_epoch, exchange, fingerprint,
+                      scratch_half)
 
 
 @jit
 def _gluon_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, n, stride,
-                  half, WORLD: gl.constexpr, VEC: gl.constexpr, BLOCK: gl.constexpr,
+                  half, fp, WORLD: gl.constexpr, VEC: gl.constexpr, BLOCK: gl.constexpr,
                   WARPS: gl.constexpr, TRACE: gl.constexpr):
     # VEC words = 16 bytes per thread, 32 threads per warp, WARPS warps; a BLOCK larger than
     # that repeats the layout (each thread then holds BLOCK // (VEC * 32 * WARPS) vectors)
@@ -59,7 +60,10 @@ def _gluon_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, r
         for i in gl.static_range(WORLD):
             gl.store(dsts[i] + offs, x, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases, OP_ALL_GATHER, trace_buf, TRACE)
+    # the fingerprint is checked (a call that differs raises CallMismatch); the copy-out
+    # below is not poisoned on failure yet (this kernel is never chosen by "auto")
+    exchange(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases, OP_ALL_GATHER, fp, trace_buf,
+             TRACE)
     t0 = trd.begin(TRACE)
     for tile in range(pid, tiles, nprog):
         offs = tile * BLOCK + gl.arange(0, BLOCK, layout)
@@ -98,6 +102,7 @@ def gluon(ctx, plan, out, inp, block=None, programs=None, warps=None):
     options = {"num_warps": warps} if ctx.backend == "cuda" else {}
     plan.launch(
         _gluon_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
-        trace_buf, ctx.rank, n, stride, slots.numel() // 2, WORLD=ctx.world_size,
+        trace_buf, ctx.rank, n, stride, slots.numel() // 2,
+        fingerprint(_gluon_kernel, n, word), WORLD=ctx.world_size,
         VEC=max(16 // word, 1), BLOCK=block, WARPS=warps, TRACE=trace, **options)
 

@@ -38,9 +38,9 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, load_peers,
-                      peer_ptrs, peer_shift, peer_shifts, publish_offset, shift_ok,
-                      vec_aligned, vec_shift)
+from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, fingerprint,
+                      load_peers, peer_ptrs, peer_shift, peer_shifts, poison_out,
+                      publish_offset, shift_ok, vec_aligned, vec_shift)
 
 GPU_BLOCK_BYTES = 2 * common.GPU_BLOCK_BYTES      # see "32 KiB per program step" above
 
@@ -74,46 +74,51 @@ def _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD: tl.constexpr, WORD: 
 
 @triton.jit
 def _pull_block_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf,
-                       rank, n, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
+                       rank, n, fp, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
                        TRACE: tl.constexpr):
     """order="block" (see the module docstring); the handshakes as in _pull_kernel."""
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, trace_buf, TRACE)
+    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
+                  OP_ALL_GATHER, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
-    if aligned:
+    if not ok:            # a peer is missing or made another call: touch no peer memory
+        poison_out(out, WORLD * n, BLOCK)
+    elif aligned:
         _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, True)
     else:
         _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, trace_buf, TRACE)
+             OP_ALL_GATHER, fp, trace_buf, TRACE)
 
 
 @triton.jit
 def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
-                 n, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
+                 n, fp, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
                  TRACE: tl.constexpr):
     pid = tl.program_id(0)
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, trace_buf, TRACE)
+    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
+                  OP_ALL_GATHER, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
-    for i in range(WORLD):
-        src = (rank + pid + i) % WORLD
-        shift = peer_shift(offsets, src, rank, my_offset, WORD)
-        if vec_aligned(shift, WORD):
-            _copy(out + src * n, tdl.translate(inp + vec_shift(shift, WORD), rank, src,
-                                               heap_bases), n, True, BLOCK, True)
-        else:
-            _copy(out + src * n, tdl.translate(inp + shift, rank, src, heap_bases), n,
-                  shift_ok(shift), BLOCK, False)
+    if not ok:            # a peer is missing or made another call: touch no peer memory
+        poison_out(out, WORLD * n, BLOCK)
+    else:
+        for i in range(WORLD):
+            src = (rank + pid + i) % WORLD
+            shift = peer_shift(offsets, src, rank, my_offset, WORD)
+            if vec_aligned(shift, WORD):
+                _copy(out + src * n, tdl.translate(inp + vec_shift(shift, WORD), rank, src,
+                                                   heap_bases), n, True, BLOCK, True)
+            else:
+                _copy(out + src * n, tdl.translate(inp + shift, rank, src, heap_bases), n,
+                      shift_ok(shift), BLOCK, False)
     trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, trace_buf, TRACE)
+             OP_ALL_GATHER, fp, trace_buf, TRACE)
 
 
 ORDERS = ("peer", "block")
@@ -139,5 +144,6 @@ def pull(ctx, plan, out, inp, block=None, programs=None, warps=None, order="peer
     kernel = _pull_kernel if order == "peer" else _pull_block_kernel
     plan.launch(
         kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, WORLD=ctx.world_size,
+        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n,
+        fingerprint(kernel, n, src.element_size()), WORLD=ctx.world_size,
         WORD=src.element_size(), BLOCK=block, TRACE=trace, **common.kernel_options(ctx, warps))

@@ -12,12 +12,12 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, OP_ALL_GATHER, begin_epoch, exchange, scratch_half
+from ..device import DATA, OP_ALL_GATHER, begin_epoch, exchange, fingerprint, poison, scratch_half
 
 
 @triton.jit
 def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
-                 n, stride, half, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                 n, stride, half, fp, BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
@@ -32,16 +32,16 @@ def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, ra
                       heap_bases, mask=mask)
         tl.store(out + rank * n + offs, x, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
-             OP_ALL_GATHER, trace_buf, TRACE)
+    ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
+                  OP_ALL_GATHER, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         for i in range(1, world_size):
             src = (rank + i) % world_size
-            tl.store(out + src * n + offs, tl.load(slots + src * stride + offs, mask=mask),
-                     mask=mask)
+            x = tl.load(slots + src * stride + offs, mask=mask)
+            tl.store(out + src * n + offs, poison(x, ok), mask=mask)
     trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
 
 
@@ -55,5 +55,6 @@ def push(ctx, plan, out, inp, block=None, programs=None):
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _push_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
-        trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, BLOCK=block,
+        trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2,
+        fingerprint(_push_kernel, n, inp.element_size()), BLOCK=block,
         TRACE=trace, **common.kernel_options(ctx))

@@ -24,8 +24,8 @@ import triton.language as tl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DATA, OP_ALL_GATHER, begin_epoch, exchange, peer_ptrs,
-                      peer_shifts, publish_offset)
+from ..device import (ARRIVE, DATA, OP_ALL_GATHER, begin_epoch, exchange, fingerprint,
+                      peer_ptrs, peer_shifts, poison_out, publish_offset)
 
 
 @triton.jit
@@ -46,21 +46,24 @@ def _blocks(out, inp, shifts, heap_bases, rank, n, WORLD: tl.constexpr, WORD: tl
 
 @triton.jit
 def _push_direct_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf,
-                        rank, n, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
+                        rank, n, fp, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
                         TRACE: tl.constexpr):
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, trace_buf, TRACE)
+    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
+                  OP_ALL_GATHER, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
-    if aligned:
-        _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, True)
-    else:
-        _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, False)
+    if ok:                # else a peer is missing or made another call: touch no peer memory
+        if aligned:
+            _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, True)
+        else:
+            _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, trace_buf, TRACE)
+    ok = ok & exchange(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases,
+                       OP_ALL_GATHER, fp, trace_buf, TRACE)
+    if not ok:            # the peers' blocks in my output may be missing
+        poison_out(out, WORLD * n, BLOCK)
 
 
 def push_direct(ctx, plan, out, inp, block=None, programs=None, warps=None):
@@ -73,7 +76,7 @@ def push_direct(ctx, plan, out, inp, block=None, programs=None, warps=None):
     plan.launch(
         _push_direct_kernel, (grid,), dst, inp, st.offsets, common.heap_offset(ctx, dst),
         st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n,
-        WORLD=ctx.world_size, WORD=dst.element_size(), BLOCK=block, TRACE=trace,
+        fingerprint(_push_direct_kernel, n, dst.element_size()), WORLD=ctx.world_size, WORD=dst.element_size(), BLOCK=block, TRACE=trace,
         **common.kernel_options(ctx, warps))
     if dst is not out:
         if out.data_ptr() == plan.tensors[0].data_ptr():

@@ -14,12 +14,13 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, OP_ALL_REDUCE, begin_epoch, exchange, reduce_slots, scratch_half
+from ..device import (DATA, OP_ALL_REDUCE, begin_epoch, exchange, fingerprint, poison,
+                      reduce_slots, scratch_half)
 
 
 @triton.jit
 def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
-                     n, stride, half, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                     n, stride, half, fp, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
@@ -33,14 +34,14 @@ def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank,
             tdl.store(slots + rank * stride + offs, x, rank, (rank + i) % world_size,
                       heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
-             OP_ALL_REDUCE, trace_buf, TRACE)
+    ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
+                  OP_ALL_REDUCE, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         acc = reduce_slots(t, slots, stride, offs, mask, rank, world_size, OP)
-        tl.store(t + offs, acc.to(t.dtype.element_ty), mask=mask)
+        tl.store(t + offs, poison(acc.to(t.dtype.element_ty), ok), mask=mask)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
@@ -54,5 +55,6 @@ def one_shot(ctx, plan, t, op_code: int, block=None, programs=None):
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _one_shot_kernel, (grid,), t, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-        ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, OP=op_code, BLOCK=block,
+        ctx.rank, ctx.world_size, n, stride, slots.numel() // 2,
+        fingerprint(_one_shot_kernel, n, str(t.dtype), op_code), OP=op_code, BLOCK=block,
         TRACE=trace, **common.kernel_options(ctx))

@@ -40,8 +40,8 @@ import triton.language as tl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_REDUCE, begin_epoch, exchange, peer_ptrs,
-                      peer_shifts, publish_offset, reduce_peers)
+from ..device import (ARRIVE, DONE, OP_ALL_REDUCE, begin_epoch, exchange, fingerprint,
+                      peer_ptrs, peer_shifts, poison_out, publish_offset, reduce_peers)
 from ..reduce_scatter.pull import reduce_block
 
 
@@ -65,21 +65,24 @@ def _blocks(t, shifts, heap_bases, rank, n, seg, WORLD: tl.constexpr, OP: tl.con
 
 @triton.jit
 def _two_shot_kernel(t, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
-                     n, seg, WORLD: tl.constexpr, OP: tl.constexpr, WORD: tl.constexpr,
+                     n, seg, fp, WORLD: tl.constexpr, OP: tl.constexpr, WORD: tl.constexpr,
                      BLOCK: tl.constexpr, TRACE: tl.constexpr):
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_REDUCE, trace_buf, TRACE)
+    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
+                  OP_ALL_REDUCE, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
-    if aligned:
-        _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, True)
-    else:
-        _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, False)
+    if ok:                # else a peer is missing or made another call: touch no peer memory
+        if aligned:
+            _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, True)
+        else:
+            _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_REDUCE, trace_buf, TRACE)
+    ok = ok & exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
+                       OP_ALL_REDUCE, fp, trace_buf, TRACE)
+    if not ok:            # the peers' reduced segments in `t` may be missing
+        poison_out(t, n, BLOCK)
 
 
 def two_shot(ctx, plan, t, op_code: int, block=None, programs=None, warps=None):
@@ -93,7 +96,8 @@ def two_shot(ctx, plan, t, op_code: int, block=None, programs=None, warps=None):
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _two_shot_kernel, (grid,), buf, st.offsets, common.heap_offset(ctx, buf), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, seg, WORLD=ctx.world_size,
+        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, seg,
+        fingerprint(_two_shot_kernel, n, str(t.dtype), op_code), WORLD=ctx.world_size,
         OP=op_code, WORD=buf.element_size(), BLOCK=block, TRACE=trace,
         **common.kernel_options(ctx, warps))
     common.unstage(plan, 0, t, buf)

@@ -14,18 +14,18 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DATA, OP_BROADCAST, begin_epoch, notify_all, scratch_half, wait_all,
-                      wait_for)
+from ..device import (ARRIVE, DATA, OP_BROADCAST, begin_epoch, fingerprint, notify_all, poison,
+                      scratch_half, wait_all, wait_for)
 
 
 @triton.jit
 def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size, src,
-                 n, stride, half, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                 n, stride, half, fp, BLOCK: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
     slot = scratch_half(scratch, epoch, half)
-    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases)
+    notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases, fp)
     t0 = trd.begin(TRACE)
     if rank == src:
         for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
@@ -34,18 +34,18 @@ def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, wor
             x = tl.load(t + offs, mask=mask)
             for i in range(1, world_size):
                 tdl.store(slot + offs, x, rank, (rank + i) % world_size, heap_bases, mask=mask)
-        notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
+        notify_all(flags, DATA, epoch, rank, world_size, heap_bases, fp)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     else:
-        wait_for(flags, DATA, epoch, src, ctrl, rank, OP_BROADCAST)
+        ok = wait_for(flags, DATA, epoch, src, ctrl, rank, OP_BROADCAST, fp)
         trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
         t0 = trd.begin(TRACE)
         for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
             offs = blk * BLOCK + tl.arange(0, BLOCK)
             mask = offs < n
-            tl.store(t + offs, tl.load(slot + offs, mask=mask), mask=mask)
+            tl.store(t + offs, poison(tl.load(slot + offs, mask=mask), ok), mask=mask)
         trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
-    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, OP_BROADCAST)
+    wait_all(flags, ARRIVE, epoch, ctrl, rank, world_size, OP_BROADCAST, fp)
 
 
 def push(ctx, plan, t, src: int, block=None, programs=None):
@@ -58,5 +58,6 @@ def push(ctx, plan, t, src: int, block=None, programs=None):
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _push_kernel, (grid,), t, slot, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-        ctx.rank, ctx.world_size, src, n, stride, slot.numel() // 2, BLOCK=block, TRACE=trace,
+        ctx.rank, ctx.world_size, src, n, stride, slot.numel() // 2,
+        fingerprint(_push_kernel, n, t.element_size(), src), BLOCK=block, TRACE=trace,
         **common.kernel_options(ctx))

@@ -50,7 +50,8 @@ from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
 from ..device import (ARRIVE, DONE, MAX_PROGRAMS, MAX_RANKS, OP_BROADCAST, begin_epoch,
-                      exchange, peer_shift, publish_offset, shift_ok, vec_aligned, vec_shift)
+                      exchange, fingerprint, peer_shift, poison_out, publish_offset, shift_ok,
+                      vec_aligned, vec_shift)
 
 ITER_BITS = tl.constexpr(32)    # flag = epoch << ITER_BITS + iteration + 1
 # Default chunk: about DEPTH chunks per program (so that the relay's hop overlaps the
@@ -112,21 +113,22 @@ def _put_chunk(t, lo, n, offsets, my_offset, rank, peer, heap_bases, CHUNK_BLOCK
 
 @triton.jit
 def _relay_kernel(t, offsets, my_offset, chunk_flags, flags, sync, ctrl, heap_bases, trace_buf,
-                  rank, world_size, src, n, chunk, WORD: tl.constexpr, BLOCK: tl.constexpr,
+                  rank, world_size, src, n, chunk, fp, WORD: tl.constexpr, BLOCK: tl.constexpr,
                   TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, world_size, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases,
-             OP_BROADCAST, trace_buf, TRACE)
+    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases,
+                  OP_BROADCAST, fp, trace_buf, TRACE)
     relays = world_size - 1
     base = epoch << ITER_BITS
     flag = chunk_flags + src * MAX_PROGRAMS + pid
     chunk = chunk // BLOCK * BLOCK        # unchanged (a multiple of BLOCK): for the compiler
     chunk_blocks = chunk // BLOCK
     t0 = trd.begin(TRACE)
-    for c in range(pid, tl.cdiv(n, chunk), nprog):
+    # a peer that is missing or made another call: no chunk moves (no peer memory touched)
+    for c in range(pid, tl.cdiv(n, chunk) * ok.to(tl.int32), nprog):
         ready = base + (c - pid) // nprog + 1          # iteration + 1, this launch
         j = c % relays
         relay = (src + 1 + j) % world_size
@@ -143,8 +145,10 @@ def _relay_kernel(t, offsets, my_offset, chunk_flags, flags, sync, ctrl, heap_ba
                 _put_chunk(t, lo, n, offsets, my_offset, rank, peer, heap_bases, chunk_blocks,
                            WORD, BLOCK)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
-             OP_BROADCAST, trace_buf, TRACE)
+    ok = ok & exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
+                       OP_BROADCAST, fp, trace_buf, TRACE)
+    if (not ok) & (rank != src):      # chunks of my copy may be missing
+        poison_out(t, n, BLOCK)
 
 
 def chunk_size(n: int, word: int, block: int, grid: int, depth: int = DEPTH) -> int:
@@ -184,7 +188,7 @@ def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None, depth=N
     plan.launch(
         _relay_kernel, (grid,), buf, st.offsets, common.heap_offset(ctx, buf), chunk_flags,
         st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size, src,
-        n, chunk, WORD=word, BLOCK=block, TRACE=trace, **common.kernel_options(ctx, warps))
+        n, chunk, fingerprint(_relay_kernel, n, word, src, chunk), WORD=word, BLOCK=block, TRACE=trace, **common.kernel_options(ctx, warps))
     if ctx.rank != src and buf is not t:
         if t.data_ptr() == plan.tensors[0].data_ptr():
             common.unstage(plan, 0, t, buf)

@@ -30,8 +30,8 @@ import triton.language as tl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_REDUCE_SCATTER, begin_epoch, exchange, peer_ptrs,
-                      peer_shifts, publish_offset, reduce_peers)
+from ..device import (ARRIVE, DONE, OP_REDUCE_SCATTER, begin_epoch, exchange, fingerprint,
+                      peer_ptrs, peer_shifts, poison_out, publish_offset, reduce_peers)
 
 
 @triton.jit
@@ -48,21 +48,23 @@ def _blocks(out, inp, shifts, heap_bases, rank, n, WORLD: tl.constexpr, OP: tl.c
 
 @triton.jit
 def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
-                 n, WORLD: tl.constexpr, OP: tl.constexpr, WORD: tl.constexpr,
+                 n, fp, WORLD: tl.constexpr, OP: tl.constexpr, WORD: tl.constexpr,
                  BLOCK: tl.constexpr, TRACE: tl.constexpr):
     epoch = begin_epoch(sync)
     publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_REDUCE_SCATTER, trace_buf, TRACE)
+    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
+                  OP_REDUCE_SCATTER, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
-    if aligned:
+    if not ok:            # a peer is missing or made another call: touch no peer memory
+        poison_out(out, n, BLOCK)
+    elif aligned:
         _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, OP, WORD, BLOCK, True)
     else:
         _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, OP, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_REDUCE_SCATTER, trace_buf, TRACE)
+             OP_REDUCE_SCATTER, fp, trace_buf, TRACE)
 
 
 # Bytes of all ranks' loads of one block that a program holds at once on GPUs
@@ -92,6 +94,7 @@ def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None, warps=Non
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _pull_kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, WORLD=ctx.world_size,
+        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n,
+        fingerprint(_pull_kernel, n, str(inp.dtype), op_code), WORLD=ctx.world_size,
         OP=op_code, WORD=src.element_size(), BLOCK=block, TRACE=trace,
         **common.kernel_options(ctx, warps))

@@ -12,12 +12,14 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, OP_REDUCE_SCATTER, begin_epoch, exchange, reduce_slots, scratch_half
+from ..device import (DATA, OP_REDUCE_SCATTER, begin_epoch, exchange, fingerprint, poison,
+                      reduce_slots, scratch_half)
 
 
 @triton.jit
 def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
-                 n, stride, half, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                 n, stride, half, fp, OP: tl.constexpr, BLOCK: tl.constexpr,
+                 TRACE: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     epoch = begin_epoch(sync)
@@ -31,14 +33,14 @@ def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, ra
             x = tl.load(inp + peer * n + offs, mask=mask)
             tdl.store(slots + rank * stride + offs, x, rank, peer, heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
-             OP_REDUCE_SCATTER, trace_buf, TRACE)
+    ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
+                  OP_REDUCE_SCATTER, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         acc = reduce_slots(inp + rank * n, slots, stride, offs, mask, rank, world_size, OP)
-        tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+        tl.store(out + offs, poison(acc.to(out.dtype.element_ty), ok), mask=mask)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
@@ -52,5 +54,6 @@ def push(ctx, plan, out, inp, op_code: int, block=None, programs=None):
     trace_buf, trace = kernel_args(ctx)
     plan.launch(
         _push_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
-        trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2, OP=op_code, BLOCK=block,
+        trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2,
+        fingerprint(_push_kernel, n, str(inp.dtype), op_code), OP=op_code, BLOCK=block,
         TRACE=trace, **common.kernel_options(ctx))

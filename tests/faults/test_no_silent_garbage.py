@@ -1,0 +1,192 @@
+"""A wrong call never yields plausible data (issue 29): every case below returned
+believable numbers without an error before. Each checks that the output is poisoned (NaN),
+that the next call raises at once on every rank, naming the cause, and that ctx.reset()
+gives a context whose next correct call is right."""
+import time
+
+import pytest
+import torch
+
+import trident as td
+from trident.errors import CallMismatch, CommTimeout, HeapMismatchError, PeerFailed
+
+from ..conftest import WORLD_SIZES
+
+MULTI = [w for w in WORLD_SIZES if w >= 2] or [2]
+SHORT = 2.0          # seconds: the device timeout these cases run under
+
+
+@pytest.fixture(params=MULTI, ids=lambda w: f"world{w}")
+def pool(request):
+    from ..conftest import get_pool
+    return get_pool(request.param)
+
+
+def _raises_at_once(call):
+    """(exception type name, message, seconds) of `call()`, which must raise."""
+    t0 = time.perf_counter()
+    try:
+        call()
+    except Exception as exc:          # noqa: BLE001 -- the test inspects what came
+        return type(exc).__name__, str(exc), time.perf_counter() - t0
+    raise AssertionError("the call after a failed one did not raise")
+
+
+def _then_reset_works(ctx):
+    """After reset, a correct all_reduce is right (checked against the known sum)."""
+    ctx.reset()
+    x = torch.full((1000,), float(ctx.rank + 1))
+    ctx.all_reduce(x)
+    want = ctx.world_size * (ctx.world_size + 1) / 2
+    assert torch.equal(x, torch.full_like(x, want)), x[:4]
+
+
+def _sizes_differ(ctx, algorithm):
+    """Case 3: rank 0 all-reduces 100 elements, the others 200 (plain tensors)."""
+    timeout = ctx.timeout_s
+    ctx.set_timeout(SHORT)
+    try:
+        t = torch.randn(100 if ctx.rank == 0 else 200)
+        ctx.all_reduce(t, algorithm=algorithm)
+        poisoned = bool(t.isnan().all())
+        kind, text, took = _raises_at_once(lambda: ctx.all_reduce(torch.ones(8)))
+        _then_reset_works(ctx)
+        return poisoned, kind, text, took
+    finally:
+        ctx.set_timeout(timeout)
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+def test_sizes_that_differ_are_poisoned_and_raised(pool, algorithm):
+    for rank, (poisoned, kind, text, took) in enumerate(pool.run(_sizes_differ, algorithm)):
+        assert poisoned, f"rank {rank}: the output of a mismatched call is not NaN"
+        assert kind == CallMismatch.__name__, (rank, kind, text)
+        assert f"rank {rank}: all_reduce" in text and "different call" in text, text
+        assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise"
+
+
+def _gather_sizes_differ(ctx, algorithm):
+    timeout = ctx.timeout_s
+    ctx.set_timeout(SHORT)
+    try:
+        n = 33 if ctx.rank == 0 else 65
+        out = torch.zeros(n * ctx.world_size, dtype=torch.float16)
+        ctx.all_gather(out, torch.randn(n).half(), algorithm=algorithm)
+        poisoned = bool(out.isnan().any())
+        kind, _, _ = _raises_at_once(lambda: ctx.barrier())
+        _then_reset_works(ctx)
+        return poisoned, kind
+    finally:
+        ctx.set_timeout(timeout)
+
+
+@pytest.mark.parametrize("algorithm", ["push", "pull", "push_direct"])
+def test_all_gather_sizes_that_differ(pool, algorithm):
+    for rank, (poisoned, kind) in enumerate(pool.run(_gather_sizes_differ, algorithm)):
+        assert poisoned, f"rank {rank}: no poison in the output of a mismatched all_gather"
+        assert kind in (CallMismatch.__name__, CommTimeout.__name__), (rank, kind)
+
+
+def _one_rank_skips(ctx):
+    """Case 2: every rank but the last all-reduces; its wait times out."""
+    timeout = ctx.timeout_s
+    ctx.set_timeout(SHORT)
+    try:
+        result = None
+        if ctx.rank != ctx.world_size - 1:
+            t = torch.ones(64)
+            ctx.all_reduce(t)
+            poisoned = bool(t.isnan().all())
+            result = (poisoned, *_raises_at_once(lambda: ctx.all_reduce(torch.ones(8))))
+        _then_reset_works(ctx)
+        return result
+    finally:
+        ctx.set_timeout(timeout)
+
+
+def test_a_timed_out_call_is_poisoned_and_the_next_call_raises(pool):
+    results = pool.run(_one_rank_skips)
+    for rank, result in enumerate(results[:-1]):
+        poisoned, kind, text, took = result
+        assert poisoned, f"rank {rank}: a timed-out all_reduce returned plausible data"
+        assert kind in (CommTimeout.__name__, PeerFailed.__name__), (rank, kind, text)
+        assert "all_reduce" in text, text        # names the op that timed out
+        assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise"
+
+
+def _heap_differs_then_reset(ctx):
+    """Case 2 as reported: a heap mismatch, reset, then a correct call."""
+    x = ctx.ones(100 if ctx.rank == 0 else 200)
+    with pytest.raises(HeapMismatchError):
+        ctx.all_reduce(x)
+    # the heaps still differ: reset says so at once, and so does every call after it
+    with pytest.raises(HeapMismatchError, match="free the tensors"):
+        ctx.reset()
+    with pytest.raises(HeapMismatchError):
+        ctx.all_reduce(torch.ones(64))
+    ctx.free(x)
+    _then_reset_works(ctx)
+    return True
+
+
+def test_reset_after_a_heap_mismatch(pool):
+    assert all(pool.run(_heap_differs_then_reset))
+
+
+def _bad_input_on_one_rank(ctx):
+    """Case 5 without debug mode: the last rank passes an int tensor (a TypeError at its
+    plan's build); the others are already waiting for it in the kernel."""
+    timeout = ctx.timeout_s
+    ctx.set_timeout(30.0)        # a peer that waited this long would fail the test
+    try:
+        bad = ctx.rank == ctx.world_size - 1
+        t = torch.ones(64, dtype=torch.int32 if bad else torch.float32)
+        t0 = time.perf_counter()
+        try:
+            ctx.all_reduce(t)
+            if not bad:
+                ctx.sync()
+            outcome = ("no error", "")
+        except Exception as exc:          # noqa: BLE001
+            outcome = (type(exc).__name__, str(exc))
+        took = time.perf_counter() - t0
+        _then_reset_works(ctx)
+        return (*outcome, took, bool(t.isnan().all()) if not bad else None)
+    finally:
+        ctx.set_timeout(timeout)
+
+
+def test_an_error_on_one_rank_stops_the_others_at_once(pool):
+    results = pool.run(_bad_input_on_one_rank)
+    last = len(results) - 1
+    assert results[last][0] == "TypeError", results[last]
+    for rank, (kind, text, took, poisoned) in enumerate(results[:-1]):
+        assert kind == PeerFailed.__name__, (rank, kind, text)
+        assert f"rank {last}" in text and "TypeError" in text, text   # names rank and cause
+        assert took < 10, f"rank {rank} waited {took:.1f} s for a peer that had failed"
+        assert poisoned, f"rank {rank}: plausible data from a call whose peer failed"
+
+
+def _bad_expert_id_debug(ctx):
+    """Case 5 as reported: debug mode, a bad expert id on one rank's dispatch."""
+    ctx.debug = True
+    try:
+        ep = td.ExpertParallel(ctx, num_experts=2 * ctx.world_size, experts_per_token=2,
+                               hidden_dim=32, max_num_tokens=8, dtype=torch.float32)
+        idx = torch.arange(8).view(4, 2) % (2 * ctx.world_size)
+        if ctx.rank == ctx.world_size - 1:
+            idx[2, 1] = 99
+        try:
+            ep.dispatch(torch.randn(4, 32), idx)
+            return "no error"
+        except ValueError as exc:
+            return str(exc)
+    finally:
+        ctx.debug = False
+        ctx.reset()
+
+
+def test_a_bad_expert_id_is_raised_on_every_rank_in_debug_mode(pool):
+    last = pool.world_size - 1
+    for rank, text in enumerate(pool.run(_bad_expert_id_debug)):
+        assert "is not an expert id" in text and f"on rank {last}" in text, (rank, text)
