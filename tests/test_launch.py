@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trident.launch import RankPool
+from trident.launch import RankPool, check_world_size, default_world_size, launch
 
 from .faults.procs import alive
 
@@ -58,9 +58,39 @@ def test_what_cannot_travel_is_named(pool):
     assert len(pool.run(_whoami, 0)) == pool.world_size
 
 
-def test_world_size_must_be_positive():
+@pytest.mark.parametrize("bad", [0, -1, -4])
+def test_world_size_must_be_positive(bad):
+    """0 is not "the default" (None is): it and negatives raise before any rank starts."""
+    with pytest.raises(ValueError, match=f"world_size must be at least 1.*got {bad}"):
+        RankPool(bad, backend="cpu")
     with pytest.raises(ValueError, match="at least 1"):
-        RankPool(-1, backend="cpu")
+        launch(_whoami, bad, "x", backend="cpu")
+
+
+@pytest.mark.parametrize("bad", [2.0, "2", True, [2]])
+def test_world_size_must_be_an_int(bad):
+    with pytest.raises(TypeError, match=f"world_size must be an int.*got {type(bad).__name__}"):
+        RankPool(bad, backend="cpu")
+    with pytest.raises(TypeError, match="world_size must be an int"):
+        launch(_whoami, bad, backend="cpu")
+
+
+def test_world_size_none_is_the_default():
+    import numpy as np
+    assert check_world_size(None) is None
+    assert default_world_size("cpu") == 4
+    assert check_world_size(np.int64(3)) == 3 and type(check_world_size(np.int64(3))) is int
+    with pytest.raises(ValueError, match="backend must be one of"):
+        RankPool(2, backend="gpu")
+
+
+def test_cli_world_size_is_checked(capsys):
+    from trident.cli import main
+    for bad, why in (("0", "must be at least 1"), ("-2", "must be at least 1"),
+                     ("two", "must be an integer")):
+        with pytest.raises(SystemExit):
+            main(["demo", "--world-size", bad])
+        assert why in capsys.readouterr().err
 
 
 def test_one_rank_and_a_run_past_its_timeout():

@@ -155,3 +155,185 @@ def test_context_reports_its_placement(pool):
         else:
             assert ranks >= 1 and shares == (ranks > 1) and nccl == (ranks == 1)
             assert sms >= 1 and "symmetric memory" in mapping
+
+
+# --- co-residency is enforced, never assumed: the MPS cap of ranks that share a GPU ------
+
+CAP = placement.CAP_VAR
+
+
+def test_ranks_on_my_gpu_and_the_fair_share():
+    assert placement.ranks_on_my_gpu(8, 8, 3) == 1             # a GPU each
+    assert placement.ranks_on_my_gpu(2, 1, 1) == 2
+    assert [placement.ranks_on_my_gpu(3, 2, r) for r in range(3)] == [2, 1, 2]
+    assert [placement.ranks_on_my_gpu(4, 0, r) for r in range(4)] == [1] * 4    # no GPU
+    assert [placement.fair_share(n) for n in (1, 2, 3, 4, 8)] == [100, 50, 33, 25, 12]
+
+
+@pytest.mark.parametrize("ranks, env, cuda_init, mps_running, expect", [
+    # a GPU of its own: nothing to do, whatever else holds
+    (1, {}, True, False, ({}, None)),
+    # shared, under MPS, before CUDA initialises: the cap is set to the fair share
+    (2, {}, False, True, ({CAP: "50"}, 50.0)),
+    (3, {}, False, True, ({CAP: "33"}, 33.0)),
+    # a cap already set, no larger than the share: kept (also after CUDA initialised)
+    (2, {CAP: "50"}, True, True, ({}, 50.0)),
+    (4, {CAP: " 20 "}, False, True, ({}, 20.0)),
+    (3, {CAP: "33.3"}, True, True, ({}, 33.3)),
+    # no MPS daemon, but TRIDENT_MPS=off: the ranks time-slice; no cap is in force
+    (2, {"TRIDENT_MPS": "off"}, True, False, ({}, None)),
+    (2, {"TRIDENT_MPS": "off", CAP: "50"}, False, False, ({}, None)),
+    # a daemon answers: its clients need the cap even with TRIDENT_MPS=off
+    (2, {"TRIDENT_MPS": "off"}, False, True, ({CAP: "50"}, 50.0)),
+])
+def test_share_plan_decides(ranks, env, cuda_init, mps_running, expect):
+    before = dict(env)
+    assert placement.share_plan(ranks, env, cuda_init, mps_running) == expect
+    assert env == before                                        # pure: env is only read
+
+
+@pytest.mark.parametrize("ranks, env, cuda_init, mps_running, error, words", [
+    # too late to set the cap: names the variable, its value, and the daemon
+    (2, {}, True, True, RuntimeError, [f"export {CAP}=50", "nvidia-cuda-mps-control -d"]),
+    (4, {CAP: ""}, True, True, RuntimeError, [f"export {CAP}=25"]),
+    # a cap larger than the share (refused, not warned: the peers' programs may starve)
+    (2, {CAP: "100"}, False, True, ValueError, [f"{CAP}=100", "at most 50", f"{CAP}=50"]),
+    (4, {CAP: "30"}, True, True, ValueError, ["at most 25"]),
+    # not a percentage
+    (2, {CAP: "half"}, False, True, ValueError, ["not a percentage"]),
+    (2, {CAP: "0"}, False, True, ValueError, ["not a percentage"]),
+    (2, {CAP: "150"}, False, True, ValueError, ["not a percentage"]),
+    # ranks share a GPU and no MPS daemon answers: refused unless TRIDENT_MPS=off
+    (2, {}, False, False, RuntimeError, ["no MPS control daemon", "nvidia-cuda-mps-control -d",
+                                          f"export {CAP}=50", "TRIDENT_MPS=off"]),
+    (2, {"TRIDENT_MPS": "require", "CUDA_MPS_PIPE_DIRECTORY": "/x/pipe"}, False, False,
+     RuntimeError, ["/x/pipe"]),
+    (2, {"TRIDENT_MPS": "sometimes"}, False, True, ValueError, ["TRIDENT_MPS"]),
+])
+def test_share_plan_refuses(ranks, env, cuda_init, mps_running, error, words):
+    with pytest.raises(error) as info:
+        placement.share_plan(ranks, env, cuda_init, mps_running)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.fixture
+def fresh_placement(monkeypatch):
+    """placement's process-wide state, put back after the test."""
+    monkeypatch.setattr(placement, "_cap_in_force", placement._UNKNOWN)
+    monkeypatch.setattr(placement, "_mps_answers", {})
+    monkeypatch.setattr(placement, "_sms", {})
+    monkeypatch.setattr(placement, "_ranks_per_device", 1)
+    monkeypatch.delenv(CAP, raising=False)
+    monkeypatch.delenv("TRIDENT_MPS", raising=False)
+    return monkeypatch
+
+
+def test_ensure_share_sets_the_cap_before_cuda_and_refuses_after(fresh_placement):
+    import torch
+    mp = fresh_placement
+    mp.setattr(placement, "_mps_running", lambda: True)
+    mp.setattr(torch.cuda, "is_initialized", lambda: False)
+    placement.ensure_share(1)                                   # alone on its GPU
+    assert CAP not in os.environ and placement.cap_in_force() is None
+    placement.ensure_share(4)
+    assert os.environ[CAP] == "25" and placement.cap_in_force() == 25.0
+    mp.delenv(CAP)
+    mp.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(RuntimeError, match=f"export {CAP}=50"):
+        placement.ensure_share(2)
+    assert CAP not in os.environ
+
+
+def test_mps_running_asks_the_daemon_once(fresh_placement, fake_control, tmp_path):
+    assert not placement._mps_running()                        # nothing at the pipe
+    daemon = mps.PrivateDaemon(fake_control)
+    try:
+        fresh_placement.setenv("CUDA_MPS_PIPE_DIRECTORY", daemon.pipe_dir)
+        assert placement._mps_running()
+        fresh_placement.setattr(mps, "daemon_reachable", lambda *a: pytest.fail("asked again"))
+        assert placement._mps_running()
+    finally:
+        daemon.stop()
+
+
+def test_usable_sms_follows_the_cap_in_force(fresh_placement):
+    """Grids are sized by the SMs CUDA reports under the cap in force (an MPS client's cap:
+    its share already), by reported // ranks without one (no MPS: the variable alone holds
+    nothing), and never by more than the fair share."""
+    import types
+
+    import torch
+    mp = fresh_placement
+    reported = {"sms": 132}
+    mp.setattr(torch.cuda, "get_device_properties",
+               lambda i: types.SimpleNamespace(multi_processor_count=reported["sms"]))
+    placement.set_ranks_per_device(2)
+    assert placement.usable_sms(0) == 66                        # no cap: half, whole TPCs
+    mp.setattr(placement, "_cap_in_force", 50.0)                # ensure_share found MPS + 50
+    reported["sms"] = 66                                        # what CUDA reports then
+    assert placement.usable_sms(0) == 66
+    mp.setattr(placement, "_cap_in_force", None)                # the variable set, no MPS
+    mp.setenv(CAP, "50")
+    reported["sms"] = 132
+    assert placement.usable_sms(0) == 66
+    mp.setattr(placement, "_cap_in_force", placement._UNKNOWN)  # no decision: the variable
+    mp.setenv(CAP, "25")
+    reported["sms"] = 32
+    placement.set_ranks_per_device(4)
+    assert placement.usable_sms(0) == 32
+    # a cap above the share (share_plan refuses it) still gives only the share
+    assert placement.share_of_sms(132, 2, percentage=100) == 66
+    assert placement.share_of_sms(79, 2, percentage=60) == 64   # 60 % reported, 50 % fair
+
+
+def test_import_presets_the_cap_under_torchrun(fresh_placement):
+    """trident/_env.py sets the cap at import for a torchrun rank that shares its GPU, so
+    that a script that calls torch.cuda.set_device before trident.init gets it too."""
+    import torch
+
+    from trident import _env
+    mp = fresh_placement
+    mp.setattr(_env, "INTERPRET", False)
+    mp.setattr(torch.cuda, "is_initialized", lambda: False)
+    mp.setattr(torch.cuda, "device_count", lambda: 1)
+    mp.setenv("LOCAL_WORLD_SIZE", "2")
+    mp.setenv("LOCAL_RANK", "1")
+    _env._preset_mps_cap()
+    assert os.environ[CAP] == "50"
+    mp.setenv(CAP, "20")                                        # a user's setting is kept
+    _env._preset_mps_cap()
+    assert os.environ[CAP] == "20"
+    mp.delenv(CAP)
+    mp.setattr(torch.cuda, "device_count", lambda: 2)           # a GPU each: nothing
+    _env._preset_mps_cap()
+    assert CAP not in os.environ
+    mp.setattr(torch.cuda, "device_count", lambda: 1)
+    mp.setattr(torch.cuda, "is_initialized", lambda: True)      # too late: init refuses then
+    _env._preset_mps_cap()
+    assert CAP not in os.environ
+
+
+def test_sharing_env_refuses_a_larger_cap_and_stops_its_daemon(fake_control, monkeypatch):
+    started = []
+
+    class Recorded(mps.PrivateDaemon):
+        def __init__(self, *args):
+            super().__init__(*args)
+            started.append(self)
+    monkeypatch.setattr(mps, "PrivateDaemon", Recorded)
+    monkeypatch.setenv(CAP, "60")
+    with pytest.raises(ValueError, match="at most 50"):
+        sharing_env(2, 1)
+    assert len(started) == 1 and started[0].proc is None          # stopped
+    assert not os.path.exists(started[0].root)
+
+
+def test_sharing_env_without_mps_tells_the_ranks(fake_control, monkeypatch):
+    """No daemon and none to start: the launcher warns once, and its ranks are told
+    (TRIDENT_MPS=off) so that their own check lets them time-slice."""
+    monkeypatch.setattr(mps, "control_binary", lambda: None)
+    monkeypatch.setattr(mps, "_warned", True)
+    env, daemon, note = sharing_env(2, 1)
+    assert daemon is None and env["TRIDENT_MPS"] == "off" and CAP not in env
+    assert placement.share_plan(2, env, True, False) == ({}, None)

@@ -5,6 +5,14 @@ trident picks the implementation of its device helpers at import time: the GPU o
 decorated with @triton.jit when their module is imported, so the choice has to be made
 here, before any of them: with no CUDA device and no explicit TRITON_INTERPRET, trident
 turns the interpreter on.
+
+Under torchrun with more ranks on this host than visible GPUs (LOCAL_WORLD_SIZE), ranks
+share GPUs and each must be capped to its share of one under MPS
+(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, trident/placement.py). The cap only counts if it is in
+the environment when CUDA creates this process's context, so it is set here, at import,
+when it is unset and CUDA is not initialised yet: a script that calls
+torch.cuda.set_device before trident.init still gets it. trident.init checks the rest (an
+MPS daemon, a cap no larger than the share) and refuses what it cannot fix.
 """
 import os
 
@@ -25,3 +33,22 @@ if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def _preset_mps_cap() -> None:
+    """The MPS cap of a torchrun rank that shares its GPU (module docstring)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if INTERPRET or not local.isdigit() or os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        return
+    import torch
+    if torch.cuda.is_initialized():
+        return
+    from .placement import CAP_VAR, fair_share, ranks_on_my_gpu
+    rank = os.environ.get("LOCAL_RANK", "0")
+    rank = int(rank) if rank.isdigit() else 0
+    ranks = ranks_on_my_gpu(int(local), torch.cuda.device_count(), rank)
+    if ranks > 1:
+        os.environ[CAP_VAR] = str(fair_share(ranks))
+
+
+_preset_mps_cap()

@@ -8,13 +8,26 @@ import sys
 BENCH_SUITES = ("p2p", "ccl", "ops", "moe", "tp", "gemm")
 
 
+def _world_size(text: str) -> int:
+    """--world-size: an integer of at least 1 (0 is not "the default": leave it out)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (leave it out for the "
+                                         f"default), got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="trident", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="backend, ranks, GPUs, NVLink topology, heap size")
     demo = sub.add_parser("demo", help="ring of remote stores + signals and an atomic counter")
-    demo.add_argument("--world-size", type=int, default=None)
+    demo.add_argument("--world-size", type=_world_size, default=None,
+                      help="ranks to start (default: one per GPU, or 4 on the CPU)")
     bench = sub.add_parser("bench", help="benchmarks: " + ", ".join(BENCH_SUITES))
     bench.add_argument("suite", choices=BENCH_SUITES)
     sub.add_parser("tune", help="measure the collectives' algorithm tables (eager and CUDA "

@@ -122,7 +122,9 @@ class Context(HeapMethods, SyncMethods, OpMethods):
         """How many ranks of the group use this rank's GPU (same host, same GPU UUID). Over
         an NCCL group they are 1 by construction (NCCL refuses two ranks on one device, so
         a group that works has none), checked up front through LOCAL_WORLD_SIZE where
-        torchrun sets it, since NCCL's own error comes late and says less."""
+        torchrun sets it, since NCCL's own error comes late and says less. Ranks that share
+        a GPU must run under MPS with their share of it as the cap (placement.ensure_share
+        raises otherwise, naming what to export)."""
         gpus = torch.cuda.device_count()
         if dist.get_backend(self.group) != "gloo":
             local = _env_int("LOCAL_WORLD_SIZE", 0)
@@ -136,7 +138,11 @@ class Context(HeapMethods, SyncMethods, OpMethods):
         me = (socket.gethostname(), str(torch.cuda.get_device_properties(self.device).uuid))
         everyone = [None] * self.world_size
         dist.all_gather_object(everyone, me, group=self.group)
-        return everyone.count(me)
+        # ranks on one GPU must each be held to their share of it (trident/placement.py);
+        # CUDA is initialised by now, so a missing cap can only be refused here
+        count = everyone.count(me)
+        placement.ensure_share(count)
+        return count
 
     @property
     def shares_device(self) -> bool:
@@ -195,8 +201,10 @@ class Context(HeapMethods, SyncMethods, OpMethods):
         A failure this rank already raised (and did not reset) is not raised again."""
         if self._closed:
             return
+        settle = False
         try:
             self.barrier()
+            settle = dist.get_backend(self.group) == "gloo"
         except Exception:
             if self._failure is None:
                 raise
@@ -207,6 +215,35 @@ class Context(HeapMethods, SyncMethods, OpMethods):
             torch_ops.unregister(self)
             self.ctrl = self.heap_bases = None
             self._heap.close()
+        if settle:
+            # gloo's worker thread drops a collective's tensors after the caller's wait has
+            # returned, and takes the GIL to do it: in a process that exits right after
+            # close(), that came after Python had begun to finalise, and the process aborted
+            # ("terminate called without an active exception"). One more exchange of the
+            # header's size (so a peer in another host call sees a mismatch, not a crash):
+            # its enqueue waits while the worker, holding the queue's lock, drops the
+            # barrier's tensors; then wait until it has dropped this one's (their refcounts
+            # come back down).
+            import datetime
+            import sys
+            import time
+
+            from torch._C._distributed_c10d import AllgatherOptions
+
+            from .context_sync import _NAME_WORDS, _PAYLOAD_WORDS
+            mine = torch.zeros(3 + _NAME_WORDS + _PAYLOAD_WORDS, dtype=torch.int64)
+            tensors = [mine, *(torch.empty_like(mine) for _ in range(self.world_size))]
+            held = [sys.getrefcount(t) for t in tensors]
+            opts = AllgatherOptions()
+            opts.timeout = datetime.timedelta(seconds=self.host_timeout_s)
+            try:
+                self.group._get_backend(torch.device("cpu")).allgather(
+                    [tensors[1:]], [mine], opts).wait()
+            except RuntimeError:            # a peer gone since the barrier: nothing to wait for
+                return
+            deadline = time.monotonic() + 5.0
+            while [sys.getrefcount(t) for t in tensors] != held and time.monotonic() < deadline:
+                time.sleep(1e-4)
 
     def __enter__(self) -> "Context":
         return self
@@ -226,8 +263,12 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
 
     Under torchrun (RANK/WORLD_SIZE set) the process group is created if it is not yet:
     NCCL with a GPU per rank; gloo when LOCAL_WORLD_SIZE exceeds the visible GPUs, which
-    ranks then share round-robin (LOCAL_RANK % GPUs; start an MPS daemon first,
-    `nvidia-cuda-mps-control -d`, or every cross-rank wait costs a time slice).
+    ranks then share round-robin (LOCAL_RANK % GPUs). Ranks that share a GPU need an MPS
+    daemon (`nvidia-cuda-mps-control -d` before the job; TRIDENT_MPS=off lets them
+    time-slice instead, at milliseconds per cross-rank wait) and each its share of the GPU
+    as CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (100 // ranks per GPU): init sets it when it is
+    unset and CUDA is not initialised yet in this process, and refuses to go on without it
+    (or with a larger one) otherwise (trident/placement.py).
     heap_size defaults to $TRIDENT_HEAP_SIZE or 1 GiB; timeout (seconds) bounds every
     device wait; debug=True checks for timed-out waits after every op.
 
@@ -235,6 +276,13 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
     machine; trident/topology.py) get a trident.world.WorldContext: the same methods over
     the whole world, with a node-local Context inside (docs/design.md, "Beyond one node").
     """
+    local = _env_int("LOCAL_WORLD_SIZE", 0)
+    if not _env.INTERPRET and local and not (dist.is_initialized() and
+                                             dist.get_backend() == "nccl"):
+        # ranks that will share a GPU: their MPS cap, before CUDA initialises here (set_device
+        # below does; device_count does not). An NCCL group cannot serve them: Context says so
+        placement.ensure_share(placement.ranks_on_my_gpu(
+            local, torch.cuda.device_count(), _env_int("LOCAL_RANK", 0)))
     if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         backend = "gloo"
         if not _env.INTERPRET:

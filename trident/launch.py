@@ -54,19 +54,47 @@ def default_world_size(backend: str) -> int:
     return 4
 
 
+BACKENDS = ("cuda", "cpu")
+
+
+def check_world_size(world_size) -> int | None:
+    """`world_size` as given to launch/RankPool, checked: None stays None (the default: one
+    rank per GPU, or 4 CPU processes); anything else must be an integer of at least 1 -- 0
+    is not a synonym for the default."""
+    import numbers
+    if world_size is None:
+        return None
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral):
+        raise TypeError(f"world_size must be an int of at least 1, or None for the default "
+                        f"(one rank per GPU, or 4 on the CPU); got {type(world_size).__name__} "
+                        f"{world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, or None for the default (one rank "
+                         f"per GPU, or 4 on the CPU); got {world_size}")
+    return int(world_size)
+
+
 def sharing_env(world_size: int, gpus: int):
     """For ranks that outnumber the GPUs: (the rank processes' environment, the private MPS
     daemon to stop at the end or None, a line saying which MPS the job uses)."""
     from . import mps
-    from .placement import ranks_on_each_gpu
+    from .placement import CAP_VAR, ranks_on_each_gpu, share_plan
     env, daemon, note = mps.ensure()
     env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
-    if env.get("CUDA_MPS_PIPE_DIRECTORY"):
-        # each rank an equal share of the GPU's threads, so that none can crowd out a peer
-        # it waits for (NVSHMEM's condition for PEs on one GPU); a user's setting wins
-        share = 100 // max(ranks_on_each_gpu(world_size, gpus))
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = os.environ.get(
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", str(share))
+    if not env.get("CUDA_MPS_PIPE_DIRECTORY"):
+        env["TRIDENT_MPS"] = "off"   # ensure() warned: the ranks time-slice, as decided here
+        return env, daemon, note
+    # each rank an equal share of the GPU's threads, so that none can crowd out a peer it
+    # waits for (NVSHMEM's condition for PEs on one GPU); a user's setting wins if it is no
+    # larger (the ranks check it again: placement.ensure_share)
+    try:
+        cap, _ = share_plan(max(ranks_on_each_gpu(world_size, gpus)), os.environ,
+                            cuda_initialized=False, mps_running=True)
+    except Exception:
+        if daemon is not None:
+            daemon.stop()
+        raise
+    env[CAP_VAR] = cap.get(CAP_VAR) or os.environ[CAP_VAR]
     return env, daemon, note
 
 
@@ -249,21 +277,23 @@ class RankPool:
     def __init__(self, world_size: int | None = None, backend: str | None = None,
                  heap_size: int | None = None, timeout: float | None = None,
                  run_timeout: float = 600.0):
+        world_size = check_world_size(world_size)
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
         self.backend = backend or default_backend()
-        self.world_size = world_size or default_world_size(self.backend)
-        if self.world_size < 1:
-            raise ValueError(f"world_size must be at least 1, got {self.world_size}")
-        self.mps_note, self._mps = None, None
-        self._procs, self._conns = [], []
-        env = {}
+        gpus = 0
         if self.backend == "cuda":
             import torch
             gpus = torch.cuda.device_count()
             if gpus < 1:
                 raise ValueError("backend 'cuda' needs a visible GPU; none is (backend='cpu' "
                                  "runs the CPU emulation)")
-            if self.world_size > gpus:     # ranks share GPUs (module docstring)
-                env, self._mps, self.mps_note = sharing_env(self.world_size, gpus)
+        self.world_size = world_size or default_world_size(self.backend)
+        self.mps_note, self._mps = None, None
+        self._procs, self._conns = [], []
+        env = {}
+        if self.backend == "cuda" and self.world_size > gpus:   # ranks share GPUs (docstring)
+            env, self._mps, self.mps_note = sharing_env(self.world_size, gpus)
         self.run_timeout = run_timeout
         # how long the other ranks may take to report after one failed or died: they may be
         # in a host collective that ends only at the context's host timeout (its timeout
@@ -466,6 +496,9 @@ def launch(fn, world_size: int | None = None, *args, backend: str | None = None,
            heap_size: int | None = None, timeout: float | None = None,
            run_timeout: float = 600.0) -> list:
     """Spawn `world_size` ranks, run fn(ctx, *args) on each, return the per-rank results.
+
+    world_size: an int of at least 1, or None for the default (one rank per visible GPU, or
+    4 CPU processes); 0, negatives and non-integers raise ValueError / TypeError.
 
     backend: "cuda" (GPU processes: one per GPU with NCCL, or several per GPU round-robin,
     under MPS, with gloo when world_size exceeds the GPUs) or "cpu" (gloo, Triton

@@ -17,6 +17,12 @@ Under MPS the ranks' kernels run at the same time, as they do on separate GPUs.
 - else run without MPS and warn once that every cross-rank wait costs milliseconds.
 TRIDENT_MPS=auto (default) | off (never start one; warn) | require (fail rather than run
 without MPS).
+
+Ranks that torchrun (or anything but trident.launch) starts are not one process's children,
+so no private daemon can serve them: there, ranks that share a GPU need a daemon that runs
+already, and trident.init refuses to go on without one (placement.share_plan) unless
+TRIDENT_MPS=off says to let them time-slice. The launcher passes TRIDENT_MPS=off to its
+ranks when it runs them without MPS (after its warning).
 """
 from __future__ import annotations
 

@@ -15,13 +15,32 @@ NVLink. Two things make it work:
 
 The share is process-wide: a Context sets it once (`set_ranks_per_device`) after it has
 found which ranks of its group use its GPU, before any kernel is sized.
+
+Co-residency is enforced, never assumed. Under MPS a client without a cap may fill the
+whole GPU, and then a peer's programs that a grid waits for may never be resident (held-out
+fused-op cases came back wrong, with no error, under torchrun with an MPS daemon and no cap).
+So every rank that shares a GPU runs with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at most its fair
+share (100 // ranks on the GPU). `share_plan` is the decision (a pure function of the ranks
+per GPU, the environment, whether CUDA is initialised and whether an MPS daemon answers);
+`ensure_share` applies it in this process: trident.init calls it before CUDA initialises
+(torchrun's LOCAL_WORLD_SIZE against the visible GPUs), a Context again once it has counted
+the ranks on its GPU. The cap must be in the environment when CUDA creates the process's
+context (torch.cuda.set_device does; torch.cuda.device_count does not); the launcher
+(trident/launch.py) sets it for its ranks before they start.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
+from . import mps
+
+CAP_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 _ranks_per_device = 1
-_sms: dict = {}                # (device index, ranks per device) -> usable SMs
+_sms: dict = {}                # (device index, ranks per device, cap) -> usable SMs
+_UNKNOWN = object()
+_cap_in_force = _UNKNOWN       # ensure_share's finding: the MPS cap of this process, or None
+_mps_answers: dict = {}        # pipe directory -> whether an MPS control daemon answered
 
 
 def device_index(local_rank: int, num_gpus: int) -> int:
@@ -48,6 +67,107 @@ def ranks_per_device() -> int:
     return _ranks_per_device
 
 
+def ranks_on_my_gpu(local_world_size: int, gpus: int, local_rank: int) -> int:
+    """How many of a host's `local_world_size` round-robin ranks share the GPU of
+    `local_rank` (1: a GPU of its own; 0 GPUs visible: 1, there is nothing to share)."""
+    if gpus < 1 or local_world_size <= gpus:
+        return 1
+    return ranks_on_each_gpu(local_world_size, gpus)[device_index(local_rank, gpus)]
+
+
+def fair_share(ranks_per_gpu: int) -> int:
+    """The MPS active-thread percentage of one of `ranks_per_gpu` ranks on a GPU."""
+    return 100 // max(1, ranks_per_gpu)
+
+
+def _parse_cap(value: str) -> float:
+    try:
+        pct = float(value)
+    except ValueError:
+        pct = float("nan")
+    if not 0 < pct <= 100:                      # also NaN
+        raise ValueError(f"{CAP_VAR}={value!r} is not a percentage in (0, 100]")
+    return pct
+
+
+def share_plan(ranks_per_gpu: int, env: Mapping[str, str], cuda_initialized: bool,
+               mps_running: bool) -> tuple[dict[str, str], float | None]:
+    """What a process whose GPU is shared by `ranks_per_gpu` ranks (itself included) needs
+    so that every rank's programs stay resident together (module docstring). Pure: `env`
+    is read, never written. Returns (variables to set in this process's environment before
+    CUDA initialises, the MPS cap that is then in force: a percentage, or None when the
+    ranks do not run under MPS). Raises:
+    - RuntimeError when the ranks share a GPU without an MPS daemon (`mps_running` False)
+      unless TRIDENT_MPS=off says to let them time-slice; or when CUDA is initialised
+      already without a cap (too late to set one: it names what to export);
+    - ValueError when the cap is not a percentage, or larger than the fair share: its
+      grids, sized by the SMs the cap gives, could then keep a peer's programs off the GPU
+      (refused, not warned: that is the silent wrong result this check exists for)."""
+    if ranks_per_gpu <= 1:
+        return {}, None
+    share = fair_share(ranks_per_gpu)
+    export = f"export {CAP_VAR}={share}"
+    mode = (env.get("TRIDENT_MPS") or "auto").strip().lower()
+    if mode not in mps.MODES:
+        raise ValueError(f"TRIDENT_MPS must be one of {mps.MODES}, got {mode!r}")
+    if not mps_running:
+        if mode == "off":        # the user's (or the launcher's) choice: time-slice, slowly
+            return {}, None
+        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or mps.DEFAULT_PIPE_DIR
+        raise RuntimeError(
+            f"{ranks_per_gpu} ranks share this GPU but no MPS control daemon answers at "
+            f"{pipe} (CUDA_MPS_PIPE_DIRECTORY): start one before the job "
+            f"(`{mps.CONTROL} -d`) and {export} for every rank; or set TRIDENT_MPS=off to "
+            f"let the ranks time-slice the GPU (correct, but every cross-rank wait then costs "
+            f"milliseconds)")
+    value = (env.get(CAP_VAR) or "").strip()
+    if not value:
+        if cuda_initialized:
+            raise RuntimeError(
+                f"{ranks_per_gpu} ranks share this GPU under MPS, and CUDA was initialised in "
+                f"this process before {CAP_VAR} was set, so nothing holds this rank to its "
+                f"share of the SMs (a peer's programs may then never run; results can come "
+                f"back wrong): {export} for every rank before starting the job (an MPS "
+                f"daemon, `{mps.CONTROL} -d`, must be running), or call trident.init() before "
+                f"anything that uses CUDA")
+        return {CAP_VAR: str(share)}, float(share)
+    pct = _parse_cap(value)
+    if pct * ranks_per_gpu > 100:
+        raise ValueError(
+            f"{CAP_VAR}={value} is more than this rank's share of the GPU: {ranks_per_gpu} "
+            f"ranks share it, so at most {share} each; with more, a rank's grids can keep a "
+            f"peer's programs off the GPU. {export} (or leave it unset: trident sets it)")
+    return {}, pct
+
+
+def _mps_running() -> bool:
+    """Whether an MPS control daemon answers at this process's pipe directory (cached)."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or mps.DEFAULT_PIPE_DIR
+    if pipe not in _mps_answers:
+        _mps_answers[pipe] = mps.daemon_reachable(mps.control_binary(), pipe)
+    return _mps_answers[pipe]
+
+
+def ensure_share(ranks_per_gpu: int) -> None:
+    """Apply `share_plan` to this process: set the cap in os.environ if it is missing and
+    CUDA is not initialised yet, record the cap in force (usable_sms sizes grids by it), or
+    raise as share_plan does. A no-op for a rank with a GPU of its own."""
+    global _cap_in_force
+    if ranks_per_gpu <= 1:
+        return
+    import torch
+    updates, cap = share_plan(ranks_per_gpu, os.environ, torch.cuda.is_initialized(),
+                              _mps_running())
+    os.environ.update(updates)
+    _cap_in_force = cap
+
+
+def cap_in_force() -> float | None:
+    """The MPS active-thread percentage this process runs under: what ensure_share found
+    (None: no MPS), else CUDA_MPS_ACTIVE_THREAD_PERCENTAGE as set."""
+    return mps_thread_percentage() if _cap_in_force is _UNKNOWN else _cap_in_force
+
+
 def mps_thread_percentage() -> int | None:
     """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of this process (an MPS client's cap), if set."""
     value = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
@@ -65,11 +185,18 @@ def share_of_sms(reported: int, ranks: int, percentage: int | None = None) -> in
     resident together. `reported`: the SM count CUDA reports to this process.
     - An MPS client with an active-thread percentage is already held to its share, and CUDA
       reports that share (measured on an H100: 66 of 132 SMs at 50 %, 32 at 25 %): use it.
-      (With the percentage set but no MPS the processes time-slice, and then residency
-      is not what lets a wait end.)
+      (usable_sms passes the cap in force: none when the ranks run without MPS, where
+      they time-slice and residency is not what lets a wait end.)
+      A cap above the fair share (refused by share_plan; here for safety) is scaled down
+      to it: CUDA reports percentage % of the SMs, the fair share is 100 / ranks % of them.
     - Otherwise reported // ranks, rounded down to whole TPCs (pairs of SMs)."""
-    if percentage is not None or ranks <= 1:
+    if ranks <= 1:
         return max(1, reported)
+    if percentage is not None:
+        if percentage * ranks <= 100:
+            return max(1, reported)
+        fair = int(reported * 100 / (percentage * ranks))
+        return max(1, fair // 2 * 2 or fair)
     return max(1, reported // ranks // 2 * 2 or reported // ranks)
 
 
@@ -79,9 +206,12 @@ def usable_sms(device) -> int:
     index = device.index if isinstance(device, torch.device) else int(device)
     if index is None:
         index = torch.cuda.current_device()
-    key = (index, _ranks_per_device)
+    cap = _cap_in_force         # (a rank alone on its GPU is sized by what CUDA reports)
+    if cap is _UNKNOWN:
+        cap = mps_thread_percentage() if _ranks_per_device > 1 else None
+    key = (index, _ranks_per_device, cap)
     sms = _sms.get(key)
     if sms is None:
         reported = torch.cuda.get_device_properties(index).multi_processor_count
-        sms = _sms[key] = share_of_sms(reported, _ranks_per_device, mps_thread_percentage())
+        sms = _sms[key] = share_of_sms(reported, _ranks_per_device, cap)
     return sms
