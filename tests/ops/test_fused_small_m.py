@@ -53,7 +53,7 @@ def _row_parallel(ctx, op, m, n, k_locals, with_bias, gemm_core):
                 torch.distributed.all_gather(everyone, out, group=ctx.group)
                 assert all(torch.equal(everyone[0], o) for o in everyone), what
     ctx.sync()
-    assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
+    assert all(int(c.abs().sum()) == 0 for c in _common.split_counters(ctx))
 
 
 @pytest.mark.parametrize("gemm_core", ["tma", "classic"])
@@ -95,7 +95,7 @@ def _all_gather(ctx, m_local, n, k, with_bias, gemm_core):
             assert_close(out, ref, f"ag {gemm_core} m_local={m_local} N={w.shape[0]} K={k} "
                                    f"swap={swap} split={split} call {call}")
     ctx.sync()
-    assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
+    assert all(int(c.abs().sum()) == 0 for c in _common.split_counters(ctx))
 
 
 @pytest.mark.parametrize("gemm_core", ["tma", "classic"])

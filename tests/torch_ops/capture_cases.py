@@ -139,15 +139,42 @@ def add_rmsnorm(ctx, algorithm):
 
 
 # ---------------------------------------------------------------------------- fused ops
-def _fused_call(ctx, op, algorithm, gemm):
-    options = {} if gemm is None else {"gemm": gemm}
+# The config families of the fused ops' GEMM core (trident/ops/fused_tile.py), forced
+# through the ops' options: the classic core (a program per tile, pointer loads), the
+# persistent TMA core with a plain tile, swap-AB, split-K (2 slices: with the small K
+# here some slices are empty, which must still work), both (the H200 table's decode
+# choice) and split-K with swap-AB on the classic core. Tiles come from the GEMM table
+# (the interpreter's own on the CPU emulation).
+FAMILIES = {
+    "classic": dict(gemm="classic"),
+    "tma": dict(gemm="tma", config={"SWAP_AB": False, "SPLIT_K": 1}),
+    "swab": dict(gemm="tma", config={"SWAP_AB": True, "SPLIT_K": 1}),
+    "split": dict(gemm="tma", config={"SWAP_AB": False}, split_k=2),
+    "swab_split": dict(gemm="tma", config={"SWAP_AB": True}, split_k=2),
+    "classic_swab_split": dict(gemm="classic", config={"SWAP_AB": True}, split_k=2),
+}
+FUSED_VARIANTS = ["fused/" + f for f in FAMILIES] + ["auto", "plain"]
+
+
+def family_options(family: str | None) -> dict:
+    """A fresh copy of a family's options (None: the op's defaults)."""
+    if family is None:
+        return {}
+    opts = dict(FAMILIES[family])
+    if "config" in opts:
+        opts["config"] = dict(opts["config"])
+    return opts
+
+
+def _fused_call(ctx, op, algorithm, family):
+    options = family_options(family)
     return lambda a, w, b: (getattr(ctx, op)(a, w, b, algorithm=algorithm, **options),)
 
 
 def row_parallel(op):
     """matmul_all_reduce / matmul_reduce_scatter: rank r holds columns [r*K, (r+1)*K) of
     A [M, world*K] and W [N_OUT, world*K]; the bias [N_OUT] is the same everywhere."""
-    def case(ctx, algorithm, gemm=None):
+    def case(ctx, algorithm, family=None):
         w, r, bf = ctx.world_size, ctx.rank, torch.bfloat16
         M, N_OUT, K = _mnk(ctx)
 
@@ -165,11 +192,11 @@ def row_parallel(op):
             a, wt, b = full(i)
             ref = a.float() @ wt.float().T + b.float()
             return (ref if op == "matmul_all_reduce" else ref.chunk(w)[r],)
-        return Case(inputs, _fused_call(ctx, op, algorithm, gemm), expected)
+        return Case(inputs, _fused_call(ctx, op, algorithm, family), expected)
     return case
 
 
-def all_gather_matmul(ctx, algorithm, gemm=None):
+def all_gather_matmul(ctx, algorithm, family=None):
     """Rank r holds rows [r*M/world, ...) of A [M, K] and its own W [N_OUT, K] and bias."""
     w, r, bf = ctx.world_size, ctx.rank, torch.bfloat16
     M, N_OUT, K = _mnk(ctx)
@@ -182,7 +209,7 @@ def all_gather_matmul(ctx, algorithm, gemm=None):
         wt, b = mine(i)
         return (a_full(i).float() @ wt.float().T + b.float(),)
     return Case(lambda i: (a_full(i)[r * rows:(r + 1) * rows].contiguous(), *mine(i)),
-                _fused_call(ctx, "all_gather_matmul", algorithm, gemm), expected)
+                _fused_call(ctx, "all_gather_matmul", algorithm, family), expected)
 
 
 # ---------------------------------------------------------------------------- MoE
@@ -221,7 +248,8 @@ def moe(ctx, path, tokens=8, hidden=128, max_num_tokens=16, scale=2):
 
 
 # ---------------------------------------------------------------------------- the list
-# name -> (make(ctx, variant) -> Case, its variants: algorithms, or (algorithm, gemm core))
+# name -> (make(ctx, variant) -> Case, its variants: algorithms, or "algorithm/family"
+# (a config family of FAMILIES))
 CASES = {
     "all_reduce": (all_reduce, sorted(CCL_ALGORITHMS["all_reduce"]) + ["auto", "nccl"]),
     "all_gather": (all_gather, sorted(CCL_ALGORITHMS["all_gather"]) + ["auto", "nccl"]),
@@ -229,11 +257,9 @@ CASES = {
     "all_to_all": (all_to_all, sorted(CCL_ALGORITHMS["all_to_all"]) + ["auto", "nccl"]),
     "broadcast": (broadcast, sorted(CCL_ALGORITHMS["broadcast"]) + ["auto", "nccl"]),
     "all_reduce_add_rmsnorm": (add_rmsnorm, ["one_shot", "unfused", "auto", "nccl"]),
-    "all_gather_matmul": (all_gather_matmul, ["fused/classic", "fused/tma", "auto", "plain"]),
-    "matmul_reduce_scatter": (row_parallel("matmul_reduce_scatter"),
-                              ["fused/classic", "fused/tma", "auto", "plain"]),
-    "matmul_all_reduce": (row_parallel("matmul_all_reduce"),
-                          ["fused/classic", "fused/tma", "auto", "plain"]),
+    "all_gather_matmul": (all_gather_matmul, FUSED_VARIANTS),
+    "matmul_reduce_scatter": (row_parallel("matmul_reduce_scatter"), FUSED_VARIANTS),
+    "matmul_all_reduce": (row_parallel("matmul_all_reduce"), FUSED_VARIANTS),
     "moe": (moe, ["low_latency", "high_throughput"]),
 }
 NCCL_VARIANTS = ("nccl", "plain")     # torch.distributed: not where ranks share a GPU
@@ -245,9 +271,9 @@ def all_variants() -> list[tuple[str, str]]:
 
 def make_case(ctx, name: str, variant: str) -> Case:
     build, _ = CASES[name]
-    if "/" in variant:                                  # fused op: algorithm/gemm core
-        algorithm, gemm = variant.split("/")
-        return build(ctx, algorithm, gemm)
+    if "/" in variant:                                  # fused op: algorithm/family
+        algorithm, family = variant.split("/")
+        return build(ctx, algorithm, family)
     return build(ctx, variant)
 
 

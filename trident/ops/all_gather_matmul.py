@@ -52,7 +52,7 @@ from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_pro
                       finish_slice, new_plan, run, store_tile, take_tile, wait_peers_done,
                       workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
-                         op_tile, split_setup, tile_shape)
+                         op_tile, split_buffers, split_count, tile_shape)
 from .gemm import operand, tile_position, tma_compatible
 
 OP = tl.constexpr(OP_CODES["all_gather_matmul"])
@@ -163,7 +163,7 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
     call's tensor 3, launched as Live(3)). gemm: the GEMM core, "auto", "classic" or
     "tma" (default: env TRIDENT_GEMM, see _common); config: overrides of the core's
     config (SWAP_AB, SPLIT_K, tiles); split_k: exactly this many K slices per tile
-    (default: fused_tile.split_setup's choice). The row block follows M and K only
+    (default: fused_tile.split_count's choice). The row block follows M and K only
     (every rank pushes and flags the same blocks), not this rank's N."""
     m_local, K = a.shape
     N = w.shape[0]
@@ -172,8 +172,9 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
     bm, bn = tile_shape(cfg)
     num_mb = triton.cdiv(M, bm)
     num_tiles = count_tiles("all_gather_matmul", M, N, ctx.world_size, cfg)
-    split, k_partials, k_counters = split_setup(ctx, cfg, num_tiles, K, split_k)
+    split = split_count(ctx, cfg, num_tiles, K, split_k)
     ws = workspace(ctx, "all_gather_matmul", M * K * a.element_size(), ctx.world_size * num_mb)
+    k_partials, k_counters = split_buffers(ws, "all_gather_matmul", cfg, num_tiles, split)
     gathered = ws.view(a.dtype, M, K)
     # TMA reads the gathered rows (row stride K: 16-byte aligned when K % 8 == 0) and w
     tma = cfg["PERSISTENT"] and K % 8 == 0 and tma_compatible(w, gathered)

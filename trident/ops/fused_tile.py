@@ -11,7 +11,8 @@ BM tiles N when swapped) into the op's (BM, BN).
 
 Split-K. A tile's K steps are cut into `split` slices, each a work unit of its own (units
 u = tile * split + slice, neighbours run together). Each slice stores its fp32 partial in
-a per-process workspace (gemm.split_workspace) and counts itself in the tile's counter;
+the op workspace's split-K buffers (split_buffers: this rank's own, not on the heap, made
+outside CUDA-graph pools) and counts itself in the tile's counter;
 the last one to arrive sums the partials in slice order (deterministic) and only then
 does what the kernel does with a finished tile -- push it to its owner and set the flag
 (row-parallel ops) or add the bias and store it (all_gather_matmul). So a flag or an
@@ -23,6 +24,7 @@ When "auto" takes which core: see fused_gemm_config.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -43,7 +45,7 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
     local: the size that may differ between ranks ("N" of all_gather_matmul, "K" of the
     row-parallel ops): the table is read at its largest bucket of that size instead, so
     that every rank takes the same tiles (they decide the slots, flags and row blocks the
-    ranks exchange); the split count still follows the rank's own size (split_setup)."""
+    ranks exchange); the split count still follows the rank's own size (split_count)."""
     mode = GEMM_MODE if gemm is None else gemm
     if mode not in GEMM_MODES:
         raise ValueError(f"the fused ops' GEMM core must be one of {GEMM_MODES} (env "
@@ -97,7 +99,7 @@ def choice(ctx, op: str, M: int, N: int, K: int, gemm: str | None = None,
     benchmark's tables): the core, swap-AB, the tile of out, the K slices."""
     cfg = fused_gemm_config(ctx, M, N, K, gemm, config, 8,
                             "N" if op == "all_gather_matmul" else "K")
-    split = split_setup(ctx, cfg, num_tiles(op, M, N, ctx.world_size, cfg), K, split_k)[0]
+    split = split_count(ctx, cfg, num_tiles(op, M, N, ctx.world_size, cfg), K, split_k)
     bm, bn = tile_shape(cfg)
     return (f"{'tma' if cfg['PERSISTENT'] else 'classic'}{' swab' if cfg['SWAP_AB'] else ''} "
             f"{bm}x{bn}x{cfg['BK']}" + (f" split {split}" if split > 1 else ""))
@@ -108,12 +110,10 @@ def tile_shape(cfg: dict) -> tuple[int, int]:
     return (cfg["BN"], cfg["BM"]) if cfg["SWAP_AB"] else (cfg["BM"], cfg["BN"])
 
 
-def split_setup(ctx, cfg: dict, num_tiles: int, K: int, split_k: int | None = None):
-    """(slices per tile, fp32 partials, int32 counters) of a fused launch over num_tiles
-    tiles of tile_shape(cfg). split_k: exactly this many (an option of the call, as
-    gemm.matmul's); default gemm.split_for_tiles's choice for the config's SPLIT_K,
-    the tiles and this rank's K. Without split-K the two tensors are a small workspace
-    that the kernel does not read."""
+def split_count(ctx, cfg: dict, num_tiles: int, K: int, split_k: int | None = None) -> int:
+    """K slices per tile of a fused launch over num_tiles tiles of tile_shape(cfg).
+    split_k: exactly this many (an option of the call, as gemm.matmul's); default
+    gemm.split_for_tiles's choice for the config's SPLIT_K, the tiles and this rank's K."""
     from . import gemm as core
     if split_k is None:
         split = core.split_for_tiles(num_tiles, K, cfg, core.num_sms(ctx.device))
@@ -125,9 +125,19 @@ def split_setup(ctx, cfg: dict, num_tiles: int, K: int, split_k: int | None = No
     if split > 1 and num_tiles * split * bm * bn >= 2 ** 31:
         raise ValueError(f"split_k={split} over {num_tiles} tiles of {bm}x{bn} needs more "
                          f"than 2**31 partial elements; use fewer slices")
-    partials, counters = core.split_workspace(ctx.device, num_tiles * split * bm * bn
-                                              if split > 1 else 1, num_tiles)
-    return split, partials, counters
+    return split
+
+
+def split_buffers(ws, op: str, cfg: dict, num_tiles: int, split: int):
+    """(fp32 partials, int32 counters) of a fused launch of `op` with `split` slices per
+    tile (split_count) on its workspace `ws` (_common.Workspace). With split-K, the
+    workspace's (Workspace.split_buffers: made once per size, outside CUDA-graph pools);
+    without, views of its heap memory that the kernel does not read -- so a call
+    allocates nothing but its output, and a plan keeps nothing else a call allocated."""
+    if split == 1:
+        return ws.data[:4].view(torch.float32), ws.sync
+    bm, bn = tile_shape(cfg)
+    return ws.split_buffers(op, num_tiles * split * bm * bn, num_tiles)
 
 
 @triton.jit

@@ -38,7 +38,8 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
   work units over the SMs against the partials' traffic; 1 when the tiles fill the GPU).
   The workspace (partials + counters) is kept per device, stream and size bucket for the
   life of the process (graphs keep its addresses); launches on one stream are ordered,
-  so they can share it.
+  so they can share it. It is made outside CUDA-graph pools (_common.outside_graph_pools).
+  The fused ops keep theirs with their op's workspace instead (fused_tile.split_buffers).
 - Host-side TMA descriptors (desc="host", the default of `matmul` on the TMA path):
   triton.tools.tensor_descriptor.TensorDescriptor objects for a and w, made once per
   launch plan (the plan knows the addresses) and passed as kernel arguments, so the
@@ -66,7 +67,7 @@ from .._env import INTERPRET
 from ..placement import usable_sms
 from ..triton_launch import Launch, Live
 from . import gemm_tables
-from ._common import DOT_UPCAST, DTYPES, finish_slice, gemm_tile
+from ._common import DOT_UPCAST, DTYPES, finish_slice, gemm_tile, outside_graph_pools
 
 # Candidates the benchmark tries for every shape class (names are table values).
 # Shared memory per stage is (BM + BN) * BK * 2 bytes, plus a BM x BN output tile.
@@ -270,10 +271,15 @@ def dot_tile_tma(a_desc, w_desc, m0, n0, K, BM: tl.constexpr, BN: tl.constexpr,
 @triton.jit
 def operand(ptr, rows, cols, stride, BR: tl.constexpr, BC: tl.constexpr, TMA: tl.constexpr):
     """What a fused kernel loads a [rows, cols] row-major operand through: a TMA descriptor
-    with [BR, BC] blocks (TMA), or the pointer itself (pointer path)."""
+    with [BR, BC] blocks (TMA), or the pointer itself (pointer path). A descriptor made on
+    the host (host_descriptors: no global scratch for the launch) is taken as it is; from
+    a pointer, one is made here."""
     if TMA:
-        op = tl.make_tensor_descriptor(ptr, shape=[rows, cols], strides=[stride, 1],
-                                       block_shape=[BR, BC])
+        if isinstance(ptr, tl.core.tensor_descriptor_base):
+            op = ptr
+        else:
+            op = tl.make_tensor_descriptor(ptr, shape=[rows, cols], strides=[stride, 1],
+                                           block_shape=[BR, BC])
     else:
         op = ptr
     return op
@@ -509,25 +515,56 @@ class _Address:
         return self.ptr
 
 
+def host_descriptors(a: torch.Tensor, w: torch.Tensor, bm: int, bn: int, bk: int) -> tuple:
+    """Host-made TMA descriptors of a [M, K] and w [N, K] with [bm, bk] and [bn, bk] blocks,
+    for `operand` in a fused kernel: the kernel then makes none itself and needs no global
+    scratch (which a Launch would keep past the call). Pass the launch that takes them to
+    `addresses_only` once it is made."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]),
+            TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [bn, bk]))
+
+
+def addresses_only(launch, descriptors) -> None:
+    """After `launch` (a triton_launch.Launch) was made with host descriptors: on its fast
+    path (GPUs) the descriptors keep only their base address (_Address), so that the plan
+    does not keep the call's tensors alive; Triton's launcher reads nothing else of the
+    base when it encodes a descriptor. The ordinary path (the CPU emulation) launches
+    through the interpreter, which reads the tensor: left as it is."""
+    if getattr(launch, "fast", None) is None:
+        return
+    for d in descriptors:
+        if hasattr(d, "block_shape") and isinstance(d.base, torch.Tensor):
+            d.base = _Address(d.base)
+
+
 def _bucket_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 1).bit_length()
 
 
 # (device, stream, partial elements, counters) -> (partials fp32, counters int32); kept
-# for the life of the process: plans and captured graphs hold their addresses.
+# for the life of the process: plans and captured graphs hold their addresses. `matmul`'s
+# only: the fused ops keep theirs with their workspaces (fused_tile.split_buffers).
 _split_workspaces: dict = {}
 
 
 def split_workspace(device: torch.device, partial_elems: int, tiles: int):
     """The split-K workspace of launches on this device's current stream: fp32 partials
     (at least partial_elems) and int32 per-tile arrival counters (at least `tiles`), zeroed
-    once when made; the kernel leaves them 0 after every launch (see the module doc)."""
+    once when made; the kernel leaves them 0 after every launch (see the module doc).
+    Made outside CUDA-graph pools (_common.outside_graph_pools), except for a stream that
+    is being captured and has none yet: then from the capture's pool, which lives as long
+    as its graph."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     key = (str(device), stream, _bucket_pow2(partial_elems), _bucket_pow2(tiles))
     ws = _split_workspaces.get(key)
     if ws is None:
-        ws = _split_workspaces[key] = (torch.empty(key[2], dtype=torch.float32, device=device),
-                                       torch.zeros(key[3], dtype=torch.int32, device=device))
+        def make():
+            return (torch.empty(key[2], dtype=torch.float32, device=device),
+                    torch.zeros(key[3], dtype=torch.int32, device=device))
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        ws = _split_workspaces[key] = make() if capturing else \
+            outside_graph_pools(device, "gemm's split-K workspace", make)
     return ws
 
 
@@ -640,11 +677,8 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
         grid, args, kwargs = launch_args(a, w, bias, out, config, tma, desc, split_k)
         args = args[:3] + (Live(0),) + args[4:] if fresh else args
         launch = _launches[key] = Launch(_gemm_kernel, grid, args, kwargs, (out,))
-        if getattr(launch, "fast", None) is not None:
-            # the plan keeps addresses only (triton_launch.Launch): so do its descriptors
-            for d in args[:2]:
-                if hasattr(d, "block_shape"):
-                    d.base = _Address(d.base)
+        # the plan keeps addresses only (triton_launch.Launch): so do its descriptors
+        addresses_only(launch, args[:2])
         if len(_launches) > _CAPACITY:
             _launches.popitem(last=False)
     else:

@@ -19,8 +19,9 @@ The GEMM core (_common: env TRIDENT_GEMM, or the gemm= option):
 - "classic": one GEMM program per tile, pointer loads, tiles of an owner row by row.
 - "tma": persistent GEMM programs, at most one per SM, take tiles from a queue word in the
   same owner order (grouped GROUP_M row blocks at a time within an owner's rows), load A
-  and W through in-kernel TMA descriptors where gemm.tma_compatible allows (pointer loads
-  otherwise, e.g. a column slice of a wider A whose rows are not 16-byte aligned), and
+  and W through TMA descriptors made on the host (once per plan: the launch needs no
+  global scratch) where gemm.tma_compatible allows (pointer loads otherwise, e.g. a
+  column slice of a wider A whose rows are not 16-byte aligned), and
   push each finished tile to its owner as before. Reducers and gather programs start
   after them (higher ids) and are unchanged; the slot layout follows the tile order, so
   the all-reduce result is still bitwise the same on every rank.
@@ -51,8 +52,9 @@ from ._common import (SYNC_ACK, SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs,
                       finish_program, finish_slice, new_plan, run, store_tile, take_tile,
                       wait_peers_done, workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
-                         op_tile, split_setup, tile_shape)
-from .gemm import operand, tile_position, tma_compatible
+                         op_tile, split_buffers, split_count, tile_shape)
+from .gemm import (addresses_only, host_descriptors, operand, tile_position,
+                   tma_compatible)
 
 
 @triton.jit
@@ -180,7 +182,7 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
     call's tensor 3, launched as Live(3)). gemm: the GEMM core, "auto", "classic" or
     "tma" (default: env TRIDENT_GEMM, see _common); config: overrides of the core's
     config (SWAP_AB, SPLIT_K, tiles); split_k: exactly this many K slices per tile
-    (default: fused_tile.split_setup's choice). Tile sizes follow M and N only (every
+    (default: fused_tile.split_count's choice). Tile sizes follow M and N only (every
     rank takes the same: they decide the slots); the slices follow this rank's K."""
     M, K = a.shape
     N = w.shape[0]
@@ -191,25 +193,33 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
     num_tiles = count_tiles(op, M, N, world, cfg)
     m_local = M if all_reduce else M // world
     slots = triton.cdiv(num_tiles, world)
-    split, k_partials, k_counters = split_setup(ctx, cfg, num_tiles, K, split_k)
+    split = split_count(ctx, cfg, num_tiles, K, split_k)
     tile_bytes = bm * bn * a.element_size()
     num_partials = world * slots + (slots if all_reduce else 0)
     ws = workspace(ctx, op, num_partials * tile_bytes, world * slots + num_tiles)
+    k_partials, k_counters = split_buffers(ws, op, cfg, num_tiles, split)
     buf = ws.view(a.dtype, num_partials, bm * bn)
     partials, result = buf[:world * slots], buf[world * slots:] if all_reduce else buf
     tma = cfg["PERSISTENT"] and tma_compatible(a, w)
-    num_gemm = gemm_programs(ctx, cfg, num_tiles * split, tma)
+    num_gemm = gemm_programs(ctx, cfg, num_tiles * split, False)
     grid = (num_gemm + slots + (num_tiles if all_reduce else 0),)
     trace_buf, trace = kernel_args(ctx)
+    # TMA: a and w go as host-made descriptors (gemm.operand takes them as they are), so
+    # the kernel needs no global scratch -- which a launch plan would otherwise keep past
+    # the call, allocated at its first run (under torch.compile: in the warm-up, inside
+    # the CUDA graphs' pool)
+    a_op, w_op = host_descriptors(a, w, bm, bn, cfg["BK"]) if tma else (a, w)
     plan.launch(
         _matmul_reduce_kernel, grid,
-        a, w, bias if bias is not None else a, Live(3), partials, result, ws.sync, ctx.ctrl,
+        a_op, w_op, bias if bias is not None else a, Live(3), partials, result, ws.sync, ctx.ctrl,
         ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank, world, M, N,
         K, m_local, a.stride(0), w.stride(0), out.stride(0), num_tiles, slots, num_gemm,
         BM=bm, BN=bn, BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], EVEN_K=K % cfg["BK"] == 0,
         HAS_BIAS=bias is not None, ALL_REDUCE=all_reduce, PERSISTENT=cfg["PERSISTENT"],
         TMA=tma, SWAP_AB=cfg["SWAP_AB"], SPLIT=split > 1, OP=OP_CODES[op], TRACE=trace,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if tma:
+        addresses_only(plan.steps[-1], (a_op, w_op))
 
 
 def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, algorithm: str = "auto",

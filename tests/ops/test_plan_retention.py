@@ -1,0 +1,227 @@
+"""What a fused-op call may leave behind: nothing it allocated on the calling thread but its
+output, and plans that keep no tensor but the heap's, the context's and the workspace's
+split-K buffers -- for every config family of the GEMM core, "auto" and "plain", on the
+CPU emulation and on GPUs alike.
+
+Why: torch.compile(mode="reduce-overhead") warms a graph up and records it with every
+allocation of the calling thread routed into the CUDA graphs' private pool (torch >= 2.8:
+any stream). A buffer a call keeps from there -- a plan's split-K workspace, a launch's
+global scratch -- is a live block of the pool that no graph output accounts for, and
+Inductor raises "Detected N tensor(s) in the cudagraph pool not tracked as outputs"
+(examples/tp_decode.py --sum matmul_all_reduce on one H100, once the fused ops took the
+GEMM table's swap-AB / split-K configs at decode sizes: the per-stream split-K workspace
+and the kept TMA-descriptor scratch, both made in the warm-up). Here a dispatch mode, which
+like that routing sees the calling thread only, records every tensor storage an aten op
+creates during the call; after it, only the output's may be alive. Each family runs on a
+fresh context, so that its first call makes the workspaces, plans and buffers.
+
+The row-parallel ops' TMA launches take host-made descriptors (no global scratch; their
+sm_90 compilation is checked below). all_gather_matmul's still make theirs in the kernel:
+on GPUs its Launch keeps a scratch buffer made at its first run on the calling thread
+(trident/triton_launch.py, kept_buffer), which this test reports there until that buffer
+is made outside the graph pools too.
+
+The GPU check of the same thing, through Inductor itself: tests/torch_ops/
+test_capture_all.py::test_compiled_reduce_overhead."""
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import trident as td
+from trident.ops import _common
+from trident.triton_launch import Launch
+
+from ..conftest import BACKEND
+from ..torch_ops import capture_cases as C
+
+FUSED = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
+
+
+class _Allocations(TorchDispatchMode):
+    """Storages made on this thread while active: outputs of aten ops that share no
+    input's storage (factories, out-of-place ops; not views), with the op's name."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                s = t.untyped_storage()
+                if s.nbytes() and s.data_ptr() not in inputs:
+                    self.made.append((StorageWeakRef(s), s.data_ptr(), str(func)))
+        return out
+
+    def alive(self, keep=()) -> list[str]:
+        """The ops whose storages are still alive, except those of `keep` (tensors)."""
+        gc.collect()
+        allowed = {t.untyped_storage().data_ptr() for t in keep}
+        return [f"{op} ({ptr:#x})" for ref, ptr, op in self.made
+                if not ref.expired() and ptr not in allowed]
+
+
+def _storage(t) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _kept_by(step, own: set) -> list:
+    """Tensors a plan's step keeps past the call, other than the call's own (`own`:
+    storages). GPUs: a Launch's `keep`, its descriptors' bases and its global scratch; the
+    CPU emulation's Launch keeps its arguments (by design: the call's own among them), a
+    host step (the plain path) its closure."""
+    if isinstance(step, Launch):
+        if getattr(step, "fast", None) is not None:
+            values = list(step.keep) + list(step.packed)
+        else:
+            values = list(step.args) + list(step.kwargs.values())
+        for v in list(values):
+            if hasattr(v, "block_shape"):              # a host TMA descriptor
+                values.append(v.base)
+        scratch = getattr(step, "scratch", None) or {}
+        values += [buf for _, buf in scratch.values()]
+    else:
+        values = [c.cell_contents for c in getattr(step, "__closure__", None) or ()]
+    return [v for v in values if isinstance(v, torch.Tensor) and _storage(v) not in own]
+
+
+def _check_family(ctx, op, variant, problems):
+    case = C.make_case(ctx, op, variant)
+    for call in range(2):               # the first builds plans and workspaces; the second not
+        inputs = case.inputs(call)
+        own = {_storage(t) for t in inputs if isinstance(t, torch.Tensor)}
+        before = set(ctx.plans._plans)
+        with _Allocations() as rec:
+            got = case.fn(*inputs)
+        ctx.sync()
+        C.check(got, case.expected(call), f"{op} {variant} rank {ctx.rank} call {call}")
+        what = f"{op} {variant} call {call}"
+        left = rec.alive(keep=got)
+        if left:
+            problems.append(f"{what}: storages allocated on the calling thread still alive "
+                            f"after the call: {left}")
+        allowed = {_storage(ctx.heap_bases)} | {
+            _storage(t) for ws in ctx._workspaces.values()
+            if isinstance(ws, _common.Workspace) for pair in getattr(ws, "split", {}).values()
+            for t in pair}
+        for key in set(ctx.plans._plans) - before:
+            for step in ctx.plans._plans[key].steps:
+                kept = [t for t in _kept_by(step, own)
+                        if not ctx.is_symmetric(t) and _storage(t) not in allowed]
+                if kept:
+                    problems.append(f"{what}: plan {key[5]!r} keeps tensors that are neither "
+                                    f"the heap's nor the workspace's: "
+                                    f"{[(tuple(t.shape), t.dtype) for t in kept]}")
+                if isinstance(step, Launch) and getattr(step, "fast", None) is not None:
+                    bases = [v.base for v in step.packed if hasattr(v, "block_shape")]
+                    if any(isinstance(b, torch.Tensor) for b in bases):
+                        problems.append(f"{what}: a TMA descriptor of the plan keeps its "
+                                        f"tensor (the call's input) alive")
+        del got
+        ctx.barrier()
+    case.close()
+
+
+def _tma_launch_args(ctx, op, problems):
+    """The row-parallel ops' TMA launches take host-made descriptors for a and w: no
+    descriptor made in the kernel, so no global scratch for a Launch to keep."""
+    case = C.make_case(ctx, op, "fused/swab_split")
+    before = set(ctx.plans._plans)
+    case.fn(*case.inputs(0))
+    ctx.sync()
+    launches = [s for k in set(ctx.plans._plans) - before for s in ctx.plans._plans[k].steps
+                if isinstance(s, Launch)]
+    if not launches:
+        problems.append(f"{op}: no launch in the plans of a fused call")
+    for launch in launches:
+        args = launch.packed if getattr(launch, "fast", None) is not None else launch.args
+        if not all(hasattr(a, "block_shape") for a in args[:2]):
+            problems.append(f"{op}: TMA launch whose a and w are not host descriptors: "
+                            f"{[type(a).__name__ for a in args[:2]]}")
+        if getattr(launch, "scratch", None):
+            problems.append(f"{op}: the TMA launch keeps global scratch")
+    ctx.barrier()
+
+
+def _families(ctx, op, variants):
+    problems = []
+    for variant in variants:
+        # a fresh context per family: its first call makes everything anew
+        with td.init(heap_size=16 << 20, group=ctx.group) as fresh:
+            _check_family(fresh, op, variant, problems)
+            if op != "all_gather_matmul" and variant == "fused/swab_split":
+                _tma_launch_args(fresh, op, problems)
+    return problems
+
+
+@pytest.mark.parametrize("op", FUSED)
+def test_calls_leave_nothing_allocated(pool, op):
+    variants = [v for v in C.FUSED_VARIANTS
+                if v != "plain" or (BACKEND != "cuda" or pool.world_size <= torch.cuda.device_count())]
+    for rank, problems in enumerate(pool.run(_families, op, variants)):
+        assert not problems, f"rank {rank}:\n" + "\n".join(problems)
+
+
+def _moe(ctx, path):
+    """MoE dispatch and combine through the torch ops: nothing made on the calling thread
+    outlives a call but its outputs (the ExpertParallel's buffers are made with it, before
+    any call; tests/plans/test_plan_refs.py checks on GPUs that its plans keep no caller
+    tensor -- the CPU emulation's launches keep theirs by design, so expert_y is made
+    outside the recorded calls here)."""
+    problems, world, topk, tokens, hidden = [], ctx.world_size, 2, 8, 128
+    ops = torch.ops.trident
+    with td.init(heap_size=16 << 20, group=ctx.group) as fresh:
+        ep = td.ExpertParallel(fresh, 2 * world, topk, hidden, 16, dtype=torch.bfloat16,
+                               high_throughput=path == "high_throughput")
+        for call in range(2):
+            g = torch.Generator().manual_seed(100 * call + fresh.rank)
+            x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(fresh.device)
+            idx = torch.stack([torch.randperm(2 * world, generator=g)[:topk]
+                               for _ in range(tokens)]).to(fresh.device)
+            wts = torch.rand(tokens, topk, generator=g).to(fresh.device)
+            with _Allocations() as rec:
+                expert_x, counts = ops.moe_dispatch(x, idx, None, ep.name)
+            left = rec.alive(keep=(expert_x, counts))
+            expert_y = expert_x * 2
+            with _Allocations() as rec2:
+                y = ops.moe_combine(expert_y, wts, ep.name, tokens)
+            fresh.sync()
+            left += rec2.alive(keep=(y,))
+            want = 2 * x.float() * wts.sum(1, keepdim=True)
+            C.check((y,), (want,), f"moe {path} rank {fresh.rank} call {call}")
+            if left:
+                problems.append(f"moe {path} call {call}: storages allocated on the calling "
+                                f"thread still alive after the calls: {left}")
+            del expert_x, counts, expert_y, y
+            fresh.barrier()
+        ep.close()
+    return problems
+
+
+@pytest.mark.parametrize("path", ["low_latency", "high_throughput"])
+def test_moe_calls_leave_nothing_allocated(pool, path):
+    for rank, problems in enumerate(pool.run(_moe, path)):
+        assert not problems, f"rank {rank}:\n" + "\n".join(problems)
+
+
+def test_tma_launches_need_no_scratch_sm90(tmp_path):
+    """The row-parallel kernel with host descriptors compiles for sm_90 with TMA copies
+    and wgmma and needs no global scratch (tests/ops/fused_sm90.py; no GPU needed)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRIDENT_BACKEND")}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-m", "tests.ops.fused_sm90"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("fused_sm90: ok"), \
+        proc.stdout[-3000:] + proc.stderr[-4000:]
