@@ -29,9 +29,12 @@ Functional forms (new output; differentiable where noted):
     trident::all_to_all(inp, out_splits, in_splits, group, algorithm) -> Tensor
                                                                      grad: all_to_all back
     trident::broadcast(t, src, group, algorithm) -> Tensor           grad: summed to src
-    trident::all_gather_matmul(a, w, bias, group, algorithm) -> Tensor   grad: plain ops
-    trident::matmul_reduce_scatter(a, w, bias, group, algorithm) -> Tensor
-    trident::matmul_all_reduce(a, w, bias, group, algorithm) -> Tensor
+    trident::all_gather_matmul(a, w, bias, group, algorithm, options) -> Tensor
+                                                                     grad: plain ops
+    trident::matmul_reduce_scatter(a, w, bias, group, algorithm, options) -> Tensor
+    trident::matmul_all_reduce(a, w, bias, group, algorithm, options) -> Tensor
+      (options: None, or the repr of a dict of the op's keyword options -- gemm=,
+      config=, split_k=, num_pushers= -- as an eager call takes them)
     trident::moe_dispatch(x, topk_idx, topk_weights, ep) -> (expert_x, expert_num_tokens)
     trident::moe_combine(expert_y, topk_weights, ep, num_tokens) -> Tensor   (no grad)
     trident::all_reduce_add_rmsnorm(x, residual, weight, eps, group, algorithm)
@@ -49,13 +52,18 @@ The calls users make eagerly (ctx.all_reduce(t), ctx.all_gather(out, inp),
 ctx.matmul_all_reduce(a, w), ...) work unchanged inside torch.compile(fullgraph=True):
 this module registers, with torch.compiler.substitute_in_graph, a stand-in for each
 trident.ccl / trident.ops entry that Dynamo traces instead of the entry (it calls the
-custom op). Eager calls never see the stand-ins: they cost nothing there.
+custom op). Eager calls never see the stand-ins: they cost nothing there. The fused ops'
+options (gemm=, config=, split_k=, num_pushers=) go through too, so that a compiled graph
+can force a GEMM core or config family; the collectives' launch options (block,
+programs, ...) raise a ValueError there.
 
 The functions below (all_reduce(ctx, t), ...) are the differentiable functional forms
 for model code, eager or compiled.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import weakref
 from typing import Optional
 
@@ -253,14 +261,38 @@ def _(t, src, group, algorithm=None):
 
 
 # ---------------------------------------------------------------------------- fused ops
+# The fused ops' options (gemm=, config=, split_k=, num_pushers=: trident/ops) travel as one
+# string, the repr of a dict of Python literals, so that a compiled graph can force a GEMM
+# core or config family as an eager call does; None: no options.
+_OPTION_TYPES = (bool, int, float, str, type(None))
+
+
+def _encode_options(name: str, options: dict) -> Optional[str]:
+    if not options:
+        return None
+    for key, value in options.items():
+        values = value.values() if isinstance(value, dict) else (value,)
+        if not all(isinstance(v, _OPTION_TYPES) for v in values):
+            raise TypeError(f"{name}: option {key}={value!r} cannot go through "
+                            f"torch.compile: options must be ints, floats, bools, strings "
+                            f"or dicts of them")
+    return repr(dict(sorted(options.items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_options(options: str) -> dict:
+    return ast.literal_eval(options)
+
+
 def _fused(name: str, fn, shape):
     @torch.library.custom_op(_LIB + name, mutates_args=())
     def impl(a: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], group: str,
-             algorithm: str = "auto") -> torch.Tensor:
-        return fn(context(group), a, w, bias, algorithm=algorithm)
+             algorithm: str = "auto", options: Optional[str] = None) -> torch.Tensor:
+        kwargs = {} if options is None else _decode_options(options)
+        return fn(context(group), a, w, bias, algorithm=algorithm, **kwargs)
 
     @impl.register_fake
-    def _(a, w, bias, group, algorithm="auto"):
+    def _(a, w, bias, group, algorithm="auto", options=None):
         return a.new_empty(shape(a, w, context(group).world_size))
 
     return impl
@@ -391,7 +423,7 @@ def _broadcast_bwd(ctx, grad):
 
 
 def _setup_fused(ctx, inputs, output):
-    a, w, bias, group, algorithm = inputs
+    a, w, bias, group = inputs[:4]
     ctx.save_for_backward(a, w)
     ctx.group, ctx.bias_dtype = group, None if bias is None else bias.dtype
 
@@ -412,7 +444,7 @@ def _all_gather_matmul_bwd(ctx, grad):
     da_full, dw, db = _linear_grads(ctx, grad, gathered)
     da = None if da_full is None else _op("reduce_scatter")(da_full.contiguous(), ctx.group,
                                                             "sum", None)
-    return da, dw, db, None, None
+    return da, dw, db, None, None, None
 
 
 def _row_parallel_bwd(gather):
@@ -421,7 +453,7 @@ def _row_parallel_bwd(gather):
         g = _op("all_gather")(grad.contiguous(), ctx.group, None) if gather \
             else _op("all_reduce")(grad, ctx.group, "sum", None)
         da, dw, db = _linear_grads(ctx, g, a)
-        return da, dw, db, None, None
+        return da, dw, db, None, None, None
     return backward
 
 
@@ -463,16 +495,22 @@ def broadcast(ctx, t, src: int = 0, algorithm: str | None = None) -> torch.Tenso
     return torch.ops.trident.broadcast(t, src, ctx.name, algorithm)
 
 
-def all_gather_matmul(ctx, a, w, bias=None, algorithm: str = "auto") -> torch.Tensor:
-    return torch.ops.trident.all_gather_matmul(a, w, bias, ctx.name, algorithm)
+def all_gather_matmul(ctx, a, w, bias=None, algorithm: str = "auto",
+                      **options) -> torch.Tensor:
+    return torch.ops.trident.all_gather_matmul(
+        a, w, bias, ctx.name, algorithm, _encode_options("all_gather_matmul", options))
 
 
-def matmul_reduce_scatter(ctx, a, w, bias=None, algorithm: str = "auto") -> torch.Tensor:
-    return torch.ops.trident.matmul_reduce_scatter(a, w, bias, ctx.name, algorithm)
+def matmul_reduce_scatter(ctx, a, w, bias=None, algorithm: str = "auto",
+                          **options) -> torch.Tensor:
+    return torch.ops.trident.matmul_reduce_scatter(
+        a, w, bias, ctx.name, algorithm, _encode_options("matmul_reduce_scatter", options))
 
 
-def matmul_all_reduce(ctx, a, w, bias=None, algorithm: str = "auto") -> torch.Tensor:
-    return torch.ops.trident.matmul_all_reduce(a, w, bias, ctx.name, algorithm)
+def matmul_all_reduce(ctx, a, w, bias=None, algorithm: str = "auto",
+                      **options) -> torch.Tensor:
+    return torch.ops.trident.matmul_all_reduce(
+        a, w, bias, ctx.name, algorithm, _encode_options("matmul_all_reduce", options))
 
 
 # ---------------------------------------------------------------------------- torch.compile
@@ -528,8 +566,8 @@ def _compiled_add_rmsnorm(ctx, x, residual, weight, eps=1e-6, out=None, algorith
 
 def _compiled_fused(name):
     def run(ctx, a, w, bias=None, out=None, algorithm="auto", **options):
-        _no_launch_options(name, None, None, options)
-        y = getattr(torch.ops.trident, name)(a, w, bias, ctx.name, algorithm)
+        y = getattr(torch.ops.trident, name)(a, w, bias, ctx.name, algorithm,
+                                             _encode_options(name, options))
         return y if out is None else out.copy_(y)
     return run
 

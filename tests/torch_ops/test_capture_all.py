@@ -1,10 +1,22 @@
 """Every public op captured into a CUDA graph after an eager warm-up, replayed with new
 inputs and checked against plain torch (each collective with each of its algorithms, the
-three fused ops with both GEMM cores, all_reduce_add_rmsnorm, MoE dispatch/combine); and
-every op through torch.compile(mode="reduce-overhead"), whose CUDA graphs (cudagraph
-trees) capture on a stream of their own, from a pool of their own, after one warm-up run.
-GPU only: the CPU emulation has no CUDA graphs (tests/plans/test_capture_safety.py checks
-there what a capture forbids). The cases are in capture_cases.py.
+three fused ops with each config family of their GEMM core -- classic, persistent TMA,
+swap-AB, split-K, both, split-K with swap-AB on the classic core -- and "auto" and
+"plain", all_reduce_add_rmsnorm, MoE dispatch/combine); and every op through
+torch.compile(mode="reduce-overhead"), whose CUDA graphs (cudagraph trees) capture on a
+stream of their own, from a pool of their own, after one warm-up run -- the fused ops
+once per config family (forced through the ops' options, which compiled graphs carry),
+once as "auto" and once on the plain path, the MoE calls on both kernel paths. A buffer
+that a call allocates during that warm-up and keeps (a plan's workspace, a launch's
+scratch) is a block of the graphs' pool that no output accounts for: Inductor's check
+raises "Detected N tensor(s) in the cudagraph pool not tracked as outputs" (as
+examples/tp_decode.py did once the fused ops took the small-M configs).
+
+The CUDA graphs need GPUs; on the CPU emulation the fused config families run through
+torch.compile(backend="aot_eager") instead (the options reach the ops, values right);
+tests/plans/test_capture_safety.py checks there what a capture forbids and
+tests/ops/test_plan_retention.py what a call may leave allocated. The cases are in
+capture_cases.py.
 
 A capture that fails names no op (cudaErrorStreamCaptureInvalidated); each variant is
 captured alone here so that a failure says which one."""
@@ -14,8 +26,8 @@ import torch
 from ..conftest import BACKEND
 from . import capture_cases as C
 
-pytestmark = pytest.mark.skipif(BACKEND != "cuda",
-                                reason="CUDA graphs need GPUs (the CPU emulation has none)")
+GPU = pytest.mark.skipif(BACKEND != "cuda",
+                         reason="CUDA graphs need GPUs (the CPU emulation has none)")
 REPLAYS = 3
 
 
@@ -47,6 +59,7 @@ def _graph_replay(ctx, name, variant):
     case.close()
 
 
+@GPU
 @pytest.mark.parametrize("name, variant", C.all_variants(),
                          ids=[f"{n}-{v}" for n, v in C.all_variants()])
 def test_graph_capture(pool, name, variant):
@@ -55,27 +68,36 @@ def test_graph_capture(pool, name, variant):
     pool.run(_graph_replay, name, variant)
 
 
-# torch.compile: one compiled function per family (a compile takes seconds), the
-# algorithms the selector picks ("auto")
+# torch.compile: one compiled function per family (a compile takes seconds): the
+# algorithms the selector picks ("auto"), each fused op once per config family of its
+# GEMM core (one op per graph, so that a failure names the op and the family), the fused
+# ops on the plain path (NCCL + cuBLAS), MoE on both kernel paths
+FUSED = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
 FAMILIES = {
     "collectives": [("all_reduce", "auto"), ("all_gather", "auto"),
                     ("reduce_scatter", "auto"), ("all_to_all", "auto"),
                     ("broadcast", "auto")],
     "fused": [("all_gather_matmul", "auto"), ("matmul_reduce_scatter", "auto"),
               ("matmul_all_reduce", "auto"), ("all_reduce_add_rmsnorm", "auto")],
+    **{f"{op}-{fam}": [(op, f"fused/{fam}")] for op in FUSED for fam in C.FAMILIES},
+    "fused-plain": [(op, "plain") for op in FUSED],
     "moe": [("moe", "low_latency"), ("moe", "high_throughput")],
 }
 
 
-def _compiled(ctx, family):
+def _compiled(ctx, family, variants=None, calls=REPLAYS + 2, compile_options=None):
+    """The family's cases (or `variants`) as one compiled function; on GPUs
+    mode="reduce-overhead": warm-up, recording, then replays -- each call checked, no
+    CUDA-graph skip allowed."""
     from torch._dynamo.utils import counters
     import torch._inductor.config as inductor_config
     # a tensor left alive in the graphs' pool then names the line that allocated it
     inductor_config.triton.cudagraph_trees_history_recording = True
-    case = C.combined([C.make_case(ctx, n, v) for n, v in FAMILIES[family]])
-    compiled = torch.compile(case.fn, mode="reduce-overhead", fullgraph=True)
+    case = C.combined([C.make_case(ctx, n, v) for n, v in variants or FAMILIES[family]])
+    compiled = torch.compile(case.fn, fullgraph=True,
+                             **(compile_options or dict(mode="reduce-overhead")))
     skips = counters["inductor"]["cudagraph_skips"]
-    for i in range(REPLAYS + 2):           # warm-up, recording, then replays
+    for i in range(calls):
         torch.compiler.cudagraph_mark_step_begin()
         got = compiled(*case.inputs(i))
         ctx.sync()
@@ -87,6 +109,30 @@ def _compiled(ctx, family):
     case.close()
 
 
+@GPU
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_compiled_reduce_overhead(pool, family):
+    if family == "fused-plain" and _shares_gpu(pool):
+        pytest.skip("NCCL cannot run where ranks share a GPU")
     pool.run(_compiled, family)
+
+
+@pytest.mark.skipif(BACKEND == "cuda", reason="on GPUs the families run under "
+                                              "reduce-overhead (test_compiled_reduce_overhead)")
+def test_compiled_families_cpu(pool):
+    """Every fused config family in one graph (one compile: they take long on the CPU),
+    through Inductor's AOT pipeline without code generation: the options reach the ops
+    and the values are right."""
+    pool.run(_families_cpu)
+
+
+def _families_cpu(ctx):
+    from trident.ops._common import _options_key
+    ctx.plans.clear()
+    variants = [(op, f"fused/{fam}") for fam in C.FAMILIES for op in FUSED]
+    _compiled(ctx, "fused config families", variants, 2, dict(backend="aot_eager"))
+    # each op ran with each family's options (a plan's key holds its call's options)
+    ran = {(key[0], key[6]) for key in ctx.plans._plans}
+    missing = [(op, fam) for fam, opts in C.FAMILIES.items() for op in FUSED
+               if (op, _options_key(opts)) not in ran]
+    assert not missing, f"compiled calls without their family's options: {missing}"

@@ -207,9 +207,24 @@ def _check_opcheck(ctx):
         (ops.all_gather_matmul, (a[:2], w, bias, name, "fused")),
         (ops.matmul_reduce_scatter, (a, w, bias, name, "fused")),
         (ops.matmul_all_reduce, (a.requires_grad_(), w.requires_grad_(), None, name, "fused")),
+        # the fused ops' options (a GEMM config family), as compiled graphs pass them
+        (ops.matmul_all_reduce, (a, w, bias, name, "fused",
+                                 "{'config': {'SWAP_AB': True}, 'gemm': 'tma', 'split_k': 2}")),
     ]
     for op, args in cases:
         opcheck(op, args)
+    # the functional form takes the options as keywords, as the eager call does
+    opts = dict(gemm="classic", config={"SWAP_AB": True}, split_k=2)
+    with torch.no_grad():
+        _close(T.matmul_all_reduce(ctx, a, w, bias, "fused", **opts),
+               ctx.matmul_all_reduce(a, w, bias, algorithm="fused", **opts),
+               f"rank {r} matmul_all_reduce with options", 0)
+    try:
+        T.matmul_all_reduce(ctx, a, w, bias, "fused", config={"BM": [16]})
+    except TypeError as e:
+        assert "cannot go through torch.compile" in str(e), e
+    else:
+        raise AssertionError("an option that is not a literal passed")
     # MoE: dispatch as an op (schema, fake, registration); combine's eager call needs the
     # object's latest dispatch, which opcheck's repeated calls keep (same inputs)
     import trident as td
