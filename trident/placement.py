@@ -31,6 +31,7 @@ context (torch.cuda.set_device does; torch.cuda.device_count does not); the laun
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Mapping
 
 from . import mps
@@ -98,7 +99,8 @@ def share_plan(ranks_per_gpu: int, env: Mapping[str, str], cuda_initialized: boo
     CUDA initialises, the MPS cap that is then in force: a percentage, or None when the
     ranks do not run under MPS). Raises:
     - RuntimeError when the ranks share a GPU without an MPS daemon (`mps_running` False)
-      unless TRIDENT_MPS=off says to let them time-slice; or when CUDA is initialised
+      and TRIDENT_MPS=require (a RuntimeWarning under "auto": they time-slice, slowly but
+      correctly); or when CUDA is initialised
       already without a cap (too late to set one: it names what to export);
     - ValueError when the cap is not a percentage, or larger than the fair share: its
       grids, sized by the SMs the cap gives, could then keep a peer's programs off the GPU
@@ -113,13 +115,22 @@ def share_plan(ranks_per_gpu: int, env: Mapping[str, str], cuda_initialized: boo
     if not mps_running:
         if mode == "off":        # the user's (or the launcher's) choice: time-slice, slowly
             return {}, None
+        # Without MPS the ranks time-slice the GPU: slow, but a waiting grid cannot starve
+        # its peer (each slice runs one process alone). The probe can also miss a daemon
+        # that is busy (4 ranks on one H100 were refused while 16 cores compiled), so this
+        # warns; the cap below is still set, for the daemon that may be there.
         pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or mps.DEFAULT_PIPE_DIR
-        raise RuntimeError(
-            f"{ranks_per_gpu} ranks share this GPU but no MPS control daemon answers at "
-            f"{pipe} (CUDA_MPS_PIPE_DIRECTORY): start one before the job "
-            f"(`{mps.CONTROL} -d`) and {export} for every rank; or set TRIDENT_MPS=off to "
-            f"let the ranks time-slice the GPU (correct, but every cross-rank wait then costs "
-            f"milliseconds)")
+        if mode == "require":
+            raise RuntimeError(
+                f"{ranks_per_gpu} ranks share this GPU but no MPS control daemon answers at "
+                f"{pipe} (CUDA_MPS_PIPE_DIRECTORY), and TRIDENT_MPS=require: start one before "
+                f"the job (`{mps.CONTROL} -d`) and {export} for every rank")
+        warnings.warn(
+            f"{ranks_per_gpu} ranks share this GPU but no MPS control daemon answered at "
+            f"{pipe} (CUDA_MPS_PIPE_DIRECTORY): without one the ranks time-slice the GPU "
+            f"(correct, but every cross-rank wait costs milliseconds). Start one before the "
+            f"job (`{mps.CONTROL} -d`) and {export} for every rank, or set TRIDENT_MPS=off "
+            f"to silence this", RuntimeWarning, stacklevel=3)
     value = (env.get(CAP_VAR) or "").strip()
     if not value:
         if cuda_initialized:

@@ -4,7 +4,7 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.ccl.device import (DATA, MAX_PROGRAMS, NUM_PHASES, OP_ALL_GATHER, begin_epoch,
+from trident.ccl.device import (DATA, MAX_PROGRAMS, NUM_REGIONS, OP_ALL_GATHER, begin_epoch,
                                 notify_all, wait_all)
 
 
@@ -24,9 +24,9 @@ def push_all_gather(out, inp, scratch, flags, sync, ctrl, heap_bases, rank, worl
             tdl.store(scratch + rank * stride + offs, x, rank, (rank + i) % world_size,
                       heap_bases, mask=mask)
         tl.store(out + rank * n + offs, x, mask=mask)
-    notify_all(flags, DATA, epoch, rank, world_size, heap_bases)
+    notify_all(flags, DATA, epoch, rank, world_size, heap_bases, 3)       # fp: any, alike
     if WAIT:
-        wait_all(flags, DATA, epoch, ctrl, rank, world_size, OP_ALL_GATHER)
+        wait_all(flags, DATA, epoch, ctrl, rank, world_size, OP_ALL_GATHER, 3)
     for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
@@ -42,7 +42,7 @@ def run_push_all_gather(ctx, inp, wait: bool, block: int = 16, programs: int = 2
     n = inp.numel()
     stride = n
     scratch = ctx.zeros(ctx.world_size * stride, dtype=inp.dtype)
-    flags = ctx.zeros(NUM_PHASES.value * 64 * MAX_PROGRAMS.value, dtype=torch.int64)
+    flags = ctx.zeros(NUM_REGIONS.value * 64 * MAX_PROGRAMS.value, dtype=torch.int64)
     sync = torch.zeros(2, dtype=torch.int64)
     out = torch.empty(ctx.world_size * n, dtype=inp.dtype)
     ctx.barrier()            # every rank has zeroed its flags before any peer signals

@@ -176,7 +176,7 @@ def _fp_slot(flags, epoch, src):
 def notify(flags, phase: tl.constexpr, epoch, rank, peer, heap_bases, fp):
     """Tell `peer` (release, after every store of this program) that this program of
     `rank` reached `phase` of launch `epoch`, in a call of fingerprint `fp`."""
-    tdl.store(_fp_slot(flags, epoch, rank), fp.to(tl.int64), rank, peer, heap_bases)
+    tdl.store(_fp_slot(flags, epoch, rank), tl.cast(fp, tl.int64), rank, peer, heap_bases)
     tdl.signal(_flag(flags, phase, rank), epoch, rank, peer, heap_bases)
 
 
@@ -185,7 +185,7 @@ def wait_for(flags, phase: tl.constexpr, epoch, src, ctrl, rank, op: tl.constexp
     """Wait (acquire, bounded) until program of the same id on `src` reached `phase`;
     True if it did, in a call of the same fingerprint `fp` (else CallMismatch is recorded)."""
     ok = tdl.wait(_flag(flags, phase, src), epoch, ctrl, rank, src, op)
-    same = tl.load(_fp_slot(flags, epoch, src), volatile=True) == fp.to(tl.int64)
+    same = tl.load(_fp_slot(flags, epoch, src), volatile=True) == tl.cast(fp, tl.int64)
     if ok & (not same):
         tdl.record_error(ctrl, rank, src, op, tdl.KIND_MISMATCH)
     return ok & same
@@ -209,8 +209,8 @@ def wait_all(flags, phase: tl.constexpr, epoch, ctrl, rank, world_size, op: tl.c
 @triton.jit
 def _all_ones(x):
     """All bits set, in x's dtype: NaN in every floating format, -1 as a signed integer."""
-    if x.dtype.is_floating():
-        bad = x * float("nan")
+    if x.dtype.is_floating():       # via fp32: the interpreter has no bf16 constants
+        bad = (x.to(tl.float32) * float("nan")).to(x.dtype)
     else:
         bad = ~(x ^ x)
     return bad
