@@ -32,39 +32,68 @@ ALGORITHMS = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
               "all_reduce": ALL_REDUCE, "all_to_all": ALL_TO_ALL, "broadcast": BROADCAST}
 
 
+def _nccl_agreed(ctx) -> bool:
+    """Whether the "nccl" algorithm can run on every rank (common.Agreed). The local
+    flag too: where a rank cannot, neither could it when the ranks agreed, so this is the
+    agreed value, unless a test has since made every rank's context unable."""
+    return common.agreed(ctx).nccl and nccl.available(ctx)
+
+
 def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
     """The algorithm a call runs: `algorithm` by name, or the selector's choice for "auto"
-    (also None, the default of earlier versions)."""
+    (also None, the default of earlier versions).
+
+    The same on every rank: `algorithm` and `nbytes` (sizes that must agree; callers pass
+    a stand-in where they may differ) are the call's; whether NCCL can run and the
+    selector's tables are agreed (common.Agreed); `graph` (a CUDA graph is being
+    captured) is the same on every rank when the ranks capture the same calls, which
+    they must (debug mode checks it with the sizes)."""
     auto = algorithm is None or algorithm == "auto"
-    has_nccl = nccl.available(ctx)        # not where ranks share a GPU
+    has_nccl = _nccl_agreed(ctx)          # not where ranks share a GPU (on any rank)
+    if auto:
+        common.check_tables(ctx, op)
     name = select(op, nbytes, ctx.world_size, graph=graph, nccl=has_nccl) if auto else algorithm
     choices = ["auto"] + sorted(ALGORITHMS[op]) + (["nccl"] if has_nccl else [])
     if name == "nccl":
-        nccl.check_available(ctx, f"{op}: algorithm 'nccl'", choices)
+        if not has_nccl:
+            raise ValueError(f"{op}: algorithm 'nccl': {nccl.unavailable_reason(ctx)}; "
+                             f"choose one of {choices}")
     elif name not in ALGORITHMS[op]:
         raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of {choices}")
     return name
 
 
-def signature(tensors, options, rows: bool = True) -> tuple:
-    """What must agree across ranks in a call: each tensor's shape (without dim 0 when
-    `rows` is False) and dtype, and the scalar options (lists such as splits may differ)."""
+def signature(op: str, tensors, options) -> tuple:
+    """What must agree across ranks in a call of `op` (`options`: the plan builder's, the
+    last being whether a CUDA graph is being captured): each tensor's shape and dtype and
+    every option -- the algorithm, launch sizes, knobs, the capture. Except all_to_all's
+    splits (its first two options), which may differ, and with them its tensors' rows,
+    unless both splits are None: even splits, where every rank has the same rows."""
+    rows = True
+    if op == "all_to_all":
+        rows = options[0] is None and options[1] is None
+        options = options[2:]
     sig = [(tuple(t.shape) if rows else tuple(t.shape[1:]), str(t.dtype))
            if isinstance(t, torch.Tensor) else type(t).__name__ for t in tensors]
-    return tuple(sig) + tuple(o for o in options if not isinstance(o, (list, tuple)))
+    return tuple(sig) + tuple(options)
 
 
 def _run(ctx, key, build, tensors, *options):
     """Run the plan of `key` on `tensors`, building it first if this signature is new.
     The key's and the options' last item is whether a CUDA graph is being captured.
 
-    Debug mode first checks, with one host collective, that every rank called with the
-    same sizes (before anything is allocated or launched). An eager first call on a GPU
+    The context's first collective agrees on the facts of common.Agreed (one host
+    exchange, on every rank: a first collective builds a plan everywhere). Debug mode
+    then checks, with one host collective, that every rank called with the same sizes
+    and options (before anything is allocated or launched). An eager first call on a GPU
     also builds the plan a capture of the same call will use (the graph table may pick
     another algorithm, whose workspace cannot be created during a capture)."""
-    if ctx.debug:
-        ctx.agree(key[0], *signature(tensors, options[:-1], rows=key[0] != "all_to_all"))
     plan = ctx.plans.get(key)
+    if plan is None:
+        with ctx.building(key[0]):
+            common.agreed(ctx)
+    if ctx.debug:
+        ctx.agree(key[0], *signature(key[0], tensors, options))
     if plan is None:
         with ctx.building(key[0]):
             plan = ctx.plans.put(key, build(ctx, *tensors, *options), for_capture=key[-1])
@@ -190,8 +219,10 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
                      graph) -> Plan:
     even = out_splits is None and in_splits is None
     out_splits, in_splits = checks.all_to_all(ctx, out, inp, out_splits, in_splits)
-    # Every rank must pick the same algorithm. With uneven splits the input sizes differ
+    # Every rank must pick the same algorithm. With splits given, the sizes may differ
     # between ranks, so the choice cannot depend on them: take the large-message row.
+    # Splits of None (even) mean the same rows on every rank, and must be passed alike on
+    # every rank (debug mode checks the rows and the Nones with the sizes).
     nbytes = inp.numel() * inp.element_size() if even else 1 << 62
     name = _algorithm(ctx, "all_to_all", algorithm, nbytes, graph)
     kw = knobs(ctx, "all_to_all", name, ALL_TO_ALL.get(name), kw, block, programs)
@@ -205,6 +236,11 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
     elif ctx.world_size == 1:
         plan.add(lambda ts: ts[0].copy_(ts[1]))
     else:
+        if name == "push":
+            # push stages a plain output (its size differs between ranks, so staging takes
+            # the bounded buffer: common.stage), but skips stage() for a zero-row heap
+            # view: the buffer every rank must make is made here.
+            common.stage_buffer(ctx, "stage.out")
         row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
         (words_out, words_in), finish = common.as_words(
             ctx, plan, [(out, 0, False, True), (inp, 1, True, False)], unit=row_bytes)
@@ -238,7 +274,9 @@ def _match_splits(everyone) -> None:
 def _check_splits_matched(ctx) -> None:
     st = common.state(ctx)
     ctx.sync()
-    bad = torch.tensor([int(st.a2a_check.item())], device=nccl.host_device(ctx))
+    # the host group's device: the same on every rank (common.Agreed.nccl)
+    device = ctx.device if _nccl_agreed(ctx) else torch.device("cpu")
+    bad = torch.tensor([int(st.a2a_check.item())], device=device)
     st.a2a_check.zero_()
     dist.all_reduce(bad, group=ctx.group)
     if bad.item():
@@ -261,7 +299,7 @@ def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, program
 def _plan_broadcast(ctx, t, src, algorithm, block, programs, kw, graph) -> Plan:
     checks.broadcast(ctx, t, src)
     name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size(), graph)
-    word = common.word_type([t.numel() * t.element_size()])[1]
+    word = common.word_type(t.element_size(), [t.numel() * t.element_size()])[1]  # as_words'
     kw = knobs(ctx, "broadcast", name, BROADCAST.get(name), kw, block, programs, word)
     plan = Plan((t,), name)
     if name == "nccl":

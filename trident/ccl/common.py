@@ -1,11 +1,24 @@
 """Host side that every collective shares: input checks, the per-context state (epoch
-counter and flags), scratch and staging buffers on the heap, and launch sizes."""
+counter and flags), what the ranks agree on once (`Agreed`), scratch and staging buffers
+on the heap, word views and launch sizes.
+
+Rank-independent decisions. Everything that shapes a collective's protocol -- the
+algorithm, the word width, the workspaces a call creates (collectively: each is a heap
+allocation and a host barrier on every rank), the launch size, the chunking -- must come
+out the same on every rank. So it is derived only from what every rank knows alike: the
+op, shapes and dtypes (which must agree across ranks; debug mode checks them), options,
+world size and backend, and the facts of `Agreed`. Facts of one rank -- where its
+tensors lie on its heap (offsets, alignment, whether on the heap at all), its data
+pointers, all_to_all's splits -- may only decide what changes nothing the ranks exchange
+or allocate together: e.g. whether this rank copies its tensor into a staging buffer
+that every rank has made anyway. The kernels learn the peers' heap offsets at run time
+(device.py, "Heap offsets")."""
 from __future__ import annotations
 
 import torch
 import triton
 
-from . import device
+from . import device, nccl, selector
 
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
 REDUCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -38,6 +51,74 @@ def state(ctx) -> State:
     return ctx.workspace("ccl.state", State)
 
 
+class Agreed:
+    """Facts that shape every collective but are read by each rank for itself, agreed by
+    all ranks in one host exchange at the context's first collective (`agreed`, called
+    before its plan is built: a context's first collective builds a plan on every rank,
+    so the exchange is at the same call everywhere):
+    - sms: the SMs a grid may fill (GPUs). Each rank's share of its GPU (ctx.usable_sms)
+      can differ -- 3 ranks on 2 GPUs share one GPU two ways and have the other alone;
+      MPS percentages are per process -- while programs wait on the programs of the same
+      id on their peers, so every rank must launch the same grid: the smallest share
+      (resident everywhere);
+    - nccl: whether the "nccl" algorithm can run: only if it can on every rank (a rank
+      alone on its GPU would pick it where its peers cannot);
+    - heap_size: the smallest heap (it sizes the staging buffers every rank makes);
+    - tables: None if every rank's selector reads the same tables for this world size
+      (a tuned file on the machine, read by each process), else what each rank read:
+      "auto" then refuses to choose (`check_tables`), since ranks would choose apart;
+    - debug mode must be on for every rank or none (it adds a host exchange to every
+      call): else `error`, raised on every rank at this and every later collective."""
+
+    def __init__(self, ctx):
+        self.digest, self.source = selector.fingerprint(ctx.world_size)
+        self.mine = [(ctx.usable_sms or 0) if ctx.backend == "cuda" else 0,
+                     int(nccl.available(ctx)), int(bool(ctx.debug)), int(ctx.heap_size),
+                     self.digest]
+        self.error = None
+        self.pending = True             # the exchange follows the workspace's barrier
+
+    def exchange(self, ctx) -> None:
+        self.pending = False
+        rows, sources = ctx.host_exchange("ccl.agree", self.mine, detail=self.source)
+        rows = [[int(v) for v in row[:len(self.mine)]] for row in rows]
+        self.sms = min(row[0] for row in rows) if ctx.backend == "cuda" else None
+        self.nccl = all(row[1] for row in rows)
+        self.heap_size = min(row[3] for row in rows)
+        self.tables = None
+        if len({row[4] for row in rows}) > 1:
+            names = sources or [self.source] * len(rows)
+            self.tables = "; ".join(f"rank {r}: {names[r]} (digest {row[4] & 0xffffffff:08x})"
+                                    for r, row in enumerate(rows))
+        debug = [r for r, row in enumerate(rows) if row[2]]
+        if debug and len(debug) < len(rows):
+            self.error = (f"debug mode is on for rank(s) {debug} only (td.init(debug=...) or "
+                          f"TRIDENT_DEBUG): it adds a host check to every collective, so it "
+                          f"must be on for every rank or for none")
+
+
+def agreed(ctx) -> Agreed:
+    """This context's `Agreed` facts: a workspace (so a rank that never comes is named
+    with the op by the workspace's barrier), exchanged right after it is made."""
+    facts = ctx.workspace("ccl.agreed", Agreed)
+    if facts.pending:
+        facts.exchange(ctx)
+    if facts.error is not None:
+        raise ValueError(facts.error)
+    return facts
+
+
+def check_tables(ctx, op: str) -> None:
+    """Raise ValueError if the ranks' selectors read different tables (see Agreed): an
+    "auto" call would then run different algorithms on different ranks."""
+    why = agreed(ctx).tables
+    if why is not None:
+        raise ValueError(f"{op}: algorithm 'auto' needs the same selector tables on every "
+                         f"rank, but the ranks loaded different ones ({why}); give every rank "
+                         f"the same TRIDENT_CACHE_DIR (or rerun `trident tune`), or pass "
+                         f"algorithm= by name")
+
+
 def _size_class(nbytes: int) -> int:
     return max(1 << 16, 1 << (max(nbytes, 1) - 1).bit_length())
 
@@ -68,28 +149,59 @@ def _copy_back(plan, index: int, buf: torch.Tensor) -> None:
     plan.add(lambda ts: ts[index].copy_(mirror))
 
 
+# Staging buffers (see `stage`): at most this many bytes, or 1/16 of the heap if less.
+STAGE_BYTES = 1 << 20
+
+
+def stage_buffer(ctx, key: str) -> torch.Tensor:
+    """The staging buffer of `key` (uint8, on the heap): made on every rank by the first
+    call that stages through `key`, whatever lies where (see `stage`). Its size depends
+    only on Agreed.heap_size: min(STAGE_BYTES, the power of two at or below heap / 16)."""
+    size = min(STAGE_BYTES, 1 << max(0, (agreed(ctx).heap_size // 16).bit_length() - 1))
+    return ctx.workspace((f"ccl.{key}", size), lambda c: c.empty(size, dtype=torch.uint8))
+
+
 def stage(ctx, plan, t: torch.Tensor, index: int, key: str, copy_in: bool = True) -> torch.Tensor:
     """`t` itself when it lies on the heap, else a heap buffer of its size for the kernel
     that needs it there (`t` is a flat view of the call's tensor `index`). With copy_in,
     the plan copies the call's tensor into the buffer first. See `unstage`.
 
-    Making the buffer is collective (a workspace), and only ranks whose tensor is not on
-    the heap make it. Ranks that pass a heap tensor where a peer passes a plain one (or
-    sizes in different size classes) therefore raise CallMismatchError naming both calls,
-    on the plan's first call. Making the buffer on every rank would avoid that at the
-    price of a heap-sized copy of every large input, which fills the heap."""
+    Making a buffer is collective (a workspace), so which buffers a call makes must not
+    depend on whether this rank's tensor is on the heap -- a peer's may not be (or, for
+    all_to_all, be of another size). So every call makes the staging buffer of `key`
+    (`stage_buffer`, bounded: at most STAGE_BYTES) on every rank, and a rank whose tensor
+    is not on the heap and fits uses it; a rank whose tensor is on the heap leaves it
+    unused (the kernels find each rank's tensor wherever it lies: "Heap offsets" in
+    device.py). Larger tensors that are not on the heap get a buffer of their size class
+    (`scratch`), made only by the ranks that need one: making it on every rank would cost
+    every heap tensor as much heap again. So above the staging buffer's size, a call must
+    pass the tensor on the heap on every rank or on none -- counting a 1-byte heap view
+    at an address that is not a whole word (word_type) as not on the heap -- and
+    all_to_all's outputs that are not on the heap must be in the same size class on every
+    rank; otherwise the ranks raise HeapMismatchError, or the ones that went on time out,
+    naming the op."""
+    small = stage_buffer(ctx, key)              # on every rank, whatever t is
     if ctx.is_symmetric(t):
         return t
     nbytes = t.numel() * t.element_size()
-    buf = scratch(ctx, nbytes, torch.uint8, key)[:nbytes].view(t.dtype)
+    whole = small if nbytes <= small.numel() else scratch(ctx, nbytes, torch.uint8, key)
+    buf = whole[:nbytes].view(t.dtype)
     if copy_in:
         _copy_in(plan, index, buf)
     return buf
 
 
 def unstage(plan, index: int, t: torch.Tensor, staged: torch.Tensor) -> None:
-    """After the kernel's step: copy a staged buffer back into the call's tensor `index`."""
-    if staged is not t:
+    """After the kernel's step: copy a staged buffer back into `t`, the flat view that was
+    staged of the call's tensor `index` -- or as_words' aligned stand-in for it, which
+    as_words' finish() copies into the call's tensor afterwards: the result must go into
+    the stand-in then (written into the call's tensor, it would be overwritten by the
+    stand-in's stale copy: all_to_all push's output at an odd byte offset did)."""
+    if staged is t:
+        return
+    if t.numel() and t.data_ptr() != plan.tensors[index].data_ptr():
+        plan.add(lambda ts: t.copy_(staged))
+    else:
         _copy_back(plan, index, staged)
 
 
@@ -120,32 +232,48 @@ def check_same_dtype(a: torch.Tensor, b: torch.Tensor, names: str) -> None:
         raise TypeError(f"{names} must have the same dtype, got {a.dtype} and {b.dtype}")
 
 
-def word_type(nbytes, unit: int = 0) -> tuple[torch.dtype, int]:
-    """(dtype, bytes) of the widest integer type (int32/int16/int8) that tiles every size in
-    `nbytes` and `unit` bytes: as_words' word, known from sizes alone."""
+def word_type(elem_size: int, nbytes=(), unit: int = 0) -> tuple[torch.dtype, int]:
+    """(dtype, bytes) of as_words' word: the widest integer type (int32/int16/int8) that
+    tiles every size in `nbytes` and `unit` bytes and, for elements of 2 bytes or more,
+    an element of `elem_size` bytes. It depends on the dtype and sizes, which the ranks
+    agree on, never on where a tensor lies.
+
+    Never wider than an element of 2 bytes or more: torch starts every tensor at a
+    multiple of its element size, so every rank's tensor -- wherever it lies, e.g. a heap
+    view an odd number of elements in -- is aligned to the word and nothing is staged for
+    alignment. (int32 words for an fp16 tensor of even size left a view 2 bytes off a
+    4-byte boundary unaligned on one rank only: that rank staged it, making a staging
+    workspace its peers did not: HeapMismatchError.) int16 words keep the copy loops'
+    16-byte accesses on GPUs; int8 words do not (tests/compile/sm90.py compiles them to
+    scalar loads and stores), so 1-byte elements move as the widest word their sizes
+    allow, and a view at an address that is not a multiple of it is copied by its rank
+    alone (as_words) and, where the algorithm needs it on the heap, staged (`stage`: the
+    same buffers on every rank up to the staging buffer's size)."""
     return next((w, s) for w, s in ((torch.int32, 4), (torch.int16, 2), (torch.int8, 1))
-                if unit % s == 0 and all(n % s == 0 for n in nbytes))
+                if (elem_size == 1 or elem_size % s == 0) and unit % s == 0
+                and all(n % s == 0 for n in nbytes))
 
 
 def as_words(ctx, plan, specs, unit: int = 0):
-    """Flat views of the call's tensors as the widest integer type (int32/int16/int8) that
-    tiles all of them and `unit` bytes (e.g. a row), so data movement works for any dtype
-    (bool, fp8, complex, ...).
+    """Flat views of the call's tensors as integer words (`word_type`: the widest of
+    int32/int16/int8 that tiles their element and `unit` bytes, e.g. a row), so data
+    movement works for any dtype (bool, fp8, complex, ...).
 
     specs: (tensor, index among the call's tensors, is an input, is an output). The width
-    depends only on sizes, which every rank agrees on, never on where a tensor lies: ranks
-    that chose different widths would run different kernels. A tensor that is not aligned
-    to the width here is staged through an aligned buffer (copied in before the
-    kernel if an input; back after it if an output: call the returned `finish()` once the
-    kernel's step is added). Returns (views, finish).
+    depends only on the dtype and sizes, which every rank agrees on, never on where a
+    tensor lies: ranks that chose different widths would run different kernels. A tensor
+    whose data pointer is not a multiple of the word (only 1-byte dtypes: see word_type)
+    is copied through an aligned plain buffer (in before the kernel if an input; back
+    after it if an output: call the returned `finish()` once the kernel's step is added):
+    a copy of this rank's own, which changes nothing the ranks share; its heap staging,
+    if the algorithm needs one, is `stage`'s. Returns (views, finish).
     """
     nbytes = [t.numel() * t.element_size() for t, *_ in specs]
-    wide, size = word_type(nbytes, unit)
+    wide, size = word_type(min(t.element_size() for t, *_ in specs), nbytes, unit)
     views, back = [], []
     for (t, index, is_in, is_out), n in zip(specs, nbytes):
         flat = t.reshape(-1).view(torch.uint8)
         if flat.data_ptr() % size:
-            # a plain buffer (a heap one would have to be made on every rank)
             buf = torch.empty(n, dtype=torch.uint8, device=ctx.device)
             if is_in:
                 _copy_in(plan, index, buf)
@@ -171,8 +299,10 @@ def launch_size(ctx, n: int, elem_size: int, block=None, programs=None) -> tuple
     block = block_size(ctx, elem_size, block)
     check_launch(block, programs)
     # on a GPU shared by several ranks, at most the rank's share of the SMs, so that every
-    # rank's programs are resident at once (trident/placement.py)
-    limit = programs or (min(GPU_MAX_PROGRAMS, ctx.usable_sms) if gpu else CPU_MAX_PROGRAMS)
+    # rank's programs are resident at once (trident/placement.py) -- the smallest share of
+    # any rank (Agreed.sms): programs wait on the programs of the same id on their peers,
+    # so every rank launches the same grid. The rest depends on sizes and options only.
+    limit = programs or (min(GPU_MAX_PROGRAMS, agreed(ctx).sms) if gpu else CPU_MAX_PROGRAMS)
     return block, max(1, min(limit, triton.cdiv(n, block)))
 
 

@@ -23,6 +23,7 @@ reduce_scatter the output block, all_to_all the input.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -85,18 +86,32 @@ def tables_for(world_size: int, doc: dict | None = None, origin: str = "") -> Ta
     return Tables(entry, cost, f"{origin} ({which}{note})")
 
 
+def _active_tables(world_size: int) -> Tables:
+    """The tables `select` reads for `world_size` in this process (loaded on first use)."""
+    active = _active.get(world_size)
+    if active is None:
+        active = _active[world_size] = tables_for(world_size)
+    return active
+
+
+def fingerprint(world_size: int) -> tuple[int, str]:
+    """(digest, source) of the rows `select` uses for `world_size` in this process. The
+    tables are read per process (a tuned file on this machine, else the built-in one), but
+    every rank must choose alike: ccl.common.Agreed compares the digests across ranks."""
+    active = _active_tables(world_size)
+    text = json.dumps(active.rows, sort_keys=True).encode()
+    digest = int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little", signed=True)
+    return digest, active.source
+
+
 def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
            graph: bool = False, nccl: bool = True) -> str:
     """The algorithm for `op` at `nbytes` per rank on `world_size` ranks; graph=True for a
     call being captured into a CUDA graph. `table`: a tables document to use instead of
     the machine's (tests). nccl=False (ranks that share a GPU, where NCCL cannot run)
     never returns "nccl" (see `_row`)."""
-    if table is not None:
-        active = tables_for(world_size, table, "given")
-    else:
-        active = _active.get(world_size)
-        if active is None:
-            active = _active[world_size] = tables_for(world_size)
+    active = tables_for(world_size, table, "given") if table is not None \
+        else _active_tables(world_size)
     rows = active.rows["graph" if graph else "eager"][op]
     name = _row(rows, nbytes, nccl)
     if name is None:                       # every row is "nccl": the cost model's choice
