@@ -19,9 +19,16 @@ def num_cases(request, default: int) -> int:
     return request.config.getoption("--cases") or default
 
 
-def skip_unless_fuzzed_world(pool) -> None:
-    if pool.world_size not in WORLD_SIZES:
-        pytest.skip(f"fuzzing runs at world sizes {WORLD_SIZES} (TRIDENT_FUZZ_WORLD_SIZES)")
+def fuzzed_worlds(default: str) -> list[int]:
+    """The world sizes a suite fuzzes: TRIDENT_FUZZ_WORLD_SIZES if set, else `default`
+    (e.g. "2,3,4" for a suite that is cheap enough at 4 ranks)."""
+    return [int(w) for w in os.environ.get("TRIDENT_FUZZ_WORLD_SIZES", default).split(",")]
+
+
+def skip_unless_fuzzed_world(pool, worlds=None) -> None:
+    worlds = WORLD_SIZES if worlds is None else worlds
+    if pool.world_size not in worlds:
+        pytest.skip(f"fuzzing runs at world sizes {worlds} (TRIDENT_FUZZ_WORLD_SIZES)")
 
 
 def run_cases(ctx, run_one, seeds) -> dict:

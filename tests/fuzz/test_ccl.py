@@ -1,8 +1,15 @@
 """Fuzzing the collectives against plain torch: every algorithm (and "nccl", which is
 torch.distributed), random shapes and dtypes, zero-row ranks, uneven all_to_all splits,
-plain tensors, heap tensors and heap views at a rank-dependent offset, in-place calls
-(NCCL-style all_gather into its own block, reduce_scatter out of its own block) and
-aliasing (all_to_all with out and inp overlapping must be rejected)."""
+plain tensors, heap tensors and heap views at rank-dependent offsets (odd numbers of
+elements among them, a different one on each rank), tensors that lie differently on
+different ranks (on the heap on some, plain on others), in-place calls (NCCL-style
+all_gather into its own block, reduce_scatter out of its own block) and aliasing
+(all_to_all with out and inp overlapping must be rejected).
+
+Seed s runs algorithm s % A of the op's A (nccl included) with dtype (s // A) % D of its
+D, so that every (algorithm, dtype) pair is fuzzed at every world size; the rest is
+drawn. World sizes: 2 and 3 with CI_CASES each, 4 with fewer (the emulation's 4 ranks
+share 2 CPU cores in CI); TRIDENT_FUZZ_WORLD_SIZES and --cases N override."""
 import random
 
 import pytest
@@ -10,7 +17,7 @@ import torch
 
 from trident.ccl import ALGORITHMS
 
-from .common import num_cases, run_cases, run_family, skip_unless_fuzzed_world
+from .common import fuzzed_worlds, num_cases, run_cases, run_family, skip_unless_fuzzed_world
 from ..conftest import nccl_available
 
 # Bugs this fuzzer found, now fixed; their regression tests are at the end. A flag set to
@@ -21,6 +28,11 @@ KNOWN_BUG_NCCL_EMPTY = False        # all_to_all "nccl": a rank with no rows to 
 REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ANY_DTYPES = REDUCE_DTYPES + (torch.int32, torch.int8, torch.bool, torch.int64)
 TAILS = [(), (1,), (3,), (4,), (2, 3), (7,), (16,)]
+WORLDS = fuzzed_worlds("2,3,4")
+CI_CASES = {4: 40}          # cases per collective at a world size in CI; default 150
+# Where a tensor lies (`_place`): the same kind on every rank, or "mixed" (per rank)
+PLACES = ["plain", "plain", "heap", "shifted", "skewed", "skewed", "mixed"]
+SKEWS = [0, 1, 3, 5, 7]     # elements into a heap allocation: 0 or odd, drawn per rank
 
 
 def _tol(dtype):
@@ -50,23 +62,38 @@ def _reduce(xs, op):
 
 
 def _place(ctx, g, world, shape, dtype, keep):
-    """A tensor of `shape`: plain, on the heap, or a heap view at an offset that differs
-    by rank (every rank allocates the same size; the view's place differs)."""
-    where = g.choice(["plain", "plain", "heap", "shifted"])
-    if where == "plain":
-        return torch.empty(shape, dtype=dtype, device=ctx.device), where
+    """A tensor of `shape` on this rank and how it lies. Every rank draws the same numbers
+    and makes the same heap allocations (allocations must match across ranks; where a
+    rank's view lies in them need not), then takes its own:
+    plain / heap: that kind on every rank; shifted: a heap view pad * rank elements in;
+    skewed: a heap view SKEWS[i] elements in, drawn for each rank (odd numbers of
+    elements, a different one per rank); mixed: plain, heap or skewed, drawn for each
+    rank (tensors on the heap on some ranks and not on others)."""
+    where = g.choice(PLACES)
     numel = 1
     for s in shape:
         numel *= s
+    if where == "plain":
+        return torch.empty(shape, dtype=dtype, device=ctx.device), where
     if where == "heap":
         t = ctx.empty(*shape, dtype=dtype)
         keep.append(t)
         return t, where
-    pad = g.randrange(1, 9)
-    big = ctx.empty(numel + pad * world, dtype=dtype)
+    if where == "shifted":
+        pad = g.randrange(1, 9)
+        skews = [pad * r for r in range(world)]
+    else:
+        skews = [g.choice(SKEWS) for _ in range(world)]
+    kinds = [g.choice(["plain", "heap", "skewed"]) for _ in range(world)] \
+        if where == "mixed" else [where] * world
+    big = ctx.empty(numel + max(skews), dtype=dtype)
     keep.append(big)
-    start = pad * ctx.rank
-    return big[start:start + numel].view(shape), where
+    kind = kinds[ctx.rank]
+    what = f"{where} {kinds if where == 'mixed' else ''}{skews}"
+    if kind == "plain":
+        return torch.empty(shape, dtype=dtype, device=ctx.device), what
+    start = 0 if kind == "heap" else skews[ctx.rank]
+    return big[start:start + numel].view(shape), what
 
 
 def _place_heap(ctx, shape, dtype, keep):
@@ -75,19 +102,22 @@ def _place_heap(ctx, shape, dtype, keep):
     return t
 
 
-def _case(op, seed, ctx):
+def _case(op, seed, ctx, dtypes):
+    """(random stream, algorithm, block, dtype) of case `seed`: algorithm and dtype in turn
+    (every pair once per len(algorithms) * len(dtypes) seeds), the rest drawn."""
     g = random.Random(f"{op}-{seed}")
-    algorithm = g.choice(sorted(ALGORITHMS[op]) + ["nccl"])
+    algorithms = sorted(ALGORITHMS[op]) + ["nccl"]
+    algorithm = algorithms[seed % len(algorithms)]
+    dtype = dtypes[seed // len(algorithms) % len(dtypes)]
     if algorithm == "nccl" and not ctx.nccl_available:    # ranks share a GPU: no NCCL
-        algorithm = "auto"                                 # (same random stream after)
-    return g, algorithm, g.choice([None, None, 16, 64])
+        algorithm = "auto"
+    return g, algorithm, g.choice([None, None, 16, 64]), dtype
 
 
 def _all_gather(ctx, seed):
-    g, algorithm, block = _case("all_gather", seed, ctx)
+    g, algorithm, block, dtype = _case("all_gather", seed, ctx, ANY_DTYPES)
     w, r = ctx.world_size, ctx.rank
-    n, tail = g.choice([0, 1, 2, 3, 5, 8, 13, 40]), g.choice(TAILS)
-    dtype = g.choice(ANY_DTYPES)
+    n, tail = g.choice([0, 1, 2, 3, 5, 8, 13, 40, 64]), g.choice(TAILS)
     xs = _inputs(g, w, (n, *tail), dtype)
     keep = []
     out, where = _place(ctx, g, w, (w * n, *tail), dtype, keep)
@@ -96,7 +126,8 @@ def _all_gather(ctx, seed):
         inp, in_where = out[r * n:(r + 1) * n], "in place"
     else:
         inp, in_where = _place(ctx, g, w, (n, *tail), dtype, keep)
-        if KNOWN_BUG_SHIFTED_BYTES and in_where == "shifted" and dtype.itemsize < 4:
+        if KNOWN_BUG_SHIFTED_BYTES and in_where.startswith("shifted") \
+                and dtype.itemsize < 4:
             keep.append(inp)     # see test_all_gather_shifted_byte_input
             inp, in_where = _place_heap(ctx, (n, *tail), dtype, keep), "heap"
     inp.copy_(xs[r])
@@ -106,10 +137,10 @@ def _all_gather(ctx, seed):
 
 
 def _reduce_scatter(ctx, seed):
-    g, algorithm, block = _case("reduce_scatter", seed, ctx)
+    g, algorithm, block, dtype = _case("reduce_scatter", seed, ctx, REDUCE_DTYPES)
     w, r = ctx.world_size, ctx.rank
     n, tail = g.choice([1, 2, 3, 5, 8, 13, 40]), g.choice(TAILS)
-    dtype, op = g.choice(REDUCE_DTYPES), g.choice(["sum", "sum", "max", "min"])
+    op = g.choice(["sum", "sum", "max", "min"])
     xs = _inputs(g, w, (w * n, *tail), dtype)
     keep = []
     inp, where = _place(ctx, g, w, (w * n, *tail), dtype, keep)
@@ -128,10 +159,10 @@ def _reduce_scatter(ctx, seed):
 
 
 def _all_reduce(ctx, seed):
-    g, algorithm, block = _case("all_reduce", seed, ctx)
+    g, algorithm, block, dtype = _case("all_reduce", seed, ctx, REDUCE_DTYPES)
     w, r = ctx.world_size, ctx.rank
     shape = (g.choice([0, 1, 2, 5, 17, 64, 300, 1000]), *g.choice(TAILS[:4]))
-    dtype, op = g.choice(REDUCE_DTYPES), g.choice(["sum", "sum", "max", "min"])
+    op = g.choice(["sum", "sum", "max", "min"])
     xs = _inputs(g, w, shape, dtype)
     keep = []
     t, where = _place(ctx, g, w, shape, dtype, keep)
@@ -142,9 +173,9 @@ def _all_reduce(ctx, seed):
 
 
 def _all_to_all(ctx, seed):
-    g, algorithm, block = _case("all_to_all", seed, ctx)
+    g, algorithm, block, dtype = _case("all_to_all", seed, ctx, ANY_DTYPES)
     w, r = ctx.world_size, ctx.rank
-    tail, dtype = g.choice(TAILS), g.choice(ANY_DTYPES)
+    tail = g.choice(TAILS)
     even = g.random() < 0.3
     if even:
         k = g.choice([0, 1, 2, 3])
@@ -184,10 +215,10 @@ def _all_to_all(ctx, seed):
 
 
 def _broadcast(ctx, seed):
-    g, algorithm, block = _case("broadcast", seed, ctx)
+    g, algorithm, block, dtype = _case("broadcast", seed, ctx, ANY_DTYPES)
     w, r = ctx.world_size, ctx.rank
     shape = (g.choice([0, 1, 3, 17, 100, 600]), *g.choice(TAILS[:4]))
-    dtype, src = g.choice(ANY_DTYPES), g.randrange(w)
+    src = g.randrange(w)
     xs = _inputs(g, w, shape, dtype)
     keep = []
     t, where = _place(ctx, g, w, shape, dtype, keep)
@@ -207,9 +238,9 @@ def _batch(ctx, seeds, op):
 
 @pytest.mark.parametrize("op", list(OPS))
 def test_fuzz_collective(pool, request, op):
-    """300 cases per collective in CI (over the fuzzed world sizes), --cases N for more."""
-    skip_unless_fuzzed_world(pool)
-    run_family(pool, _batch, num_cases(request, 150), op)
+    """340 cases per collective in CI (150 at 2 and 3 ranks, 40 at 4), --cases N for more."""
+    skip_unless_fuzzed_world(pool, WORLDS)
+    run_family(pool, _batch, num_cases(request, CI_CASES.get(pool.world_size, 150)), op)
 
 
 def _shifted_byte_input(ctx, algorithm):
