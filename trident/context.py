@@ -113,8 +113,8 @@ class Context(HeapMethods, SyncMethods, OpMethods):
         self.heap_bases = torch.tensor(self._heap.bases, dtype=torch.int64, device=self.device)
         self.ctrl = self.zeros(CTRL_WORDS, dtype=torch.int64)
         self._persistent.add(0)
-        self._init_errors()
         self.set_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
+        self._init_errors()
         self.barrier()
         self._register_name()
 

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from . import topology
-from .errors import (CallMismatchError, GroupUnusable, HeapMismatchError, HostTimeout,
-                     PeerFailed, decode_timeout, device_error, value_error_message)
+from .errors import (ERROR_MARK, CallMismatchError, GroupUnusable, HeapMismatchError,
+                     HostTimeout, device_error, value_error_message)
 from .language import sync as _sync
 
 # Host-side copies of the control-block layout (the device side uses tl.constexpr).
@@ -76,29 +76,34 @@ class SyncMethods:
         """The control block's error plumbing (called by Context.__init__ once `ctrl`
         exists): every rank's heap base (so a wait can read its peer's error words), the
         word the host reads without a sync, and the hot path's check of it."""
-        self.ctrl[CTRL_BASES:CTRL_BASES + self.world_size] = self.heap_bases
+        self._host_error = None
         if self.backend == "cuda":
             # pinned host memory is mapped into the device's address space (UVA): waits
             # store their error code there too, and the host reads it with no sync
             self._host_error = torch.zeros(1, dtype=torch.int64, pin_memory=True)
-            self.ctrl[CTRL_HOST_WORD] = self._host_error.data_ptr()
             words = self._host_error.numpy()
         else:       # the interpreter runs kernels on the host: the block itself
             words = self.ctrl.numpy()
         # a memoryview of int64: an element read costs ~50 ns (a numpy element ~300)
         self._error_view = memoryview(words).cast("B").cast("q")
         self._failure = None
+        self._link_ctrl()
         self.plans.watch(self._error_view, self._raise_failure)
+
+    def _link_ctrl(self) -> None:
+        """Write what waits read besides the error words into the control block (at init
+        and after reset zeroes it): every rank's heap base and the pinned word's address."""
+        self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
+        self.ctrl[CTRL_BASES:CTRL_BASES + self.world_size] = self.heap_bases
+        if self._host_error is not None:
+            self.ctrl[CTRL_HOST_WORD] = self._host_error.data_ptr()
 
     def _raise_failure(self, word: int | None = None):
         """Raise this rank's device failure: the first one (sticky until reset) or the one
         the error word records now (`word`, else the host-visible word)."""
         if self._failure is None:
             word = int(self._error_view[CTRL_ERROR]) if word is None else word
-            cause = ""
-            if (word >> 48) & 0xFF == 1:          # PeerFailed: the peer's own message
-                cause = self._peer_message(decode_timeout(word)[2])
-            self._failure = device_error(word, self.timeout_s, cause)
+            self._failure = device_error(word, self.timeout_s, self._peer_message)
             self._publish(self._failure)
         raise self._failure
 
@@ -212,12 +217,9 @@ class SyncMethods:
         self.allocator.log.clear()
         if errors[self.rank]:
             self._raise_if_timed_out(errors[self.rank])
-        for rank, word in enumerate(errors):
+        for word in errors:
             if word:
-                kind = (word >> 48) & 0xFF
-                raise device_error(word, self.timeout_s,
-                                   self._peer_message(decode_timeout(word)[2]) if kind == 1
-                                   else "")
+                raise device_error(word, self.timeout_s, self._peer_message)
         # a bad input value on any rank: every rank raises (its own record first), so
         # that callers that go on to collective work (frees) stay in step
         self._raise_value_error(value)
@@ -346,10 +348,9 @@ class SyncMethods:
             raise self._failure
         self.plans.clear()
         self.ctrl.zero_()
-        self._error_view[CTRL_ERROR] = 0
+        self._error_view[CTRL_ERROR] = 0        # the pinned word on GPUs (ctrl on the CPU)
         self._failure = None
-        self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
-        self._init_errors()
+        self._link_ctrl()
         self.allocator.restart_log()      # the heaps agree: compare from here on
         for ws in list(self._workspaces.values()) + [r() for r in self._resettable]:
             if ws is not None and hasattr(ws, "reset"):
@@ -363,7 +364,7 @@ class SyncMethods:
         """Make every later call on this rank raise `exc` at once, until a reset works."""
         self._failure = exc
         if not self._error_view[CTRL_ERROR]:
-            self._error_view[CTRL_ERROR] = _sync.ERROR_MARK
+            self._error_view[CTRL_ERROR] = ERROR_MARK
 
 
 def _heap_difference(everyone: list) -> HeapMismatchError:

@@ -35,16 +35,19 @@ def decode_timeout(word: int) -> tuple[str, int, int]:
 
 # What a failed device wait found (bits 48..55 of the error word; language/sync.py KIND_*)
 KIND_TIMEOUT, KIND_PEER_FAILED, KIND_MISMATCH = 0, 1, 2
+# what the host stores in its error word when the rank failed outside a kernel (a heap that
+# reset found different): the rank's waits then return at once
+ERROR_MARK = ERROR_FLAG | (0xFF << 48)
 
 
-def device_error(word: int, timeout_s: float, cause: str = "") -> "CommTimeout":
+def device_error(word: int, timeout_s: float, message_of=None) -> "CommTimeout":
     """The exception for a nonzero error word: CommTimeout (the peer never signalled),
-    PeerFailed (the peer had failed: `cause` is its message, when known) or CallMismatch
-    (the peer's call differs from this rank's)."""
+    PeerFailed (the peer had failed: `message_of(peer)` reads its message, if given) or
+    CallMismatch (the peer's call differs from this rank's)."""
     op, rank, peer = decode_timeout(word)
     kind = (word >> 48) & 0xFF
     if kind == KIND_PEER_FAILED:
-        return PeerFailed(op, rank, peer, cause)
+        return PeerFailed(op, rank, peer, message_of(peer) if message_of else "")
     if kind == KIND_MISMATCH:
         return CallMismatch(op, rank, peer)
     return CommTimeout(op, rank, peer, timeout_s)

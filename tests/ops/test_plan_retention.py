@@ -24,9 +24,6 @@ is made outside the graph pools too.
 The GPU check of the same thing, through Inductor itself: tests/torch_ops/
 test_capture_all.py::test_compiled_reduce_overhead."""
 import gc
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -38,6 +35,7 @@ import trident as td
 from trident.ops import _common
 from trident.triton_launch import Launch
 
+from ..compile import run_check
 from ..conftest import BACKEND
 from ..torch_ops import capture_cases as C
 
@@ -217,11 +215,4 @@ def test_moe_calls_leave_nothing_allocated(pool, path):
 def test_tma_launches_need_no_scratch_sm90(tmp_path):
     """The row-parallel kernel with host descriptors compiles for sm_90 with TMA copies
     and wgmma and needs no global scratch (tests/ops/fused_sm90.py; no GPU needed)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRIDENT_BACKEND")}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-m", "tests.ops.fused_sm90"], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("fused_sm90: ok"), \
-        proc.stdout[-3000:] + proc.stderr[-4000:]
+    run_check("tests.ops.fused_sm90", tmp_path / "cache", "fused_sm90: ok", timeout=600)

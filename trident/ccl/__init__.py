@@ -107,7 +107,7 @@ def _run(ctx, key, build, tensors, *options):
         plan.debug_before(ctx, tensors)
     plan.run(tensors)
     if debug:
-        ctx.sync()
+        ctx.after_op()        # every rank's errors, raised on every rank at this call
         if plan.debug_after is not None:
             plan.debug_after(ctx, tensors)
 

@@ -27,6 +27,7 @@ emulation, where the host reads the control block itself).
 import triton
 import triton.language as tl
 
+from .. import errors as _errors
 from .._env import INTERPRET
 from .rma import translate
 
@@ -54,11 +55,10 @@ CTRL_TEXT_WORDS = tl.constexpr(64)
 CTRL_WORDS = tl.constexpr(8 + 64 + 8 + 64 + 64)
 
 _ERROR_FLAG = tl.constexpr(1 << 62)
-ERROR_MARK = (1 << 62) | (0xFF << 48)    # set by the host: this rank failed (waits return)
 # what a failed wait records, in bits 48..55 of the error word (trident/errors.py)
-KIND_TIMEOUT = tl.constexpr(0)
-KIND_PEER_FAILED = tl.constexpr(1)
-KIND_MISMATCH = tl.constexpr(2)
+KIND_TIMEOUT = tl.constexpr(_errors.KIND_TIMEOUT)
+KIND_PEER_FAILED = tl.constexpr(_errors.KIND_PEER_FAILED)
+KIND_MISMATCH = tl.constexpr(_errors.KIND_MISMATCH)
 PEER_POLL = tl.constexpr(32)
 
 
@@ -111,7 +111,7 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
     cur = load_acquire(flag)
     if cur < value:
         failed = tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
-        gone = peer_failed(ctrl, peer)
+        gone = tl.cast(0, tl.int1)  # polled in the loop only: no peer read on a fast wait
         limit = tl.load(ctrl + CTRL_TIMEOUT)
         start = timestamp()
         rounds = 0

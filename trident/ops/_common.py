@@ -130,7 +130,7 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
         out = plan.new_out()     # a fresh tensor per call: the caller keeps it
     plan.run((a, w, bias, out))
     if debug:
-        ctx.sync()
+        ctx.after_op()        # every rank's errors, raised on every rank at this call
     return out
 
 
