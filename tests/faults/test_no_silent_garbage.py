@@ -43,6 +43,9 @@ def _then_reset_works(ctx):
 
 def _sizes_differ(ctx, algorithm):
     """Case 3: rank 0 all-reduces 100 elements, the others 200 (plain tensors)."""
+    for n in (100, 200):      # compile both sizes' kernels first: a peer still compiling
+        ctx.all_reduce(torch.ones(n, device=ctx.device), algorithm=algorithm)   # would time out
+    ctx.sync()
     timeout = ctx.timeout_s
     ctx.set_timeout(SHORT)
     try:
@@ -69,6 +72,10 @@ def test_sizes_that_differ_are_poisoned_and_raised(pool, algorithm):
 
 
 def _gather_sizes_differ(ctx, algorithm):
+    for n in (33, 65):        # compiled first, as in _sizes_differ
+        out = torch.zeros(n * ctx.world_size, dtype=torch.float16, device=ctx.device)
+        ctx.all_gather(out, torch.ones(n, device=ctx.device).half(), algorithm=algorithm)
+    ctx.sync()
     timeout = ctx.timeout_s
     ctx.set_timeout(SHORT)
     try:
@@ -119,12 +126,12 @@ def test_a_timed_out_call_is_poisoned_and_the_next_call_raises(pool):
 
 
 def _heap_differs_then_reset(ctx):
-    """Case 2 as reported: a heap mismatch, reset, then a correct call."""
-    # heap blocks of different sizes, whose all_reduce needs the same scratch class (a
-    # new workspace on one rank only is a host exchange the others never join)
-    x = ctx.ones(1 << 8 if ctx.rank == 0 else 1 << 10)
+    """Case 2 as reported: a heap mismatch, reset, then a correct call. The heaps are
+    compared at host collectives (a barrier, a workspace's creation), so the barrier finds
+    it wherever the all_reduce's workspaces exist already (on GPUs they do)."""
+    x = ctx.ones(1 << 8 if ctx.rank == 0 else 1 << 10)      # blocks of different sizes
     with pytest.raises(HeapMismatchError):
-        ctx.all_reduce(x)
+        ctx.barrier()
     # the heaps still differ: reset says so at once, and so does every call after it
     with pytest.raises(HeapMismatchError, match="free the tensors"):
         ctx.reset()
