@@ -93,7 +93,12 @@ def _silent_peer(ctx):
                 ctx.sync()
             assert e.value.rank == ctx.rank and e.value.peer == 1 and e.value.op == "test"
             assert ok.item() == 0
-        ctx.barrier()          # the error word was cleared by sync: the barrier passes
+        # the failure is sticky until reset (README "Reliability"): the barrier raises it
+        # on every rank, then a reset makes the context usable again
+        with pytest.raises(td.CommTimeout, match="timed out .* from rank 1"):
+            ctx.barrier()
+        ctx.reset()
+        ctx.barrier()
     finally:
         ctx.set_timeout(60.0)
     return time.monotonic() - start
@@ -113,6 +118,9 @@ def _timeout_at_barrier(ctx):
             _wait_for_rank1_kernel[(1,)](flag, ok, ctx.ctrl, ctx.rank, ctx.heap_bases)
         with pytest.raises(td.CommTimeout, match="rank 0: test timed out .* from rank 1"):
             ctx.barrier()      # every rank learns of rank 0's timeout
+        with pytest.raises(td.CommTimeout, match="rank 0: test timed out .* from rank 1"):
+            ctx.barrier()      # and again at the next call, until a reset
+        ctx.reset()
         ctx.barrier()
     finally:
         ctx.set_timeout(60.0)

@@ -66,11 +66,12 @@ PEER_POLL = tl.constexpr(32)
 def peer_failed(ctrl, peer):
     """Whether `peer` has failed: its error word is set, or it raised more host errors
     than this rank (see the module docstring)."""
-    theirs = tl.load(ctrl + CTRL_BASES + peer).to(tl.pointer_type(tl.int64))
-    bad = tl.load(theirs + CTRL_ERROR, volatile=True) != 0
-    more = tl.load(theirs + CTRL_FAILED, volatile=True) > tl.load(ctrl + CTRL_FAILED,
-                                                                  volatile=True)
-    return bad | more
+    base = tl.load(ctrl + CTRL_BASES + peer)
+    known = base != 0               # no such rank (a wait on a peer index past the world)
+    theirs = base.to(tl.pointer_type(tl.int64))
+    bad = tl.load(theirs + CTRL_ERROR, mask=known, other=0, volatile=True) != 0
+    count = tl.load(theirs + CTRL_FAILED, mask=known, other=0, volatile=True)
+    return bad | (count > tl.load(ctrl + CTRL_FAILED, volatile=True))
 
 
 @triton.jit
