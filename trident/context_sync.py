@@ -66,8 +66,10 @@ class SyncMethods:
       so the next call on the rank raises it at once (PlanCache.get), as do sync() and
       barrier(). That failure is sticky (`_failure`) until reset(): the rank's device state
       (epochs, flags) is out of step with its peers';
-    - every error raised to the caller is also published to the peers (`_publish`): a
-      count of errors and the message in the rank's control block, so that a peer whose
+    - an error that leaves this rank out of step with its peers -- a plan build that
+      raised (the rank skips the launch its peers make), a failed wait -- is published
+      (`_publish`): a count of errors and the message in the rank's control block (bad
+      values a kernel dropped are not: that rank went on in step), so that a peer whose
       kernel waits for this rank stops at once with PeerFailed naming the cause, instead
       of timing out. Ranks that fail alike keep equal counts and do not stop each other.
     """
@@ -169,11 +171,10 @@ class SyncMethods:
             if rank is None:
                 first = int(_sync.CTRL_VALUE_ERROR)
                 self.ctrl[first:first + 5] = 0
-            exc = ValueError(value_error_message(record[0], record[1:],
+            # not published to the peers (_publish): the kernel dropped the bad values and
+            # went on, so this rank is in step with them; barrier() raises it everywhere
+            raise ValueError(value_error_message(record[0], record[1:],
                                                  self.rank if rank is None else rank))
-            if rank is None:
-                self._publish(exc)
-            raise exc
 
     def after_op(self) -> None:
         """Called by every op after its launch: in debug mode, synchronise and check every

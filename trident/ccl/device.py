@@ -33,10 +33,12 @@ ranks unroll: `peer_ptrs` translates every rank's pointer once per program, and
 Call fingerprints. Ranks that meet in one launch must have made the same call: a rank
 that all-reduces 100 elements while its peer all-reduces 200 would otherwise pair up
 with it and return half-reduced data. Each launch carries `fp`, a fingerprint of the call
-(kernel, sizes, dtype, reduction: `fingerprint` below, computed once per plan), and every
-`notify` stores it beside the flag, in a slot of its phase and of the launch's parity (a
-peer can be one launch ahead, never two; a slot per phase, so that each slot is written
-once per launch, before the signal that orders the peer's read of it). `wait_for` compares the peer's fingerprint with its own after
+(kernel, sizes, dtype, reduction: `fingerprint` below, computed once per plan). The
+launch's first `notify` stores it beside the flag, in a slot of the launch's parity (a peer
+can be one launch ahead, never two); later notifies pass fp=0 and store nothing, so the
+slot is written once per launch, before every signal that orders a peer's read of it (a
+slot rewritten at a later phase raced with the peer's read after the first: the race
+detector found it). `wait_for` compares the peer's fingerprint with its own after
 the wait; a difference records CallMismatch in the error word on both ranks of the pair.
 The waits' results say whether the launch may trust what peers sent: a program whose
 wait failed writes `poison` (NaN, or all bits set for integers) into the outputs it owns,
@@ -65,8 +67,8 @@ ARRIVE = tl.constexpr(0)              # "I entered this launch": my buffers may 
 DATA = tl.constexpr(1)                # "my data for you is in place"
 DONE = tl.constexpr(2)                # "I no longer read or write your buffers"
 NUM_PHASES = tl.constexpr(3)
-FP_REGION = tl.constexpr(3)           # after the phases: fingerprints by phase and parity
-NUM_REGIONS = tl.constexpr(3 + 3 * 2)  # the flags buffer: phases, then fingerprints
+FP_REGION = tl.constexpr(3)           # after the phases: fingerprints by launch parity
+NUM_REGIONS = tl.constexpr(3 + 2)     # the flags buffer: phases, then fingerprints
 # Op codes that a timed-out wait records (trident/errors.py OP_NAMES), by collective.
 OP_ALL_GATHER = tl.constexpr(OP_CODES["all_gather"])
 OP_REDUCE_SCATTER = tl.constexpr(OP_CODES["reduce_scatter"])
@@ -169,25 +171,29 @@ def _flag(flags, phase, src):
 
 
 @triton.jit
-def _fp_slot(flags, phase: tl.constexpr, epoch, src):
-    return _flag(flags, FP_REGION + phase * 2 + epoch % 2, src)
+def _fp_slot(flags, epoch, src):
+    return _flag(flags, FP_REGION + epoch % 2, src)
 
 
 @triton.jit
 def notify(flags, phase: tl.constexpr, epoch, rank, peer, heap_bases, fp):
     """Tell `peer` (release, after every store of this program) that this program of
-    `rank` reached `phase` of launch `epoch`, in a call of fingerprint `fp`."""
-    tdl.store(_fp_slot(flags, phase, epoch, rank), tl.cast(fp, tl.int64), rank, peer,
-              heap_bases)
+    `rank` reached `phase` of launch `epoch`; the launch's first notify also stores its
+    fingerprint `fp` (later ones pass 0)."""
+    if fp != 0:
+        tdl.store(_fp_slot(flags, epoch, rank), tl.cast(fp, tl.int64), rank, peer,
+                  heap_bases)
     tdl.signal(_flag(flags, phase, rank), epoch, rank, peer, heap_bases)
 
 
 @triton.jit
 def wait_for(flags, phase: tl.constexpr, epoch, src, ctrl, rank, op: tl.constexpr, fp):
     """Wait (acquire, bounded) until program of the same id on `src` reached `phase`;
-    True if it did, in a call of the same fingerprint `fp` (else CallMismatch is recorded)."""
+    True if it did, in a call of the same fingerprint `fp` (else CallMismatch is recorded;
+    fp=0: not compared)."""
     ok = tdl.wait(_flag(flags, phase, src), epoch, ctrl, rank, src, op)
-    same = tl.load(_fp_slot(flags, phase, epoch, src), volatile=True) == tl.cast(fp, tl.int64)
+    theirs = tl.load(_fp_slot(flags, epoch, src), volatile=True)
+    same = (theirs == tl.cast(fp, tl.int64)) | (tl.cast(fp, tl.int64) == 0)
     if ok & (not same):
         tdl.record_error(ctrl, rank, src, op, tdl.KIND_MISMATCH)
     return ok & same

@@ -91,7 +91,7 @@ def _pull_block_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bas
         _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, fp, trace_buf, TRACE)
+             OP_ALL_GATHER, 0, trace_buf, TRACE)
 
 
 @triton.jit
@@ -118,7 +118,7 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
                       shift_ok(shift), BLOCK, False)
     trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, fp, trace_buf, TRACE)
+             OP_ALL_GATHER, 0, trace_buf, TRACE)
 
 
 ORDERS = ("peer", "block")

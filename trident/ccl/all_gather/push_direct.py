@@ -61,7 +61,7 @@ def _push_direct_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_ba
             _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     ok = ok & exchange(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases,
-                       OP_ALL_GATHER, fp, trace_buf, TRACE)
+                       OP_ALL_GATHER, 0, trace_buf, TRACE)
     if not ok:            # the peers' blocks in my output may be missing
         poison_out(out, WORLD * n, BLOCK)
 

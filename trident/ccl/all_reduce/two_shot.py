@@ -80,7 +80,7 @@ def _two_shot_kernel(t, offsets, my_offset, flags, sync, ctrl, heap_bases, trace
             _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
     ok = ok & exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-                       OP_ALL_REDUCE, fp, trace_buf, TRACE)
+                       OP_ALL_REDUCE, 0, trace_buf, TRACE)
     if not ok:            # the peers' reduced segments in `t` may be missing
         poison_out(t, n, BLOCK)
 

@@ -34,7 +34,7 @@ def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, wor
             x = tl.load(t + offs, mask=mask)
             for i in range(1, world_size):
                 tdl.store(slot + offs, x, rank, (rank + i) % world_size, heap_bases, mask=mask)
-        notify_all(flags, DATA, epoch, rank, world_size, heap_bases, fp)
+        notify_all(flags, DATA, epoch, rank, world_size, heap_bases, 0)   # fp: at ARRIVE
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     else:
         ok = wait_for(flags, DATA, epoch, src, ctrl, rank, OP_BROADCAST, fp)

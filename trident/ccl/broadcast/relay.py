@@ -146,7 +146,7 @@ def _relay_kernel(t, offsets, my_offset, chunk_flags, flags, sync, ctrl, heap_ba
                            WORD, BLOCK)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     ok = ok & exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases,
-                       OP_BROADCAST, fp, trace_buf, TRACE)
+                       OP_BROADCAST, 0, trace_buf, TRACE)
     if (not ok) & (rank != src):      # chunks of my copy may be missing
         poison_out(t, n, BLOCK)
 

@@ -64,7 +64,7 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
         _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, OP, WORD, BLOCK, False)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
     exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_REDUCE_SCATTER, fp, trace_buf, TRACE)
+             OP_REDUCE_SCATTER, 0, trace_buf, TRACE)
 
 
 # Bytes of all ranks' loads of one block that a program holds at once on GPUs
