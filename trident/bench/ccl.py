@@ -2,8 +2,9 @@
 
 For each op and each size per rank (1 KiB .. 512 MiB on GPUs), measures trident's
 algorithms one by one, trident's selector ("auto"; `choice` = its eager / graph pick),
-NCCL through torch.distributed and PyTorch's symmetric-memory all-reduce ops where they
-exist, each three ways (common.time_modes): eager_us (calls queued back to back from
+NCCL through torch.distributed (plain buffers, and `nccl_symm`: buffers NCCL registered
+as symmetric windows, so NCCL >= 2.27 runs its symmetric kernels) and PyTorch's
+symmetric-memory all-reduce ops where they exist, each three ways (common.time_modes): eager_us (calls queued back to back from
 Python), graph_us (the same calls replayed from one CUDA graph), host_us (Python time
 per call), plus synced_us (one call after a device barrier). Max over ranks; bus
 bandwidth with nccl-tests' formulas from the graph time, the NVLink floor and the ratio
@@ -107,6 +108,43 @@ def _torch_symm_mem(ctx, numel):
     return impls, buf
 
 
+_SYMM_POOL: dict = {}
+
+
+def nccl_symm_pool(ctx):
+    """A CUDA memory pool whose allocations NCCL registers as symmetric windows (NCCL >=
+    2.27: ncclCommWindowRegister), so that collectives on them run NCCL's symmetric
+    kernels; None (with the reason in _SYMM_POOL["why"]) where torch or NCCL lacks it.
+    Reached through torch: ProcessGroupNCCL.register_mem_pool(pool, symm=True) on a
+    torch.cuda.MemPool of the backend's own allocator (ncclMemAlloc)."""
+    if "pool" in _SYMM_POOL or not common.nccl_runs(ctx) or ctx.backend != "cuda":
+        return _SYMM_POOL.get("pool")
+    _SYMM_POOL["pool"] = None
+    try:
+        version = torch.cuda.nccl.version()
+        if tuple(version[:2]) < (2, 27):
+            raise RuntimeError(f"NCCL {version} < 2.27")
+        backend = ctx.group._get_backend(torch.device("cuda", ctx.device.index))
+        pool = torch.cuda.MemPool(backend.mem_allocator)
+        backend.register_mem_pool(pool, symm=True)
+        _SYMM_POOL["pool"] = pool
+        _SYMM_POOL["why"] = f"torch MemPool + register_mem_pool(symm=True), NCCL {version}"
+    except Exception as exc:                      # noqa: BLE001 -- a baseline, reported
+        _SYMM_POOL["why"] = f"not reachable: {type(exc).__name__}: {exc}"
+    return _SYMM_POOL["pool"]
+
+
+def _nccl_symm(ctx, op, plain):
+    """NCCL on buffers allocated in the symmetric pool (copies of `plain`'s shapes), or
+    None where the pool is not reachable."""
+    pool = nccl_symm_pool(ctx)
+    if pool is None:
+        return None
+    with torch.cuda.use_mem_pool(pool):
+        bufs = [torch.empty_like(t).copy_(t) for t in plain]
+    return _nccl(ctx, op, bufs)
+
+
 def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
     """name -> one call: trident's algorithms, NCCL, and with `full` the selector's choice
     and torch's symmetric-memory ops."""
@@ -116,6 +154,10 @@ def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
     if full:
         impls["trident_auto"] = _call(ctx, op, sym)
     impls["nccl"] = _nccl(ctx, op, plain) if common.nccl_runs(ctx) else None
+    if full and common.nccl_runs(ctx):
+        symm = _nccl_symm(ctx, op, plain)
+        if symm is not None:
+            impls["nccl_symm"] = symm
     return impls
 
 
@@ -201,7 +243,8 @@ def _run(ctx, ops, sizes, timing, out_dir, update):
     common.print_table(rows, COLUMNS)
     from ..ccl import selector
     in_use = selector.tables_for(ctx.world_size)
-    extra = {"dtype": str(DTYPE), **ABOUT, "selector": {"in_use": in_use.source, **in_use.rows}}
+    extra = {"dtype": str(DTYPE), **ABOUT, "nccl_symm": _SYMM_POOL.get("why", "not tried"),
+             "selector": {"in_use": in_use.source, **in_use.rows}}
     path = common.write_results(ctx, "ccl", rows, extra, out_dir=out_dir)
     _plots(ctx, rows, ops, path[:-len(".json")])
     print(f"results: {path}")
