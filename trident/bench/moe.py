@@ -132,8 +132,33 @@ def _trident_rows(ctx, td, E, k, H, T, dtype, x, idx, w, add, check, timing, imp
         add(impl, "combine_wd", common.time_modes(
             ctx, lambda: ep.combine(d.expert_x, d, out=y), **timing))
         check(y)
+        if impl == "trident":
+            _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H)
     finally:
         ep.close()
+
+
+def _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H):
+    """Split mode (send halves queued, receive halves after: the SM-free receive) and
+    FP8 dispatch (e4m3 + one fp32 scale per 128 channels), each checked once."""
+    def split_round():
+        d = ep.dispatch(x, idx, wait=False).wait()
+        ep.combine(d.expert_x, d, w, wait=False, out=y).wait()
+
+    split_round()
+    check(y)
+    add("trident", "total (split)", common.time_modes(ctx, split_round, **timing))
+    if H % 128:
+        return
+    from trident.moe import fp8
+    d = ep.dispatch(x, idx, fp8=True)
+    ep.combine(fp8.dequantize(d.expert_x, d.expert_x_scale).to(y.dtype), d, w, out=y)
+    ctx.sync()
+    sent = fp8.dequantize(*fp8.quantize(x))              # what the e4m3 bytes carry
+    torch.testing.assert_close(y.float(), w.sum(dim=1, keepdim=True) * sent, atol=5e-2,
+                               rtol=5e-2)
+    add("trident", "dispatch (fp8)", common.time_modes(
+        ctx, lambda: ep.dispatch(x, idx, fp8=True), **timing))
 
 
 def _case(ctx, model, E, k, H, T, timing, bar):
