@@ -109,6 +109,7 @@ def _torch_symm_mem(ctx, numel):
 
 
 _SYMM_POOL: dict = {}
+SYMM_OPS = ("all_reduce", "all_gather", "reduce_scatter")   # NCCL's symmetric kernels
 
 
 def nccl_symm_pool(ctx):
@@ -154,7 +155,7 @@ def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
     if full:
         impls["trident_auto"] = _call(ctx, op, sym)
     impls["nccl"] = _nccl(ctx, op, plain) if common.nccl_runs(ctx) else None
-    if full and common.nccl_runs(ctx):
+    if full and common.nccl_runs(ctx) and op in SYMM_OPS:
         symm = _nccl_symm(ctx, op, plain)
         if symm is not None:
             impls["nccl_symm"] = symm
