@@ -1,5 +1,6 @@
-"""The command line (`python -m trident`, as the `trident` script): info, demo, and a tiny
-run of two benchmark suites, which must write their results with the baseline beside every
+"""The command line (`python -m trident`, as the `trident` script): info, demo, `bench
+--help`, and a tiny run of two benchmark suites, which must write their results (to
+--out-dir, else ./trident-results) with the baseline, named for what it is, beside every
 trident row. On the CPU emulation by default, unchanged on GPUs."""
 import json
 import os
@@ -13,9 +14,9 @@ from trident.launch import default_backend
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _trident(*args, timeout=600):
+def _trident(*args, timeout=600, cwd=ROOT):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-m", "trident", *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "trident", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout
@@ -34,19 +35,33 @@ def test_demo_checks_every_part(world):
     assert out.count(": ok") == 6, out
 
 
+def test_bench_help_says_what_each_suite_measures():
+    from trident.cli import SUITES
+    out = _trident("bench", "--help")
+    assert "./trident-results" in out, out
+    for suite, what in SUITES.items():
+        assert f"  {suite} " in out and what.split()[0] in out, (suite, out)
+
+
 @pytest.mark.parametrize("suite, args, baseline", [
-    ("ccl", ["--ops", "all_reduce", "--max-size", "1K", "--iters", "1", "--warmup", "0"], "nccl"),
-    ("p2p", ["--iters", "1", "--size", "4096"], None),
+    ("ccl", ["--ops", "all_reduce", "--max-size", "1K", "--iters", "1", "--warmup", "0"],
+     "gloo" if default_backend() == "cpu" else "nccl"),
+    ("p2p", ["--iters", "1", "--size", "4096"], None),     # no --out-dir: ./trident-results
 ])
 def test_bench_writes_results(tmp_path, suite, args, baseline):
-    _trident("bench", suite, "--world-size", "2", "--out-dir", str(tmp_path), *args)
-    [path] = [p for p in tmp_path.iterdir() if p.suffix == ".json"]
+    if suite == "ccl":
+        _trident("bench", suite, "--world-size", "2", "--out-dir", str(tmp_path), *args)
+        folder = tmp_path
+    else:
+        _trident("bench", suite, "--world-size", "2", *args, cwd=str(tmp_path))
+        folder = tmp_path / "trident-results"
+    [path] = [p for p in folder.iterdir() if p.suffix == ".json"]
     result = json.loads(path.read_text())
     assert result["backend"] == default_backend() and result["world_size"] == 2 and result["date"]
     impls = {r["impl"] for r in result["rows"]}
     assert any(i.startswith("trident") for i in impls), impls
     if baseline:
-        assert baseline in impls, impls
+        assert baseline in impls and not {"nccl", "gloo"} - {baseline} & impls, impls
 
 
 def test_quickstart_example_runs():

@@ -2,15 +2,16 @@
 
 For each op and each size per rank (1 KiB .. 512 MiB on GPUs), measures trident's
 algorithms one by one, trident's selector ("auto"; `choice` = its eager / graph pick),
-NCCL through torch.distributed (plain buffers, and `nccl_symm`: buffers NCCL registered
-as symmetric windows, so NCCL >= 2.27 runs its symmetric kernels) and PyTorch's
-symmetric-memory all-reduce ops where they exist, each three ways (common.time_modes): eager_us (calls queued back to back from
-Python), graph_us (the same calls replayed from one CUDA graph), host_us (Python time
-per call), plus synced_us (one call after a device barrier). Max over ranks; bus
-bandwidth with nccl-tests' formulas from the graph time, the NVLink floor and the ratio
-to NCCL in each mode beside each row. Prints a table, writes JSON under bench/results/
-and a PNG per op. --update-selector writes the selector's eager and graph tables for
-this world size from the measured columns (bench/selection.py).
+NCCL through torch.distributed (plain buffers, named "gloo" on the CPU emulation, and
+`nccl_symm`: buffers NCCL registered as symmetric windows, so NCCL >= 2.27 runs its
+symmetric kernels) and PyTorch's symmetric-memory all-reduce ops where they exist, each
+three ways (common.time_modes): eager_us (calls queued back to back from Python),
+graph_us (the same calls replayed from one CUDA graph), host_us (Python time per call),
+plus synced_us (one call after a device barrier). Max over ranks; bus bandwidth with
+nccl-tests' formulas from the graph time, the NVLink floor and the ratio to NCCL in each
+mode beside each row. Prints a table, writes JSON and a PNG per op into --out-dir
+(default ./trident-results). --update-selector writes the selector's eager and graph
+tables for this world size from the measured columns (bench/selection.py).
 
 Where ranks share a GPU, NCCL cannot run: its rows say so (`note`), the ratios to it are
 empty, and torch's symmetric-memory ops (which need the group's store, not NCCL) stay.
@@ -154,7 +155,7 @@ def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
              if size <= SCRATCH_LIMIT or name in NO_SCRATCH.get(op, ()) or op == "all_to_all"}
     if full:
         impls["trident_auto"] = _call(ctx, op, sym)
-    impls["nccl"] = _nccl(ctx, op, plain) if common.nccl_runs(ctx) else None
+    impls[common.baseline_name(ctx)] = _nccl(ctx, op, plain) if common.nccl_runs(ctx) else None
     if full and common.nccl_runs(ctx) and op in SYMM_OPS:
         symm = _nccl_symm(ctx, op, plain)
         if symm is not None:
@@ -189,7 +190,7 @@ def measure(ctx, ops, sizes, timing: dict, full: bool = True):
                              "choice": choice if name == "trident_auto" else None, **t,
                              "floor_us": floor, "busbw_GBps": None if not device_us else
                              scale * size / device_us / 1e3 * bus})
-            nccl = next(r for r in case if r["impl"] == "nccl")
+            nccl = next(r for r in case if r["impl"] == common.baseline_name(ctx))
             for r in case:
                 r["eager_vs_nccl"] = common.ratio(nccl["eager_us"], r["eager_us"])
                 r["graph_vs_nccl"] = common.ratio(nccl["graph_us"], r["graph_us"])

@@ -42,8 +42,9 @@ BF16_TFLOPS = 750.0      # dense bf16 matrix rate
 SHARED_GPU = "ranks share one GPU: correctness and host figures, not link speed"
 NO_NCCL = "not available: ranks share one GPU (NCCL needs one GPU per rank)"
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "bench", "results")
+# Where results go without --out-dir: a folder of the current directory, never the
+# package's own checkout (the repository keeps its committed runs in bench/results/).
+DEFAULT_OUT_DIR = "trident-results"
 
 
 def time_us(ctx, fn, warmup: int = 5, iters: int = 20) -> float:
@@ -235,6 +236,12 @@ def nccl_runs(ctx) -> bool:
     return nccl.available(ctx)
 
 
+def baseline_name(ctx) -> str:
+    """The torch.distributed baseline's name in rows and tables: "nccl" on GPUs, "gloo" on
+    the CPU emulation (where the process group is gloo)."""
+    return "nccl" if ctx.backend == "cuda" else "gloo"
+
+
 def shares_gpu(ctx) -> bool:
     return bool(getattr(ctx, "shares_device", False)) or _ranks_per_gpu(ctx) > 1
 
@@ -363,9 +370,10 @@ def gpu_tag(name: str) -> str:
 def write_results(ctx, suite: str, rows: list[dict], extra: dict | None = None,
                   out_dir: str | None = None, path: str | None = None) -> str:
     """Write {metadata, extra, marked, rows} as JSON (rank 0 only) to `path`, or to a file
-    of `out_dir` named after the suite, the hardware and the date; returns the path.
+    of `out_dir` (default ./trident-results) named after the suite, the hardware and the
+    date; returns the path.
     "marked" (see `marked`) is this function's to write, whatever `extra` says."""
-    out_dir = out_dir or RESULTS_DIR
+    out_dir = out_dir or os.path.join(os.getcwd(), DEFAULT_OUT_DIR)
     meta = metadata(ctx, suite)
     tag = "cpu"
     if ctx.backend == "cuda":
@@ -398,7 +406,8 @@ def suite_parser(prog: str, doc: str, ops: list[str] | None = None) -> argparse.
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--world-size", type=int, default=None)
     p.add_argument("--backend", choices=("cuda", "cpu"), default=None)
-    p.add_argument("--out-dir", default=None)
+    p.add_argument("--out-dir", default=None, help=f"folder of the results JSON (and plots); "
+                   f"default ./{DEFAULT_OUT_DIR} in the current directory")
     return p
 
 

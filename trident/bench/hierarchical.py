@@ -317,7 +317,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=50, help="calls per silent batch")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--out-dir", default=None, help="else write them here, named after the "
-                   "run (default bench/results)")
+                   "run (default ./trident-results)")
     args = p.parse_args(argv)
     backend = args.backend or default_backend()
     gpu = backend == "cuda"

@@ -19,7 +19,7 @@ COLUMN = {"eager": "eager_us", "graph": "graph_us"}
 
 
 def _algorithm(impl: str) -> str | None:
-    if impl == "nccl":
+    if impl in ("nccl", "gloo"):     # the torch.distributed baseline (gloo on the CPU)
         return "nccl"
     if impl.startswith("trident_") and impl != "trident_auto":
         name = impl[len("trident_"):]

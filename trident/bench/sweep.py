@@ -12,7 +12,7 @@ from one CUDA graph (bench/common: CUDA events, max over ranks, median over `rep
 replays); on the CPU emulation the host clock (it only shows that the variants run).
 
 Prints a table (busbw with nccl-tests' formulas, ratio to NCCL and to the op's default
-variant), writes JSON under bench/results/ (sweep-*.json: rows and `suggested`; and
+variant), writes JSON into --out-dir (default ./trident-results) (sweep-*.json: rows and `suggested`; and
 sweep-*-suggested.json: the fastest correct variant per op and size, its options and
 margin over the default -- what a lead would copy into the algorithms' defaults or the
 selector).

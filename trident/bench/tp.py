@@ -6,7 +6,8 @@ token over a KV cache (this rank's heads, context 1024) -> o_proj GEMM (row-para
 partial) -> SUM_NORM -> gate/up GEMM -> SiLU * up -> down GEMM (row-parallel partial) ->
 SUM_NORM, where SUM_NORM(partial, residual, w) is: residual += all-reduce sum of partial
 (in place); h = rmsnorm(residual) * w (the next GEMM's input). Implementations of SUM_NORM:
-  nccl            torch.distributed all_reduce + torch add / rmsnorm
+  nccl            torch.distributed all_reduce + torch add / rmsnorm (its rows are named
+                  "gloo" on the CPU emulation, whose process group is gloo)
   torch_symm_mem  copy into a symmetric buffer + torch.ops.symm_mem.one_shot_all_reduce
                   (never multimem ops) + torch add / rmsnorm (GPUs, where torch has it)
   trident         ctx.all_reduce + torch add / rmsnorm
@@ -197,6 +198,9 @@ def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
                                                            common.device_us(t_ar))
         del wts, impls
         ctx.barrier()
+    for r in rows:                  # the baseline by what it is: gloo on the CPU emulation
+        if r["impl"] == "nccl":
+            r["impl"] = common.baseline_name(ctx)
     return rows
 
 
@@ -207,7 +211,7 @@ ABOUT = ("step: one decode step of `layers` Llama-3-8B-shaped layers (TP = world
          "[batch, hidden] (trident_all_reduce_alone: ctx.all_reduce alone; "
          "fused_vs_all_reduce = trident_fused / all-reduce alone, device time); eager_us: "
          "calls back to back, graph_us: replayed from a CUDA graph; max over ranks; "
-         "*_vs_nccl = nccl time / time; rel_err: final hidden state of one step vs nccl's "
+         "*_vs_nccl = nccl time / time (gloo on the CPU emulation); rel_err: final hidden state of one step vs nccl's "
          "(where NCCL cannot run: vs the host group's sum on CPU copies)")
 
 
