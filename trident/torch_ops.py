@@ -34,7 +34,8 @@ Functional forms (new output; differentiable where noted):
     trident::matmul_reduce_scatter(a, w, bias, group, algorithm, options) -> Tensor
     trident::matmul_all_reduce(a, w, bias, group, algorithm, options) -> Tensor
       (options: None, or the repr of a dict of the op's keyword options -- gemm=,
-      config=, split_k=, num_pushers= -- as an eager call takes them)
+      config=, split_k=, num_pushers= -- as an eager call takes them; algorithm: the
+      schedule, trident/ops/schedules.py, which the Python API takes as schedule=)
     trident::moe_dispatch(x, topk_idx, topk_weights, ep) -> (expert_x, expert_num_tokens)
     trident::moe_combine(expert_y, topk_weights, ep, num_tokens) -> Tensor   (no grad)
     trident::all_reduce_add_rmsnorm(x, residual, weight, eps, group, algorithm)
@@ -495,22 +496,35 @@ def broadcast(ctx, t, src: int = 0, algorithm: str | None = None) -> torch.Tenso
     return torch.ops.trident.broadcast(t, src, ctx.name, algorithm)
 
 
-def all_gather_matmul(ctx, a, w, bias=None, algorithm: str = "auto",
-                      **options) -> torch.Tensor:
+def _schedule(name: str, schedule, algorithm) -> str:
+    """The schedule a fused-op call names (`algorithm=` is its older alias), as the custom
+    op's string argument; checked when the op runs (trident/ops/schedules.py)."""
+    from .ops import schedules
+    return schedules.normalize(name, schedule, algorithm)
+
+
+def all_gather_matmul(ctx, a, w, bias=None, schedule: str = "auto",
+                      algorithm: str | None = None, **options) -> torch.Tensor:
+    """Functional, differentiable all_gather(a) @ w.T + bias (see ctx.all_gather_matmul)."""
     return torch.ops.trident.all_gather_matmul(
-        a, w, bias, ctx.name, algorithm, _encode_options("all_gather_matmul", options))
+        a, w, bias, ctx.name, _schedule("all_gather_matmul", schedule, algorithm),
+        _encode_options("all_gather_matmul", options))
 
 
-def matmul_reduce_scatter(ctx, a, w, bias=None, algorithm: str = "auto",
-                          **options) -> torch.Tensor:
+def matmul_reduce_scatter(ctx, a, w, bias=None, schedule: str = "auto",
+                          algorithm: str | None = None, **options) -> torch.Tensor:
+    """Functional, differentiable reduce_scatter(a @ w.T) + bias."""
     return torch.ops.trident.matmul_reduce_scatter(
-        a, w, bias, ctx.name, algorithm, _encode_options("matmul_reduce_scatter", options))
+        a, w, bias, ctx.name, _schedule("matmul_reduce_scatter", schedule, algorithm),
+        _encode_options("matmul_reduce_scatter", options))
 
 
-def matmul_all_reduce(ctx, a, w, bias=None, algorithm: str = "auto",
-                      **options) -> torch.Tensor:
+def matmul_all_reduce(ctx, a, w, bias=None, schedule: str = "auto",
+                      algorithm: str | None = None, **options) -> torch.Tensor:
+    """Functional, differentiable all_reduce(a @ w.T) + bias."""
     return torch.ops.trident.matmul_all_reduce(
-        a, w, bias, ctx.name, algorithm, _encode_options("matmul_all_reduce", options))
+        a, w, bias, ctx.name, _schedule("matmul_all_reduce", schedule, algorithm),
+        _encode_options("matmul_all_reduce", options))
 
 
 # ---------------------------------------------------------------------------- torch.compile
@@ -565,8 +579,9 @@ def _compiled_add_rmsnorm(ctx, x, residual, weight, eps=1e-6, out=None, algorith
 
 
 def _compiled_fused(name):
-    def run(ctx, a, w, bias=None, out=None, algorithm="auto", **options):
-        y = getattr(torch.ops.trident, name)(a, w, bias, ctx.name, algorithm,
+    def run(ctx, a, w, bias=None, out=None, schedule="auto", algorithm=None, **options):
+        y = getattr(torch.ops.trident, name)(a, w, bias, ctx.name,
+                                             _schedule(name, schedule, algorithm),
                                              _encode_options(name, options))
         return y if out is None else out.copy_(y)
     return run

@@ -1,9 +1,11 @@
 """GEMMs fused with communication: all_gather_matmul (column-parallel linear),
 matmul_reduce_scatter and matmul_all_reduce (row-parallel linear).
 
-Each takes (ctx, a, w, bias=None, out=None, algorithm="auto"); w is laid out like
-nn.Linear.weight ([out_features, in_features]). "auto" lets the selector (selector.py)
-pick trident's fused kernel or NCCL + cuBLAS from measured crossovers.
+Each takes (ctx, a, w, bias=None, out=None, schedule="auto"); w is laid out like
+nn.Linear.weight ([out_features, in_features]). The schedules -- "fused", "sequential",
+"epilogue", "pipelined", "plain" -- are registered in schedules.py; "auto" picks one per
+op, world size, M bucket and size class, eager or graph (auto.py: tuned table, built-in
+table, measured crossovers, cost model). `algorithm=` is the older name of schedule=.
 """
 from .all_gather_matmul import all_gather_matmul
 from .matmul_all_reduce import matmul_all_reduce

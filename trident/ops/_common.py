@@ -33,6 +33,7 @@ CUDA graph.
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 import triton
@@ -108,7 +109,8 @@ def check_inputs(ctx, op: str, a, w, bias, out, out_shape,
 
 def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> torch.Tensor:
     """Run the launch plan of this call's signature (trident/plans.py), building it first
-    if the signature is new; allocate `out` (shape from the plan) when not given."""
+    if the signature is new; allocate `out` (shape from the plan) when not given.
+    `algorithm`: the schedule the call asked for (schedules.normalize)."""
     capturing = ctx.capturing()
     key = (op, tensor_key(a), tensor_key(w), None if bias is None else tensor_key(bias),
            None if out is None else tensor_key(out), algorithm,
@@ -132,6 +134,20 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
     if debug:
         ctx.after_op()        # every rank's errors, raised on every rank at this call
     return out
+
+
+def schedule_plan(ctx, op: str, a, w, bias, out, out_shape, name: str, options: dict,
+                  M: int, N: int, K: int) -> Plan:
+    """The plan of a checked call of `op` that asked for schedule `name` ("auto" resolved
+    here from M, N, K: auto.resolve): its steps from the schedule's build (schedules.py);
+    under "auto" the options the chosen schedule does not take are left out."""
+    from . import auto, schedules
+    chosen = auto.resolve(ctx, op, name, M, N, K)
+    if name == "auto":
+        options = schedules.options_for(chosen, options)
+    plan = new_plan(ctx, a, w, bias, out, out_shape, chosen)
+    schedules.build(ctx, plan, op, chosen, a, w, bias, plan.tensors[3], options)
+    return plan
 
 
 class _AsCaptured:
@@ -181,19 +197,30 @@ def debug_signature(op: str, a, w, bias, algorithm: str) -> tuple:
         return tuple(type(t).__name__ for t in (a, w)) + (algorithm,)
     sizes = (("M", a.shape[0]), ("K", a.shape[1])) if op == "all_gather_matmul" \
         else (("M", a.shape[0]), ("N", w.shape[0]))
-    return sizes + (("dtype", str(a.dtype)), ("algorithm", algorithm))
+    return sizes + (("dtype", str(a.dtype)), ("schedule", algorithm))
+
+
+_stand_ins: weakref.WeakValueDictionary = weakref.WeakValueDictionary()   # id -> tensor
 
 
 def new_plan(ctx, a, w, bias, out, out_shape, path: str) -> Plan:
     """The plan of a checked call. The output is the call's tensor 3, passed to kernels as
     Live(3) (a fresh tensor per call when the caller gives none); the build uses a
-    stand-in of the same shape."""
+    stand-in of the same shape (`is_stand_in`)."""
     plan = Plan((), path)
     plan.set_output(out_shape, a.dtype, ctx.device)
     if out is None:
         out = plan.new_out()
+        _stand_ins[id(out)] = out
     plan.tensors = (a, w, bias, out)
     return plan
+
+
+def is_stand_in(out) -> bool:
+    """Whether `out` (a plan's tensors[3] during its build) stands in for a fresh output
+    per call: a step that reads the call's out must then not be frozen into a CUDA graph
+    of the plan (Plan.add(..., graphable=False)); a given out's address is in the key."""
+    return _stand_ins.get(id(out)) is out
 
 
 # ---------------------------------------------------------------------------- tile sizes

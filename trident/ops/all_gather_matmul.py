@@ -46,11 +46,11 @@ from .. import language as tdl
 from ..errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
-from . import plain, selector
+from . import schedules
 from ..plans import Live, Plan
 from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
-                      finish_slice, new_plan, run, store_tile, take_tile, wait_peers_done,
-                      workspace)
+                      finish_slice, run, schedule_plan, store_tile, take_tile,
+                      wait_peers_done, workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
                          op_tile, split_buffers, split_count, tile_shape)
 from .gemm import operand, tile_position, tma_compatible
@@ -198,27 +198,26 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
-def all_gather_matmul(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
-                      **options) -> torch.Tensor:
+def all_gather_matmul(ctx, a, w, bias=None, out=None, schedule: str = "auto",
+                      algorithm: str | None = None, **options) -> torch.Tensor:
     """all_gather(a, dim 0) @ w.T + bias -> [world * a.shape[0], w.shape[0]].
 
-    algorithm: "auto" (the selector's choice), "fused" (trident's kernel) or "plain"
-    (also "nccl": NCCL all-gather + cuBLAS through torch). options go to the fused kernel
-    (num_pushers, config, split_k, gemm: "auto", "classic" or "tma", default env
-    TRIDENT_GEMM; see all_gather_matmul_fused).
+    schedule: "auto" (auto.py's choice), "fused" (one kernel, pushers and GEMM programs),
+    "sequential" (trident's all_gather, then cuBLAS), "epilogue" (one kernel whose GEMM
+    programs pull the rows of A they need from the peers), "pipelined", or "plain" (also
+    "nccl": NCCL all-gather + cuBLAS); see schedules.py. algorithm: the older name of
+    schedule. options go to the schedule (fused: num_pushers, config, split_k, gemm:
+    "auto", "classic" or "tma", default env TRIDENT_GEMM, see all_gather_matmul_fused;
+    sequential: collective; epilogue: config).
     """
-    return run(ctx, "all_gather_matmul", _plan, a, w, bias, out, algorithm, options)
+    name = schedules.normalize("all_gather_matmul", schedule, algorithm)
+    return run(ctx, "all_gather_matmul", _plan, a, w, bias, out, name, options)
 
 
-def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
+def _plan(ctx, a, w, bias, out, name, options) -> Plan:
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         check_inputs(ctx, "all_gather_matmul", a, w, bias, out, ())
     M = a.shape[0] * ctx.world_size
     check_inputs(ctx, "all_gather_matmul", a, w, bias, out, (M, w.shape[0]))
-    path = selector.resolve(ctx, "all_gather_matmul", algorithm, M, w.shape[0], a.shape[1])
-    plan = new_plan(ctx, a, w, bias, out, (M, w.shape[0]), path)
-    if path == "plain":
-        plan.add(lambda ts: plain.all_gather_matmul(ctx, *ts), graphable=False)
-    else:
-        all_gather_matmul_fused(ctx, plan, a, w, bias, plan.tensors[3], **options)
-    return plan
+    return schedule_plan(ctx, "all_gather_matmul", a, w, bias, out, (M, w.shape[0]), name,
+                         options, M, w.shape[0], a.shape[1])

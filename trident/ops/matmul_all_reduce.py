@@ -16,32 +16,30 @@ from __future__ import annotations
 
 import torch
 
-from . import plain, selector
+from . import schedules
 from ..plans import Plan
-from ._common import check_inputs, new_plan, run
-from .matmul_reduce_scatter import matmul_reduce_fused
+from ._common import check_inputs, run, schedule_plan
 
 
-def matmul_all_reduce(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
-                      **options) -> torch.Tensor:
+def matmul_all_reduce(ctx, a, w, bias=None, out=None, schedule: str = "auto",
+                      algorithm: str | None = None, **options) -> torch.Tensor:
     """all_reduce(a @ w.T) + bias -> [a.shape[0], w.shape[0]].
 
-    algorithm: "auto" (the selector), "fused" or "plain" (also "nccl": cuBLAS + NCCL
-    all-reduce). options go to the fused kernel (config, split_k, gemm: "auto", "classic"
-    or "tma"; see matmul_reduce_scatter.matmul_reduce_fused).
+    schedule: "auto" (auto.py), "fused", "sequential" (cuBLAS, then trident's all_reduce),
+    "epilogue" (one kernel: each GEMM program pushes its tile to every peer and sums the
+    world's copies in rank order), "pipelined" or "plain" (also "nccl": cuBLAS + NCCL
+    all-reduce); see schedules.py. algorithm: the older name of schedule. options go to
+    the schedule (fused: config, split_k, gemm: "auto", "classic" or "tma", see
+    matmul_reduce_scatter.matmul_reduce_fused; sequential: collective; epilogue: config).
     """
-    return run(ctx, "matmul_all_reduce", _plan, a, w, bias, out, algorithm, options)
+    name = schedules.normalize("matmul_all_reduce", schedule, algorithm)
+    return run(ctx, "matmul_all_reduce", _plan, a, w, bias, out, name, options)
 
 
-def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
+def _plan(ctx, a, w, bias, out, name, options) -> Plan:
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, ())
     shape = (a.shape[0], w.shape[0])
     check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, shape, empty_k=True)
-    path = selector.resolve(ctx, "matmul_all_reduce", algorithm, a.shape[0], w.shape[0], None)
-    plan = new_plan(ctx, a, w, bias, out, shape, path)
-    if path == "plain":
-        plan.add(lambda ts: plain.matmul_all_reduce(ctx, *ts), graphable=False)
-    else:
-        matmul_reduce_fused(ctx, plan, a, w, bias, plan.tensors[3], all_reduce=True, **options)
-    return plan
+    return schedule_plan(ctx, "matmul_all_reduce", a, w, bias, out, shape, name, options,
+                         a.shape[0], w.shape[0], a.shape[1])

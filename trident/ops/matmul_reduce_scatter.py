@@ -46,11 +46,11 @@ from .. import language as tdl
 from ..errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
-from . import plain, selector
+from . import schedules
 from ..plans import Live, Plan
 from ._common import (SYNC_ACK, SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs,
-                      finish_program, finish_slice, new_plan, run, store_tile, take_tile,
-                      wait_peers_done, workspace)
+                      finish_program, finish_slice, run, schedule_plan, store_tile,
+                      take_tile, wait_peers_done, workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
                          op_tile, split_buffers, split_count, tile_shape)
 from .gemm import (addresses_only, host_descriptors, operand, tile_position,
@@ -222,19 +222,23 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
         addresses_only(plan.steps[-1], (a_op, w_op))
 
 
-def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, algorithm: str = "auto",
-                          **options) -> torch.Tensor:
+def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, schedule: str = "auto",
+                          algorithm: str | None = None, **options) -> torch.Tensor:
     """reduce_scatter(a @ w.T, dim 0) + bias -> [a.shape[0] // world, w.shape[0]].
 
-    a.shape[0] must be divisible by the world size. algorithm: "auto" (the selector),
-    "fused" or "plain" (also "nccl": cuBLAS + NCCL reduce-scatter through torch). options
-    go to the fused kernel (config, split_k, gemm: "auto", "classic" or "tma", default env
-    TRIDENT_GEMM; see matmul_reduce_fused).
+    a.shape[0] must be divisible by the world size. schedule: "auto" (auto.py), "fused",
+    "sequential" (cuBLAS, then trident's reduce_scatter), "epilogue" (one kernel: each GEMM
+    program pushes its tile to the rows' owner, which sums them), "pipelined" or "plain"
+    (also "nccl": cuBLAS + NCCL reduce-scatter); see schedules.py. algorithm: the older
+    name of schedule. options go to the schedule (fused: config, split_k, gemm: "auto",
+    "classic" or "tma", default env TRIDENT_GEMM, see matmul_reduce_fused; sequential:
+    collective; epilogue: config).
     """
-    return run(ctx, "matmul_reduce_scatter", _plan, a, w, bias, out, algorithm, options)
+    name = schedules.normalize("matmul_reduce_scatter", schedule, algorithm)
+    return run(ctx, "matmul_reduce_scatter", _plan, a, w, bias, out, name, options)
 
 
-def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
+def _plan(ctx, a, w, bias, out, name, options) -> Plan:
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, ())
     M = a.shape[0]
@@ -243,10 +247,20 @@ def _plan(ctx, a, w, bias, out, algorithm, options) -> Plan:
                          f"the world size {ctx.world_size}")
     shape = (M // ctx.world_size, w.shape[0])
     check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, shape, empty_k=True)
-    path = selector.resolve(ctx, "matmul_reduce_scatter", algorithm, M, w.shape[0], None)
-    plan = new_plan(ctx, a, w, bias, out, shape, path)
-    if path == "plain":
-        plan.add(lambda ts: plain.matmul_reduce_scatter(ctx, *ts), graphable=False)
+    return schedule_plan(ctx, "matmul_reduce_scatter", a, w, bias, out, shape, name,
+                         options, M, w.shape[0], a.shape[1])
+
+
+def _fused(ctx, plan, op, a, w, bias, out, **options) -> None:
+    """The "fused" schedule of every op: the one-launch kernels of this file and
+    all_gather_matmul.py."""
+    if op == "all_gather_matmul":
+        from .all_gather_matmul import all_gather_matmul_fused
+        all_gather_matmul_fused(ctx, plan, a, w, bias, out, **options)
     else:
-        matmul_reduce_fused(ctx, plan, a, w, bias, plan.tensors[3], all_reduce=False, **options)
-    return plan
+        matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce=op == "matmul_all_reduce",
+                            **options)
+
+
+schedules.register("fused", _fused, options=("config", "gemm", "split_k", "num_pushers"),
+                   about="one kernel, tiles moved as they are computed (large M)")

@@ -2,7 +2,8 @@
 (cuBLAS). What the selector falls back to where fusion does not pay, and the baseline of
 `trident bench ops`. Inputs are checked by the callers. The bias is added by rank 0's GEMM
 before the reduction, so it is added once and costs no extra pass. It cannot run where
-ranks share a GPU (NCCL needs a GPU per rank): selector.resolve never leads here then.
+ranks share a GPU (NCCL needs a GPU per rank): auto never picks it then, and naming it
+raises a ValueError (auto.resolve). The "plain" schedule (schedules.py; alias "nccl").
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..ccl.nccl import all_gather_single, reduce_scatter_single
+from .schedules import register
 
 
 def _matmul(a, w, bias, out=None):
@@ -49,3 +51,13 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None) -> torch.Tensor:
     partial = _matmul(a, w, bias if ctx.rank == 0 else None)
     dist.all_reduce(partial, group=ctx.group)
     return partial if out is None else out.copy_(partial)
+
+
+def _build(ctx, plan, op, a, w, bias, out) -> None:
+    """The "plain" schedule: one host step (torch.distributed is not graph-capturable
+    through a launch plan; NCCL's own capture works when the caller captures the call)."""
+    fn = globals()[op]
+    plan.add(lambda ts: fn(ctx, *ts), graphable=False)
+
+
+register("plain", _build, needs_nccl=True, about="NCCL + cuBLAS through torch")
