@@ -434,6 +434,35 @@ def _gemm() -> list[Kernel]:
                    variants)]
 
 
+def _pipelined() -> list[Kernel]:
+    """trident/ops/pipelined.py: the copy, wait, finish, reduce and gather kernels of the
+    pipelined schedule (bf16 and fp16, bias on and off, the all-reduce's variant), at the
+    GPU block (8 x 256): the copies and the reduction keep 16-byte accesses."""
+    from trident.errors import OP_CODES
+    op = OP_CODES["matmul_all_reduce"]
+    block = dict(BR=8, BC=256)
+    flags = dict(sync=P32, rows=I32, cols=I32, peer=I32, stride_src=I32,
+                 stride_om=I32, slot=I32, row0=I32, M=I32, chunk=I32)
+    aligned = ("cols", "stride_src", "stride_om", "slot")
+    return [
+        Kernel("trident.ops.pipelined", "_begin_kernel", dict(sync=P32), [V()]),
+        Kernel("trident.ops.pipelined", "_push_kernel", dict(src=PBF16, dst=PBF16, **flags),
+               [V("ld+st", OP=op, **block),
+                V("ld+st", OP=op, types=dict(src=PF16, dst=PF16), **block)], aligned=aligned),
+        Kernel("trident.ops.pipelined", "_wait_kernel", dict(src=I32, **flags), [V(OP=op)]),
+        Kernel("trident.ops.pipelined", "_finish_kernel", dict(out=PBF16, **flags),
+               [V(**block)], aligned=aligned),
+        Kernel("trident.ops.pipelined", "_reduce_kernel",
+               dict(recv=PBF16, out=PBF16, result=PBF16, bias=PBF16, **flags),
+               [V("ld+st", HAS_BIAS=False, ALL_REDUCE=False, OP=op, **block),
+                V("ld+st", HAS_BIAS=True, ALL_REDUCE=True, OP=op, **block,
+                  types=dict(bias=PF32))], aligned=aligned),
+        Kernel("trident.ops.pipelined", "_gather_kernel",
+               dict(result=PBF16, out=PBF16, **flags), [V("ld+st", OP=op, **block)],
+               aligned=aligned),
+    ]
+
+
 def _moe() -> list[Kernel]:
     """Dispatch and combine, DeepSeek-V3's shape on 8 ranks (H 7168, top-8, 256 experts).
     PART=BOTH (the fused launch) holds both halves' code; the split launches (SEND, RECV)
@@ -558,7 +587,8 @@ def _language() -> list[Kernel]:
 
 
 def kernels() -> list[Kernel]:
-    return _ccl() + _ops() + _gemm() + _moe() + _trace_demo_bench() + _language()
+    return (_ccl() + _ops() + _gemm() + _pipelined() + _moe() + _trace_demo_bench() +
+            _language())
 
 
 def main(argv: list[str]) -> int:
