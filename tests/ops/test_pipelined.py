@@ -5,27 +5,18 @@ bias (bf16 and fp32) on and off, `out` given (with a row stride), a rank with an
 shard, back-to-back calls of other shapes and repeated calls of one plan (the epochs
 advance, buffers are reused). Also: a call whose sizes differ across ranks is poisoned and
 the next call raises on every rank (the issue-29 contract); through the ops' `schedule=`
-where the registry of schedules offers it."""
+(ctx.<op>(..., schedule="pipelined"))."""
 import pytest
 import torch
 
 from trident.errors import CallMismatch, PeerFailed
-from trident.ops import pipelined
 
 from ..conftest import WORLD_SIZES
 from .reference import assert_close, make
 
 
 def _schedule_call(ctx, op, a, w, bias=None, out=None):
-    """The op with schedule="pipelined" through the registry where it has it, else the
-    module's own entry (before the registry of schedules existed)."""
-    try:
-        from trident.ops import schedules
-        if "pipelined" in schedules.registered(op):
-            return getattr(ctx, op)(a, w, bias, out=out, schedule="pipelined")
-    except ImportError:
-        pass
-    return pipelined.pipelined(ctx, op, a, w, bias, out)
+    return getattr(ctx, op)(a, w, bias, out=out, schedule="pipelined")
 
 
 def _all_gather(ctx, m_local, n, k, bias_dtype, give_out, seed):
@@ -105,15 +96,17 @@ def _sizes_differ(ctx):
     raises at its next call; reset gives a working context."""
     k, n = 32, 24
     for m in (3, 4):                  # both plans built (and compiled) on every rank first
-        pipelined.pipelined(ctx, "all_gather_matmul", torch.ones(m, k, dtype=torch.bfloat16, device=ctx.device),
-                            torch.ones(n, k, dtype=torch.bfloat16, device=ctx.device))
+        _schedule_call(ctx, "all_gather_matmul",
+                       torch.ones(m, k, dtype=torch.bfloat16, device=ctx.device),
+                       torch.ones(n, k, dtype=torch.bfloat16, device=ctx.device))
     ctx.sync()
     timeout = ctx.timeout_s
     ctx.set_timeout(20.0)
     try:
         m = 3 if ctx.rank == 0 else 4
         a = torch.randn(m, k, device=ctx.device).to(torch.bfloat16)
-        out = pipelined.pipelined(ctx, "all_gather_matmul", a, torch.ones(n, k, dtype=a.dtype, device=ctx.device))
+        out = _schedule_call(ctx, "all_gather_matmul", a,
+                             torch.ones(n, k, dtype=a.dtype, device=ctx.device))
         poisoned = bool(out.float().isnan().all())
         try:
             ctx.barrier()
@@ -122,7 +115,8 @@ def _sizes_differ(ctx):
             kind = type(exc).__name__
         ctx.reset()
         a = torch.ones(4, k, dtype=torch.bfloat16, device=ctx.device)
-        again = pipelined.pipelined(ctx, "all_gather_matmul", a, torch.ones(n, k, dtype=a.dtype, device=ctx.device))
+        again = _schedule_call(ctx, "all_gather_matmul", a,
+                               torch.ones(n, k, dtype=a.dtype, device=ctx.device))
         right = bool((again.float() == k).all())
         return poisoned, kind, right
     finally:

@@ -52,7 +52,6 @@ rows beside fused, sequential and NCCL + cuBLAS); not measured on GPUs yet.
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import triton
@@ -64,7 +63,7 @@ from ..errors import OP_CODES
 from ..language.sync import CTRL_ERROR
 from ..plans import Live, Plan
 from ..triton_launch import Launch
-from ._common import SYNC_EPOCH, SYNC_FLAGS, check_inputs, new_plan, run, workspace
+from ._common import SYNC_EPOCH, SYNC_FLAGS, workspace
 
 OPS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
 READY = tl.constexpr(0)
@@ -427,36 +426,10 @@ def _reduce_scatter(ctx, plan, op, a, w, bias, out) -> None:
     plan.add(step, graphable=False)
 
 
-def _plan(op, ctx, a, w, bias, out, algorithm, options) -> Plan:
-    if not isinstance(a, torch.Tensor) or a.dim() != 2:
-        check_inputs(ctx, op, a, w, bias, out, ())
-    M = a.shape[0]
-    if op == "all_gather_matmul":
-        shape = (M * ctx.world_size, w.shape[0])
-    elif op == "matmul_reduce_scatter":
-        if M % ctx.world_size:
-            raise ValueError(f"{op}: a has {M} rows, which is not divisible by the world "
-                             f"size {ctx.world_size}")
-        shape = (M // ctx.world_size, w.shape[0])
-    else:
-        shape = (M, w.shape[0])
-    check_inputs(ctx, op, a, w, bias, out, shape, empty_k=op != "all_gather_matmul")
-    plan = new_plan(ctx, a, w, bias, out, shape, "pipelined")
-    build(ctx, plan, op, a, w, bias, plan.tensors[3], **options)
-    return plan
+from .schedules import register  # noqa: E402  (the registry imports this module)
 
-
-def pipelined(ctx, op: str, a, w, bias=None, out=None) -> torch.Tensor:
-    """Run `op` (one of OPS) with the pipelined schedule, whatever the ops' registry
-    offers: `ctx.<op>(a, w, bias, out, schedule="pipelined")` where it is registered."""
-    if op not in OPS:
-        raise ValueError(f"pipelined: op must be one of {OPS}, got {op!r}")
-    return run(ctx, op, functools.partial(_plan, op), a, w, bias, out, "pipelined", {})
-
-
-try:                                # the registry of schedules, where it exists
-    from .schedules import register
-except ImportError:                 # pragma: no cover - before the registry lands
-    register = None
-if register is not None:
-    register("pipelined", build, ops=OPS, auto=True, about=__doc__.split("\n\n")[0])
+# auto=True, cost=None: "auto" takes it only where a measured table (trident tune --ops,
+# schedule_table.json) timed it fastest, never from the cost model's guess
+register("pipelined", build, ops=OPS, auto=True, cost=None,
+         about="cuBLAS per chunk of M while the next chunk moves on a copy stream "
+               "(async-TP style)")
