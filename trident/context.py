@@ -274,7 +274,7 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
 
     Ranks on several nodes (host names, LOCAL_WORLD_SIZE, or TRIDENT_NODE_SIZE=n on one
     machine; trident/topology.py) get a trident.world.WorldContext: the same methods over
-    the whole world, with a node-local Context inside (docs/design.md, "Beyond one node").
+    the whole world, with a node-local Context inside (docs/nodes.md, "Beyond one node").
     """
     local = _env_int("LOCAL_WORLD_SIZE", 0)
     if not _env.INTERPRET and local and not (dist.is_initialized() and

@@ -63,7 +63,7 @@ class WorldContext:
         raise AttributeError(
             f"a trident context across nodes does not offer {name!r}: it works on the ranks "
             f"of one node, whose heap its kernels address. Use ctx.node.{name} (this node's "
-            f"{self.topology.node_size} ranks) -- see docs/design.md, 'Beyond one node'")
+            f"{self.topology.node_size} ranks) -- see docs/nodes.md, 'Beyond one node'")
 
     @property
     def debug(self) -> bool:

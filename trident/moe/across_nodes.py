@@ -16,7 +16,7 @@ on the rail sends the rows back, and the sender adds its token's rows from each 
 Every size is fixed on the host (a node's block holds max_num_tokens rows; the rows in
 use say so in their ids), so a call has no host synchronisation and, with NCCL, can be
 captured into a CUDA graph after an eager warm-up. The price is the network bytes: every
-block is sent whole (docs/design.md, "Scale: past one node", has the figures).
+block is sent whole (docs/nodes.md, "Scale: past one node", has the figures).
 
 Split mode: dispatch(wait=False) queues the check, the packing, the rail exchange and the
 node's send half; .wait() the node's receive half. combine(wait=False) queues the node's

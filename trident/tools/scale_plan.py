@@ -1,6 +1,6 @@
 """`python -m trident.tools.scale_plan`: what the cost model predicts past one node.
 
-Predictions, not measurements (one machine has no network): the numbers docs/design.md's
+Predictions, not measurements (one machine has no network): the numbers docs/nodes.md's
 "Scale: past one node" quotes, for M = 2, 4 and 8 nodes of 8 H100s (NVLink 450 GB/s per
 GPU one way, 10 us per trident step; a 400 Gb/s NIC per GPU = 50 GB/s, 10 us per network
 hop: the issue's figures, overridable with --nvlink-gbps / --net-gbps / --net-us).
