@@ -59,10 +59,16 @@ def test_stalled_wrong_and_crashed_candidates_are_reported(tmp_path, monkeypatch
             row = by[m, n, k, impl]
             assert row["status"] == "ok" and row["rel_err"] <= bench.TOLERANCE, row
             assert row["eager_us"] > 0 and row["vs_cublas"] > 0
-            weight = n * k * 2 / (gbps * 1e3)
-            assert abs(row["weight_floor_us"] - weight) <= 1e-9 * weight
-            assert row["floor_us"] >= row["weight_floor_us"]
+            hbm = 2 * (m * k + n * k + m * n) / (gbps * 1e3)      # A, W and C once
+            assert abs(row["hbm_floor_us"] - hbm) <= 1e-9 * hbm
+            assert row["floor_us"] >= row["hbm_floor_us"]
             assert abs(row["vs_floor"] - row["floor_us"] / row["eager_us"]) < 1e-9
+            assert row["of_floor"] == row["vs_floor"]
+            # cuBLAS's time from the same run, beside every row
+            cub = by[m, n, k, "cublas"]
+            assert row["cublas_eager_us"] == cub["eager_us"]
+            assert abs(row["cublas_of_floor"] - row["floor_us"] / cub["eager_us"]) < 1e-9
+            assert abs(row["vs_cublas_eager"] - cub["eager_us"] / row["eager_us"]) < 1e-9
         for impl in ("hangs", "wrong", "kills_its_worker"):
             assert by[m, n, k, impl].get("vs_cublas") is None
     assert result["worker_restarts"] == 4           # two timeouts, two crashes
@@ -94,7 +100,8 @@ def test_read_bandwidth_is_a_rate():
 def test_table_of_a_run(tmp_path):
     """--update-table's table from measured rows: per class the best geometric mean of
     vs_cublas, a plain fused_config beside a swap-AB winner, only measured classes; written
-    into a new file beside the package's H200 table, and the H100 then picks its own."""
+    into a folder as the model's own file (gemm_table_h100.json), and the H100 then picks
+    its own table beside the package's H200 one."""
     from trident.ops import gemm, gemm_tables
 
     def row(m, impl, vs):
@@ -114,9 +121,11 @@ def test_table_of_a_run(tmp_path):
     assert table.classes["mbig-nbig-kbig"] == {
         "config": "128x256x64_s3_w8", "measured": True, "geomean_vs_cublas": 0.99,
         "geomean_vs_floor": 0.891, "shapes": 1, "date": "2026-11-24"}
-    path = gemm_tables.update(str(tmp_path / "t.json"), table, gemm.CANDIDATES, "test")
+    table, path = bench.write_table(str(tmp_path), dict(result), best, gemm.CANDIDATES, 2)
+    assert path == str(tmp_path / "gemm_table_h100.json")     # a folder: the model's file
     _, tables = gemm_tables.read(path)
-    assert sorted(tables) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert sorted(tables) == ["NVIDIA H100 80GB HBM3"]
+    tables.update(gemm_tables.read()[1])                        # beside the package's
     h100 = gemm_tables.pick(tables, "NVIDIA H100 80GB HBM3", (9, 0))
     assert h100.capability == (9, 0) and h100.m_edges == gemm_tables.M_EDGES
     assert h100.entry(1, 8192, 16384)["config"] == "swab128x64x64_s6_w4_sk8"

@@ -81,8 +81,8 @@ def tune_gemm(budget_s: float, timeout_s: float | None, calls: int | None,
               f"({result.get('failed') or 'see the rows above'})")
         return 1
     path = out or gemm_tables.tuned_path(result["device"])
-    table = bench_gemm.write_table(path, result, best, candidates, args.world,
-                                   keep_others=False)
+    table, path = bench_gemm.write_table(path, result, best, candidates, args.world,
+                                         keep_others=False)
     missing = sorted(set(table.all_classes()) - set(table.classes))
     print(f"trident tune --gemm: {table.about}")
     for cls, entry in sorted(table.classes.items()):

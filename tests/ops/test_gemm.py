@@ -135,13 +135,19 @@ def test_host_and_kernel_descriptors_agree():
 
 
 def test_split_k_choice():
-    """split_k_for: one slice without SPLIT_K or when the tiles fill two waves; several
-    for few tiles over deep K; never more than SPLIT_K or half the BK-steps. The fused
-    ops' config (config_for without split_k) has no SPLIT_K."""
+    """split_k_for: one slice without SPLIT_K or when the tiles fill the SMs; several for
+    few tiles over deep K, never more work units than SMs (one wave), nor more than
+    SPLIT_K or half the BK-steps. The fused ops' config (config_for without split_k) has
+    no SPLIT_K."""
     cfg = gemm.CANDIDATES["64x128x64_s4_w4_sk8"]
-    assert gemm.split_k_for(256, 3072, 4096, gemm.CANDIDATES["64x128x64_s4_w4"], 132) == 1
+    assert gemm.split_k_for(64, 3072, 4096, gemm.CANDIDATES["64x128x64_s4_w4"], 132) == 1
     assert gemm.split_k_for(8192, 8192, 4096, cfg, 132) == 1
-    assert 1 < gemm.split_k_for(256, 3072, 4096, cfg, 132) <= 8
+    assert gemm.split_k_for(256, 3072, 4096, cfg, 132) == 1      # 96 tiles: no second unit
+    assert gemm.split_k_for(64, 3072, 4096, cfg, 132) == 5       # 24 tiles, 5 a tile: 120
+    deep = gemm.CANDIDATES["swab64x16x128_s6_w4_sk16"]
+    for n, k in ((5120, 8192), (4096, 2048), (28672, 8192), (1024, 14336)):
+        s = gemm.split_k_for(1, n, k, deep, 132)
+        assert s == 1 or (s * -(-n // 64) <= 132 and s <= 16 and 2 * s <= k // 128), (n, k, s)
     assert gemm.split_k_for(64, 128, 256, cfg, 132) <= 2
     assert gemm.base_candidate("64x128x64_s4_w4_sk8") == "64x128x64_s4_w4"
     assert gemm.base_candidate("64x128x64_s4_w4") is None

@@ -17,7 +17,7 @@ def test_package_tables_resolve():
     table is the one measured on 2026-11-23 (bench/results/gemm-1xh200-2026-11-23c.json)
     with its own M edges, every class measured; no model is invented."""
     listed, tables = gemm_tables.read()
-    assert sorted(tables) == ["NVIDIA H200"]
+    assert "NVIDIA H200" in tables
     h200 = tables["NVIDIA H200"]
     assert h200.capability == (9, 0) and h200.m_edges == (64, 128, 256, 1024, 4096)
     assert sorted(h200.classes) == sorted(h200.all_classes())
@@ -34,10 +34,13 @@ def test_package_tables_resolve():
 
 
 def test_new_edges_have_a_bucket_per_bench_m():
+    from trident.bench.gemm import DEFAULT_M
     t = gemm_tables.GpuTable("x")
-    got = [t.shape_class(m, 8192, 4096).split("-")[0] for m in (1, 64, 65, 128, 256, 1024,
-                                                              4096, 8192)]
-    assert got == ["m64", "m64", "m128", "m128", "m256", "m1024", "m4096", "mbig"]
+    got = [t.shape_class(m, 8192, 4096).split("-")[0] for m in DEFAULT_M]
+    assert got == [f"m{m}" for m in DEFAULT_M[:-1]] + ["mbig"]
+    assert len(set(got)) == len(DEFAULT_M) == len(gemm_tables.M_EDGES) + 1
+    assert t.shape_class(2, 8192, 4096).startswith("m8-")
+    assert t.shape_class(65, 8192, 4096).startswith("m128-")
 
 
 def _tables():
@@ -101,21 +104,46 @@ def test_config_for_swap_entry(monkeypatch):
 
 
 def test_update_keeps_other_gpus(tmp_path):
-    """Writing the H100's table into a new file starts from the package's (the H200's
-    stays); writing it again replaces only the H100's; the single-table format of before
-    reads as its device's table."""
-    path = str(tmp_path / "gemm_table.json")
+    """Writing the H100's table into a new file makes the file of that model alone (with
+    the package's candidates); writing it again replaces only the H100's table; another
+    model's table written into it is kept beside; the package reads every
+    gemm_table*.json beside gemm_table.json (an H100 file there is the H100's table, and
+    an H100 without one takes the H200's); the single-table format of before reads as its
+    device's table."""
+    path = str(tmp_path / "gemm_table_h100.json")
+    assert gemm_tables.file_for("NVIDIA H100 80GB HBM3").endswith("gemm_table_h100.json")
     h100 = gemm_tables.GpuTable("NVIDIA H100 80GB HBM3", (9, 0), classes={
         "m64-nbig-kbig": {"config": "swab128x64x64_s6_w4_sk8", "measured": True}})
     gemm_tables.update(path, h100, {"swab128x64x64_s6_w4_sk8": {"BM": 128}}, "test")
-    _, tables = gemm_tables.read(path)
-    assert sorted(tables) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
-    assert tables["NVIDIA H200"].classes == gemm_tables.read()[1]["NVIDIA H200"].classes
+    listed, tables = gemm_tables.read(path)
+    assert sorted(tables) == ["NVIDIA H100 80GB HBM3"]
+    assert set(gemm_tables.read(gemm_tables.TABLE_PATH)[0]) <= set(listed)
     h100.classes = {"m128-nbig-kbig": {"config": "128x64x64_s6_w4_sk8", "measured": True}}
     gemm_tables.update(path, h100, {}, "test")
+    other = gemm_tables.GpuTable("NVIDIA H100 PCIe", (9, 0), classes={
+        "m128-nbig-kbig": {"config": "64x128x64_s4_w4", "measured": True}})
+    gemm_tables.update(path, other, {}, "test")
     listed, tables = gemm_tables.read(path)
     assert list(tables["NVIDIA H100 80GB HBM3"].classes) == ["m128-nbig-kbig"]
-    assert "swab128x64x64_s6_w4_sk8" in listed and "NVIDIA H200" in tables
+    assert "swab128x64x64_s6_w4_sk8" in listed and "NVIDIA H100 PCIe" in tables
+    # the package reads a model's file beside gemm_table.json
+    import shutil
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    shutil.copy(gemm_tables.TABLE_PATH, pkg / "gemm_table.json")
+    old_path = gemm_tables.TABLE_PATH
+    try:
+        gemm_tables.TABLE_PATH = str(pkg / "gemm_table.json")
+        assert gemm_tables.pick(gemm_tables.read()[1], "NVIDIA H100 80GB HBM3",
+                                (9, 0)).name == "NVIDIA H200"
+        shutil.copy(path, pkg / "gemm_table_h100.json")
+        tables = gemm_tables.read()[1]
+        assert {"NVIDIA H200", "NVIDIA H100 80GB HBM3"} <= set(tables)
+        assert gemm_tables.pick(tables, "NVIDIA H100 80GB HBM3", (9, 0)).name == \
+            "NVIDIA H100 80GB HBM3"
+        assert gemm_tables.pick(tables, "NVIDIA H200", (9, 0)).name == "NVIDIA H200"
+    finally:
+        gemm_tables.TABLE_PATH = old_path
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"classes": {"mbig-nbig-kbig": {
         "config": "128x256x64_s3_w8", "device": "NVIDIA H200"}}}))

@@ -1,25 +1,40 @@
 """`python -m trident.bench.gemm`: trident's GEMM core (trident/ops/gemm.py) against
-torch.matmul (cuBLAS) on one GPU, for every config candidate of each shape class, and
-the tuned table from the same run.
+torch.matmul (cuBLAS) on one GPU, for every config candidate of each shape class
+(trident/ops/gemm_configs.py), and the tuned table from the same run.
 
 Shapes: the GEMM each rank runs in `trident bench ops` at tensor parallelism --world
 (default 2): the column-parallel layers (all_gather_matmul: M x N/world x K) and the
 row-parallel ones (matmul_reduce_scatter / all_reduce: M x N x K/world) of
-trident/bench/ops.py, total M in --m (default 64,128,256,1024,4096,8192: one M bucket of
-the tables each), plus a few large squares. bf16, random data, out = a @ w.T with w in
-nn.Linear layout [N, K].
+trident/bench/ops.py (--layers: the models whose name holds one of these words), total M
+in --m (default 1,8,16,32,64,128,256,1024,4096,8192: decode at batch 1-64 and one M
+bucket of the tables each), plus a few large squares. bf16, random data, out = a @ w.T
+with w in nn.Linear layout [N, K].
 
-For each shape: cuBLAS, then every candidate of gemm.CANDIDATES (TMA path, host-side
-descriptors), then the table's config with in-kernel descriptors ("table:kdesc", what the
-host descriptors save; never chosen), each checked against torch.matmul first and then
-timed with bench/common.time_modes (eager_us: calls queued back to back; graph_us:
-replayed from one CUDA graph; host_us). vs_cublas = cuBLAS graph time / this graph time.
-`table` marks the candidate that trident/ops/gemm_table.json picks now (for this GPU, or
-the nearest measured one: trident/ops/gemm_tables.py). Swap-AB candidates (swab..., for
-small M) run the core with SWAP_AB. Split-K candidates
-(name ending _sk<n>) run split_k_for's number of K slices (column split_k); where that is
-1 they are their base candidate's kernel and copy its row (same_as) instead of timing it
-again. To time only small M: --m 64,128 --squares ''.
+For each shape: cuBLAS, then the candidates that fit its M (swap-AB ones at M <= 256,
+those of 128-row tiles without swap-AB at M >= 128: outside those ranges they lose by
+far, bench/results/gemm-1xh200-2026-11-23c.json; the table search compares only
+candidates timed on every shape of a class), then the table's config with in-kernel
+descriptors ("table:kdesc", what the host descriptors save; never chosen), each checked
+against torch.matmul first and then timed with bench/common.time_modes (eager_us: calls
+queued back to back; graph_us: replayed from one CUDA graph; host_us). `table` marks the
+candidate that the package's tables pick now (for this GPU, or the nearest measured one:
+trident/ops/gemm_tables.py). Split-K candidates (name ending _sk<n>) run split_k_for's
+number of K slices (column split_k); where that is 1 they are their base candidate's
+kernel and copy its row (same_as) instead of timing it again. To time only small M:
+--m 1,16,64 --squares ''.
+
+Floors, beside every row and beside cuBLAS's time from the same run:
+  floor_us       max(hbm_floor_us, flop_floor_us)
+  hbm_floor_us   bytes of A, W and C (2 * (M*K + N*K + M*N)) at the HBM read rate measured
+                 in this run (a torch.sum over 1 GiB; hbm_read_gbps in the JSON)
+  flop_floor_us  2*M*N*K at 750 TFLOP/s (dense bf16 that cuBLAS reaches on random data)
+  datasheet_floor_us  the same bytes at the vendor's rate (H100 SXM 3.35 TB/s, H200
+                 4.8 TB/s: /work/.library/device HOPPER.md, H200.md), where the GPU is one
+  of_floor       floor_us / graph time (1.0 = at the floor); of_floor_eager from the eager
+                 time; cublas_of_floor: cuBLAS's, graph; vs_cublas = cuBLAS graph time /
+                 this graph time (vs_cublas_eager: eager)
+Decode-sized M is W-streaming: hbm_floor_us is the bound there, and the target is
+of_floor >= 0.9 at M <= 64 (issue 30).
 
 Nothing can hang the run. Every (shape, candidate) runs in a worker process that holds
 the CUDA context (trident/bench/bounded.py), under a limit of --timeout-s seconds: a
@@ -30,21 +45,18 @@ reported ("wrong: max err ...") and not timed; one that does not compile or laun
 writing the results): what it did not reach is printed and kept in the JSON
 (`not_reached`). Column status says what became of each row ("ok" where it was timed).
 
-Floors beside every row: weight_floor_us = reading w once (N*K*2 bytes) at the HBM read
-bandwidth measured in the same run (a torch.sum over 1 GiB; hbm_read_gbps in the JSON),
-what bounds decode-sized M; flop_floor_us = 2*M*N*K at 750 TFLOP/s; floor_us = the larger;
-vs_floor = floor_us / this graph time (1.0 is at the floor).
+--update-table PATH (or --write-table) writes this GPU's table into the file PATH, or,
+where PATH is a folder, into PATH/gemm_table_<model>.json (gemm_tables.file_for: the
+file the package reads for that model beside gemm_table.json). A new file holds this
+GPU's table alone; an existing one keeps its other GPUs' tables. Per shape class (the
+buckets of gemm_tables.M_EDGES etc.): the candidate of the best geometric-mean vs_cublas
+over that class's shapes, and where that is swap-AB, the best plain one (fused_config).
+Classes with no measured shape are left out (the look-up takes the nearest M bucket).
+Prints a table and a per-class summary; writes JSON (--out-dir). The run for a GPU's
+table (an H100's: copy $OUT/gemm_table_h100.json to trident/ops/):
 
---update-table PATH (or --write-table) writes this GPU's table into the file PATH (made
-from the package's gemm_table.json when it does not exist; other GPUs' tables are kept):
-per shape class (the buckets of gemm_tables.M_EDGES etc.), the candidate of the best
-geometric-mean vs_cublas over that class's shapes, and where that is swap-AB, the best
-plain one for the fused ops (fused_config). Classes with no measured shape are left out
-(the look-up takes the nearest M bucket). Prints a table and a per-class summary;
-writes JSON (bench/results or --out-dir). The run for a GPU's table:
-
-    PYTHONPATH=. python3 -m trident.bench.gemm --m 64,128,256,1024,4096,8192 \
-        --budget-s 400 --out-dir $OUT --update-table $OUT/gemm_table.json
+    PYTHONPATH=. python3 -m trident.bench.gemm --layers llama3 --budget-s 300 \
+        --out-dir $OUT --update-table $OUT
 On a machine without a GPU it runs two tiny shapes under the interpreter (paths only),
 with the same workers and limits.
 
@@ -68,10 +80,12 @@ from .bounded import BoundedWorker
 from .ops import COLUMN_PARALLEL, ROW_PARALLEL
 
 DTYPE = torch.bfloat16
-DEFAULT_M = (64, 128, 256, 1024, 4096, 8192)
+DEFAULT_M = (1, 8, 16, 32, 64, 128, 256, 1024, 4096, 8192)
 SQUARES = (4096, 8192)
 TOLERANCE = 1e-2        # relative Frobenius error against torch.matmul (bf16 output)
 MEASURE_SHARE = 0.95    # of --budget-s spent measuring; the rest writes the results
+# The vendor's HBM rates (GB/s) of the GPUs the project runs on (datasheet_floor_us)
+DATASHEET_HBM_GBPS = {"NVIDIA H100 80GB HBM3": 3350.0, "NVIDIA H200": 4800.0}
 TABLE_ABOUT = ("GEMM configs per GPU model and shape class: trident/ops/gemm_tables.py says how "
                "they are read and chosen; `python -m trident.bench.gemm --update-table PATH` "
                "measures the table of the GPU it runs on")
@@ -100,14 +114,18 @@ class _Solo:
         self.device_barrier()
 
 
-def shapes(world: int, ms, squares=SQUARES) -> list[tuple[str, int, int, int]]:
-    """(label, M, N, K) of every benchmark GEMM, duplicates dropped."""
+def shapes(world: int, ms, squares=SQUARES, layers=()) -> list[tuple[str, int, int, int]]:
+    """(label, M, N, K) of every benchmark GEMM (of the models whose name holds one of
+    `layers`, all without), duplicates dropped."""
     out, seen = [], set()
+    keep = lambda model: not layers or any(w in model for w in layers)  # noqa: E731
     for m in ms:
         for model, layer, n_full, k_full in COLUMN_PARALLEL:
-            out.append((f"{model} {layer} (col)", m, n_full // world, k_full))
+            if keep(model):
+                out.append((f"{model} {layer} (col)", m, n_full // world, k_full))
         for model, layer, n_full, k_full in ROW_PARALLEL:
-            out.append((f"{model} {layer} (row)", m, n_full, k_full // world))
+            if keep(model):
+                out.append((f"{model} {layer} (row)", m, n_full, k_full // world))
     out += [(f"square {s}", s, s, s) for s in squares]
     unique = []
     for label, m, n, k in out:
@@ -226,22 +244,39 @@ def serve(task: dict) -> dict:
 
 
 # ------------------------------------------------------------------ the parent's side
+def timed_at(cfg: dict, m: int) -> bool:
+    """Whether a candidate is timed at M rows (module docstring): swap-AB ones up to 256,
+    128-row tiles without swap-AB from 128; planted ones always."""
+    if "plant" in cfg:
+        return True
+    if cfg.get("SWAP_AB"):
+        return m <= 256
+    return cfg["BM"] < 128 or m >= 128
+
+
 def _impls(m: int, n: int, k: int, candidates: dict, gpu: tuple):
-    """(name, config, desc) of one shape's rows: cuBLAS, each candidate, the table's config
-    (that of gpu, (name, capability)) with in-kernel descriptors."""
+    """(name, config, desc) of one shape's rows: cuBLAS, each candidate timed at this M,
+    the table's config (that of gpu, (name, capability)) with in-kernel descriptors."""
     from ..ops import gemm
     rows = [("cublas", None, None)]
     for name, cfg in candidates.items():
+        if not timed_at(cfg, m):
+            continue
         rows.append((name, cfg, None if "plant" in cfg else
                      "kernel" if cfg.get("WARP_SPECIALIZE") else "host"))
     rows.append(("table:kdesc", gemm.config_for(m, n, k, split_k=True, gpu=gpu), "kernel"))
     return rows
 
 
-def _floors(m: int, n: int, k: int, gbps: float) -> dict:
-    weight = n * k * 2 / (gbps * 1e3)
+def _floors(m: int, n: int, k: int, gbps: float, device: str | None = None) -> dict:
+    """The floors of one shape (module docstring): HBM bytes of A, W and C at `gbps`, flops
+    at common.BF16_TFLOPS, and the bytes at the datasheet rate of `device` (if known)."""
+    nbytes = 2.0 * (m * k + n * k + m * n)
+    hbm = nbytes / (gbps * 1e3)
     flop = 2.0 * m * n * k / (common.BF16_TFLOPS * 1e6)
-    return {"weight_floor_us": weight, "flop_floor_us": flop, "floor_us": max(weight, flop)}
+    sheet = DATASHEET_HBM_GBPS.get(device or "")
+    return {"hbm_floor_us": hbm, "flop_floor_us": flop, "floor_us": max(hbm, flop),
+            "datasheet_floor_us": max(nbytes / (sheet * 1e3), flop) if sheet else None}
 
 
 def _outcome_fields(outcome, timeout_s: float) -> dict:
@@ -263,8 +298,8 @@ def _shape_rows(worker, case, candidates: dict, info: dict, timing: dict,
     impls = _impls(m, n, k, candidates, (info["device"], info["capability"]))
     table_cfg = impls[-1][1]
     base = dict(shape=label, M=m, N=n, K=k, shape_class=gemm_tables.shape_class(m, n, k),
-                **_floors(m, n, k, gbps))
-    rows, missed, done, cublas_us = [], [], {}, None
+                **_floors(m, n, k, gbps, info["device"]))
+    rows, missed, done, cublas = [], [], {}, {}
     for name, cfg, desc in impls:
         if time.monotonic() >= deadline:
             missed.append(name)
@@ -291,14 +326,27 @@ def _shape_rows(worker, case, candidates: dict, info: dict, timing: dict,
         us = common.device_us(row) if row["status"] == "ok" else None
         if row["status"] == "ok" and not us:
             row["status"] = f"not timed: {row.get('graph_note')}"
-        if name == "cublas":
-            cublas_us = us
+        if name == "cublas" and us:
+            cublas = {"cublas_eager_us": row["eager_us"], "cublas_graph_us": us}
         if us:
-            row.update(tflops=2.0 * m * n * k / us / 1e6, vs_floor=row["floor_us"] / us,
-                       vs_cublas=common.ratio(cublas_us, us) if name != "cublas" else 1.0)
+            row.update(_versus(row, us, cublas))
             done[name] = row
         rows.append(row)
     return rows, missed
+
+
+def _versus(row: dict, us: float, cublas: dict) -> dict:
+    """A timed row's figures against its floor and against cuBLAS's row of the same run
+    (module docstring): of_floor (= vs_floor), of_floor_eager, cublas_of_floor, vs_cublas,
+    vs_cublas_eager, and cuBLAS's own times beside."""
+    floor, eager = row["floor_us"], row.get("eager_us")
+    cub = cublas.get("cublas_graph_us")
+    return {"tflops": 2.0 * row["M"] * row["N"] * row["K"] / us / 1e6,
+            "vs_floor": floor / us, "of_floor": floor / us,
+            "of_floor_eager": common.ratio(floor, eager), **cublas,
+            "cublas_of_floor": common.ratio(floor, cub),
+            "vs_cublas": common.ratio(cub, us),
+            "vs_cublas_eager": common.ratio(cublas.get("cublas_eager_us"), eager)}
 
 
 def measure(cases, candidates: dict, timing: dict, budget_s: float, timeout_s: float,
@@ -340,7 +388,7 @@ def _geomean(values) -> float:
 
 def summarize(rows: list[dict]) -> dict:
     """class -> (best candidate, geometric-mean vs_cublas, shapes, {candidate: geomean},
-    the best's geometric-mean vs_floor)."""
+    the best's geometric-mean vs_floor, cuBLAS's geometric-mean of the floor or None)."""
     per: dict = {}
     for r in rows:
         if r["impl"] not in ("cublas", "table:kdesc") and r.get("vs_cublas"):
@@ -352,8 +400,10 @@ def summarize(rows: list[dict]) -> dict:
         means = {c: _geomean([r["vs_cublas"] for r in v]) for c, v in cands.items()
                  if len(v) == nshapes}
         best = max(means, key=means.get)
+        cub = [r["cublas_of_floor"] for r in cands[best] if r.get("cublas_of_floor")]
         out[cls] = (best, means[best], nshapes, means,
-                    _geomean([r["vs_floor"] for r in cands[best]]))
+                    _geomean([r["vs_floor"] for r in cands[best]]),
+                    _geomean(cub) if cub else None)
     return out
 
 
@@ -362,7 +412,7 @@ def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str)
     and, where that one is swap-AB (the fused ops cannot run it), the best plain one."""
     from ..ops import gemm_tables
     classes = {}
-    for cls, (name, mean, count, means, floor) in sorted(best.items()):
+    for cls, (name, mean, count, means, floor, _) in sorted(best.items()):
         entry = {"config": name, "measured": True, "geomean_vs_cublas": round(mean, 3),
                  "geomean_vs_floor": round(floor, 3), "shapes": count, "date": date}
         if candidates[name].get("SWAP_AB"):
@@ -377,10 +427,13 @@ def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str)
                                 classes=classes, about=about)
 
 
+COLUMNS = ["M", "N", "K", "impl", "table", "split_k", "status", "eager_us", "graph_us",
+           "cublas_eager_us", "cublas_graph_us", "floor_us", "of_floor", "of_floor_eager",
+           "cublas_of_floor", "vs_cublas", "vs_cublas_eager"]
+
+
 def _print_report(result: dict, best: dict) -> None:
-    columns = ["M", "N", "K", "shape_class", "impl", "table", "split_k", "status", "eager_us",
-               "graph_us", "host_us", "vs_cublas", "tflops", "weight_floor_us", "floor_us",
-               "vs_floor", "rel_err"]
+    columns = COLUMNS
     rows = result["rows"]
     common.print_table(rows, columns)
     failed = [r for r in rows if r.get("status") != "ok"]
@@ -394,12 +447,21 @@ def _print_report(result: dict, best: dict) -> None:
         what = "every implementation" if miss["impls"] == "all" else ", ".join(miss["impls"])
         print(f"  not reached ({miss['why']}): {miss['M']}x{miss['N']}x{miss['K']}: {what}")
     print("\nper shape class: best candidate, geometric mean of cuBLAS time / its time "
-          "(graph), shapes; the table's current choice")
-    for cls in sorted(best):
-        name, mean, count, means, floor = best[cls]
+          "(graph), its and cuBLAS's geometric mean of the floor, shapes; the table's current "
+          "choice")
+    for cls in sorted(best, key=_class_order):
+        name, mean, count, means, floor, cub = best[cls]
         current = next((r["impl"] for r in rows if r["shape_class"] == cls and r.get("table")), "-")
-        print(f"  {cls:<20} {name:<25} {mean:5.3f}x  {floor:4.2f} of the floor  {count:2d} shapes"
-              f"   table now: {current} ({means.get(current, float('nan')):.3f}x)")
+        cub_text = f"{cub:4.2f}" if cub else "   -"
+        print(f"  {cls:<20} {name:<26} {mean:5.3f}x  {floor:4.2f} of the floor (cuBLAS "
+              f"{cub_text})  {count:2d} shapes   table now: {current} "
+              f"({means.get(current, float('nan')):.3f}x)")
+
+
+def _class_order(cls: str):
+    """Shape classes by M bucket (numerically, "mbig" last), then the rest."""
+    m = cls.split("-", 1)[0][1:]
+    return (int(m) if m.isdigit() else 1 << 60, cls)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -411,6 +473,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--m", default=",".join(map(str, DEFAULT_M)), help="comma-separated total M")
     p.add_argument("--squares", default=",".join(map(str, SQUARES)),
                    help="comma-separated sizes of square problems ('' for none)")
+    p.add_argument("--layers", default="", help="comma-separated words: only the layers of "
+                   "the models whose name holds one (e.g. llama3); default all")
     p.add_argument("--candidates", default="", help="comma-separated subset of the "
                    "candidates (default: all of trident/ops/gemm.py's CANDIDATES)")
     p.add_argument("--calls", type=int, default=20)
@@ -423,8 +487,8 @@ def parser() -> argparse.ArgumentParser:
                         "included (default 90 on GPUs, 60 on the CPU emulation)")
     p.add_argument("--update-table", "--write-table", dest="update_table", default=None,
                    metavar="PATH", help="write this GPU's table (the measured best config per "
-                   "shape class) into the gemm table file PATH, keeping other GPUs' tables "
-                   "(PATH made from the package's table when missing)")
+                   "shape class) into the gemm table file PATH (a folder: its "
+                   "gemm_table_<model>.json), keeping other GPUs' tables it holds")
     return p
 
 
@@ -442,7 +506,8 @@ def run(args: argparse.Namespace, planted: dict | None = None,
     if gpu:
         ms = [int(x) for x in args.m.split(",") if x]
         squares = [int(x) for x in args.squares.split(",") if x]
-        cases = shapes(args.world, ms, squares)
+        layers = [x.strip() for x in args.layers.split(",") if x.strip()]
+        cases = shapes(args.world, ms, squares, layers)
         candidates = dict(gemm.CANDIDATES)
         if args.candidates:
             unknown = [c for c in args.candidates.split(",") if c not in candidates]
@@ -467,14 +532,19 @@ def run(args: argparse.Namespace, planted: dict | None = None,
              "budget_s": args.budget_s, "timeout_s": timeout_s, "gpu": result["device"],
              "hbm_read_gbps": result["hbm_read_gbps"], "not_reached": result["not_reached"],
              "worker_restarts": result["worker_restarts"],
+             "datasheet_hbm_gbps": DATASHEET_HBM_GBPS.get(result["device"] or ""),
              "marked": None if gpu else "cpu-emulation", "summary": {c: {"best": b[0],
-             "geomean_vs_cublas": b[1], "shapes": b[2], "all": b[3], "best_vs_floor": b[4]}
-                                                                  for c, b in best.items()},
+             "geomean_vs_cublas": b[1], "shapes": b[2], "all": b[3], "best_vs_floor": b[4],
+             "cublas_vs_floor": b[5]} for c, b in best.items()},
              "columns": "status: ok (timed), timeout, wrong, error, died or stopped (budget); "
                         "eager_us/graph_us/host_us: bench/common.time_modes; vs_cublas = cuBLAS "
-                        "graph time / this graph time; table: the config gemm_table.json picks "
-                        "now; weight_floor_us = N*K*2 bytes at hbm_read_gbps; flop_floor_us = "
-                        "flops at 750 TFLOP/s; floor_us = the larger; vs_floor = floor_us / time"}
+                        "graph time / this graph time (vs_cublas_eager: eager); cublas_*_us: "
+                        "cuBLAS's row of the same run; table: the config the package's tables "
+                        "pick now; hbm_floor_us = 2*(M*K+N*K+M*N) bytes at hbm_read_gbps; "
+                        "flop_floor_us = flops at 750 TFLOP/s; floor_us = the larger; "
+                        "of_floor (= vs_floor) = floor_us / graph time, of_floor_eager from "
+                        "the eager time, cublas_of_floor cuBLAS's; datasheet_floor_us: the "
+                        "bytes at datasheet_hbm_gbps"}
     path = common.write_results(_Solo(device, init_group=False), "gemm", result["rows"], extra,
                                 out_dir=args.out_dir)
     print(f"results: {path}")
@@ -483,14 +553,17 @@ def run(args: argparse.Namespace, planted: dict | None = None,
 
 def write_table(path: str, result: dict, best: dict, candidates: dict, world: int,
                 keep_others: bool = True):
-    """Write the GPU's table of a run (gpu_table) into the gemm table file `path`
-    (gemm_tables.update, keep_others as there), listing the candidates it names beside
-    the package's (planted ones excepted); returns the table."""
+    """Write the GPU's table of a run (gpu_table) into the gemm table file `path` (a folder:
+    its gemm_table_<model>.json, gemm_tables.file_for) (gemm_tables.update, keep_others as
+    there), listing the candidates it names beside the package's (planted ones excepted);
+    returns (the table, the file written)."""
     from ..ops import gemm, gemm_tables
     table = gpu_table(result, best, candidates, world, time.strftime("%Y-%m-%d"))
+    if os.path.isdir(path):
+        path = os.path.join(path, os.path.basename(gemm_tables.file_for(table.name)))
     listed = {**gemm.CANDIDATES, **{n: c for n, c in candidates.items() if "plant" not in c}}
     gemm_tables.update(path, table, listed, TABLE_ABOUT, keep_others=keep_others)
-    return table
+    return table, path
 
 
 def main(argv=None, planted: dict | None = None) -> int:
@@ -502,8 +575,8 @@ def main(argv=None, planted: dict | None = None) -> int:
         if _device(index=False).type != "cuda":
             print("--update-table: nothing measured on the CPU emulation; no table written")
         elif best:
-            table = write_table(args.update_table, result, best, candidates, args.world)
-            print(f"gemm table of {table.name}: {args.update_table}")
+            table, path = write_table(args.update_table, result, best, candidates, args.world)
+            print(f"gemm table of {table.name}: {path}")
     print(f"done in {time.monotonic() - t0:.0f} s")
     return 0
 

@@ -12,7 +12,7 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
 - Warp specialisation (`tl.range(..., warp_specialize=True)`: a producer warp group
   issues TMA loads, consumer groups run wgmma) as a per-config switch, TMA path only,
   with in-kernel descriptors only (launch_args), and no candidate uses it: see the note
-  above CANDIDATES. On sm_90 with triton 3.6 it takes effect only with num_warps=4 and
+  above CANDIDATES (gemm_configs.py). On sm_90 with triton 3.6 it takes effect only with num_warps=4 and
   an unflattened tile loop -- with 8 warps or flatten=True the compiler silently emits
   the plain pipelined kernel (tests/compile/sm90.py checks for setmaxnreg).
 - Configurations per GPU model and shape class from gemm_table.json beside this file
@@ -34,8 +34,9 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
   (0, 1, ..., whatever order they arrived in) and stores the output. It also sets the
   counter back to 0, so after every launch all counters are 0 again: no memset between
   calls, and a CUDA graph can replay the launch (the rearm of trident/language/epoch.py's
-  last_program_out, per tile). How many slices a launch uses: `split_k_for` (waves of
-  work units over the SMs against the partials' traffic; 1 when the tiles fill the GPU).
+  last_program_out, per tile). How many slices a launch uses: `split_k_for`
+  (gemm_configs.py: at most one wave of work units over the SMs; 1 when the tiles fill
+  the GPU).
   The workspace (partials + counters) is kept per device, stream and size bucket for the
   life of the process (graphs keep its addresses); launches on one stream are ordered,
   so they can share it. It is made outside CUDA-graph pools (_common.outside_graph_pools).
@@ -68,75 +69,9 @@ from ..placement import usable_sms
 from ..triton_launch import Launch, Live
 from . import gemm_tables
 from ._common import DOT_UPCAST, DTYPES, finish_slice, gemm_tile, outside_graph_pools
-
-# Candidates the benchmark tries for every shape class (names are table values).
-# Shared memory per stage is (BM + BN) * BK * 2 bytes, plus a BM x BN output tile.
-#
-# No warp-specialised candidate (WARP_SPECIALIZE=True): triton 3.6's sm_90 warp
-# specialisation (the "hopper warpspec" pass, NVGPUWarpSpecialization) cannot serve this
-# kernel, so the two such candidates are dropped (issue 21). What the compiled kernels
-# show (TTGIR/PTX for sm_90, num_warps=4, num_stages=4):
-# - 128x128x64_s4_w4_ws hangs with host-side descriptors (the default since host
-#   descriptors came in). The pass runs the 128-row tile as two consumer warp groups of
-#   64 rows (12 warps in all) and splits the load of a into two [64, 64] TMA copies, each
-#   into a 64x64 buffer with an mbarrier expecting 8192 bytes. It can re-block a
-#   descriptor made in the kernel (tensormap_create gets box [64, 64]), but not one made
-#   on the host: both copies go through the host's CUtensorMap with box [128, 64] and
-#   deliver 16384 bytes each: the barriers' byte counts no longer balance, and the
-#   consumers wait on them for ever (GPU busy, host in the sync after the launch),
-#   while each copy writes 8 KB past its buffer. Later triton rejects this at compile
-#   time ("descriptor block and tensor must have the same number of elements",
-#   triton-lang/triton#11587); 3.6 compiles it silently. It is triton's bug, met by our
-#   switch to host descriptors: with in-kernel descriptors the same config ran right
-#   (bench/results/gemm-1xh200-2026-11-22.json) but lost to a plain candidate in every
-#   shape class (0.56-0.92x cuBLAS against the class's best 0.63-1.05x).
-# - 64x128x64_s4_w4_ws does not hang (its copies match the descriptors' blocks) but
-#   both consumer warp groups compute the same whole 64x128 tile and both store it:
-#   twice the wgmma work: 0.44-0.58x cuBLAS in that run (class best 0.63-1.05x).
-# So launch_args takes warp specialisation with in-kernel descriptors only (a config
-# that asks for it gets them by default, and desc="host" is refused), and the
-# candidates below are the plain pipelined kernel. (64x256 with warp specialisation
-# also trips an assertion in triton 3.6's sm_90 backend.)
-def _config(bm: int, bn: int, bk: int, stages: int, warps: int, ws: bool = False,
-            split_k: int = 1, swap_ab: bool = False) -> dict:
-    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_stages=stages, num_warps=warps,
-                WARP_SPECIALIZE=ws, SPLIT_K=split_k, SWAP_AB=swap_ab)
-
-
-CANDIDATES = {
-    "128x256x64_s3_w8": _config(128, 256, 64, 3, 8),
-    "128x128x64_s4_w8": _config(128, 128, 64, 4, 8),
-    "128x128x128_s3_w8": _config(128, 128, 128, 3, 8),
-    "64x128x64_s4_w4": _config(64, 128, 64, 4, 4),
-    "64x256x64_s4_w4": _config(64, 256, 64, 4, 4),
-    # split-K (at most SPLIT_K slices; split_k_for picks how many per shape, 1 when the
-    # output tiles fill the GPU): for small M. Named <base candidate>_sk<SPLIT_K>.
-    "128x128x64_s4_w8_sk8": _config(128, 128, 64, 4, 8, split_k=8),
-    "64x128x64_s4_w4_sk8": _config(64, 128, 64, 4, 4, split_k=8),
-    "128x256x64_s3_w8_sk8": _config(128, 256, 64, 3, 8, split_k=8),
-    "64x256x64_s4_w4_sk4": _config(64, 256, 64, 4, 4, split_k=4),
-    # Small M (decode), where reading w is the floor. One warp group's wgmma is 64 rows
-    # of the tile, so a BM=64 tile at M=1..63 wastes most of it; swap-AB (SWAP_AB:
-    # out.T = w @ a.T, named swab<BM>x<BN>x<BK>..., BM tiling N and BN tiling M) puts N
-    # in the MMA's rows and M in its 16-64 columns, as cuBLAS and TRT-LLM do for
-    # decode. With split-K (few tiles at small M: M=64, N=8192 is 64 tiles of 128 rows
-    # against 132 SMs) and deep TMA pipelines of w (4-6 stages, 16-32 KB each) every SM
-    # keeps enough of w in flight to stream it at the HBM rate. Shared memory: stages *
-    # (BM + BN) * BK * 2 bytes, plus the epilogue's layout conversion of the fp32 tile
-    # (BM * BN * 4): under the 227 KB of an sm_90 block (tests/compile/sm90.py checks).
-    "swab128x64x64_s6_w4_sk8": _config(128, 64, 64, 6, 4, split_k=8, swap_ab=True),
-    "swab128x32x128_s4_w4_sk8": _config(128, 32, 128, 4, 4, split_k=8, swap_ab=True),
-    "swab64x64x128_s4_w4_sk8": _config(64, 64, 128, 4, 4, split_k=8, swap_ab=True),
-    # M=128 in one row block of 128, N in blocks of 64 (twice the tiles of 128x128)
-    "128x64x64_s6_w4_sk8": _config(128, 64, 64, 6, 4, split_k=8),
-}
-
-
-def base_candidate(name: str) -> str | None:
-    """The candidate a split-K one is built on ("128x128x64_s4_w8_sk8" -> "128x128x64_s4_w8"),
-    None for one without split-K: where split_k_for gives 1 slice, both run one kernel."""
-    head, sep, tail = name.rpartition("_sk")
-    return head if sep and tail.isdigit() and head in CANDIDATES else None
+# the candidates and the split-K choice live in gemm_configs.py (pure Python)
+from .gemm_configs import (CANDIDATES, base_candidate, split_for_tiles,  # noqa: F401
+                           split_k_for)
 
 # Under the interpreter: small tiles keep the CPU emulation fast, and few programs make
 # each of them take several tiles.
@@ -208,35 +143,6 @@ def config_for(M: int, N: int, K: int, split_k: bool = False, gpu: tuple | None 
         cfg.pop("SPLIT_K", None)
         cfg.pop("SWAP_AB", None)
     return cfg
-
-
-def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
-    """How many K slices a launch of `cfg` uses: 1 without SPLIT_K or when the output
-    tiles reach two waves over the SMs; else the s <= SPLIT_K (each slice at least 2
-    BK-steps) of least cost ceil(tiles * s / sms) / s (waves of work units, in full-tile
-    time) + s * partial / operands (a slice's fp32 partial tile against the tile's
-    operand bytes: the workspace traffic), taken only if 5% under one slice's cost.
-    A heuristic, not measured yet; the benchmark measures the candidates that use it.
-    A swap-AB config tiles N with BM and M with BN."""
-    rows, cols = (N, M) if cfg.get("SWAP_AB") else (M, N)
-    return split_for_tiles(triton.cdiv(rows, cfg["BM"]) * triton.cdiv(cols, cfg["BN"]), K,
-                           cfg, sms)
-
-
-def split_for_tiles(tiles: int, K: int, cfg: dict, sms: int) -> int:
-    """split_k_for's choice for a launch of `tiles` output tiles of `cfg` (the fused ops
-    count their own tiles: trident/ops/fused_tile.py)."""
-    most = int(cfg.get("SPLIT_K", 1))
-    if most <= 1 or tiles >= 2 * sms:
-        return 1
-    most = min(most, triton.cdiv(K, cfg["BK"]) // 2)
-    if most <= 1:                  # K too short for two slices of two BK-steps each
-        return 1
-    partial = cfg["BM"] * cfg["BN"] * 4 / (K * (cfg["BM"] + cfg["BN"]) * 2)
-    cost = {s: triton.cdiv(tiles * s, sms) / s + (s * partial if s > 1 else 0.0)
-            for s in range(1, most + 1)}
-    best = min(cost, key=lambda s: (cost[s], s))
-    return best if cost[best] < 0.95 * cost[1] else 1
 
 
 # ---------------------------------------------------------------------------- device side
@@ -574,7 +480,7 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     config: a config dict (default: the table's for this shape); tma: force the TMA
     (True) or the pointer path (False); default TMA where the tensors allow it. desc:
     where the TMA descriptors are made, "host" or "kernel": default "host", but "kernel"
-    for a warp-specialised launch, which refuses "host" (see the note above CANDIDATES).
+    for a warp-specialised launch, which refuses "host" (see the note above CANDIDATES, gemm_configs.py).
     split_k: this many K slices exactly (default: split_k_for's choice for the config's
     SPLIT_K). A swap-AB config (SWAP_AB) launches the kernel on (w, a): see _gemm_kernel."""
     M, K = a.shape

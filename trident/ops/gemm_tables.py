@@ -1,27 +1,34 @@
-"""gemm_table.json: the GEMM core's configs per shape class, one table per GPU model.
+"""The GEMM core's configs per shape class, one table per GPU model, in JSON files beside
+this module: gemm_table.json (the candidates' list and the H200's table) and one file per
+other measured model, gemm_table_<model>.json (gemm_table_h100.json: the H100's), each
 
     {"about": ..., "candidates": {name: config, ...},
      "gpus": {"NVIDIA H200": {"capability": [9, 0], "m_edges": [...], "n_edges": [...],
                               "k_edges": [...], "about": ..., "classes": {cls: entry}}}}
 
-A GPU model's table is what `python -m trident.bench.gemm --update-table PATH` measured on
-it; a model nobody measured has no table. Each table carries its own class edges (the
-measurements define its buckets: the 2026-11-22 H200 table has M edges 128/512/2048,
-tables written since have 64/128/256/1024/4096, one bucket per benchmark M). A class
-entry names a candidate ("config") and, where that config is one the fused ops cannot run
-(swap-AB: trident/ops/gemm.py), the best measured plain one ("fused_config").
+The package's tables are all of them together (`read()`). A GPU model's table is what
+`python -m trident.bench.gemm --update-table PATH` measured on it; a model nobody measured
+has no table. Each table carries its own class edges (the measurements define its
+buckets: the 2026-11-22 H200 table has M edges 128/512/2048, that of 2026-11-23
+64/128/256/1024/4096, tables written now M_EDGES: one bucket per benchmark M, decode
+sizes 1, 8, 16 and 32 included). A class entry names a candidate ("config") and, where
+that config is swap-AB (trident/ops/gemm_configs.py), the best measured plain one
+("fused_config").
 
 Which table a GPU uses (`lookup`): the one `trident tune --gemm` measured on this GPU
 model, from the user's cache (`tuned_path`: $TRIDENT_CACHE_DIR/tune/gemm-table-<model>.json,
 beside the collectives' tuned tables, trident/ccl/tune_cache.py), else the package's
-(`pick`): its own (same name), else one of the same family (the model token: "H100" of
-"NVIDIA H100 80GB HBM3" and of "NVIDIA H100 PCIe"), else one of the same compute
-capability, else the nearest capability (the same major version first); ties go to the
-first name in sorted order. A class missing from the chosen table takes the nearest
-measured M bucket of the same N and K buckets (then the caller's default).
+(`pick`): its own (same name: an H100 takes gemm_table_h100.json's, an H200
+gemm_table.json's), else one of the same family (the model token: "H100" of "NVIDIA H100
+80GB HBM3" and of "NVIDIA H100 PCIe"), else one of the same compute capability (an H100
+without a table of its own takes the H200's), else the nearest capability (the same major
+version first); ties go to the first name in sorted order. A class missing from the chosen
+table takes the nearest measured M bucket of the same N and K buckets (then the caller's
+default).
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -31,9 +38,9 @@ from ..ccl import tune_cache
 
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_table.json")
 
-# The buckets of tables written now: one M bucket per benchmark M (64, 128, 256, 1024,
-# 4096, 8192 = "mbig"); a value above the last edge is "big".
-M_EDGES = (64, 128, 256, 1024, 4096)
+# The buckets of tables written now: one M bucket per benchmark M (1, 8, 16, 32, 64, 128,
+# 256, 1024, 4096, 8192 = "mbig"); a value above the last edge is "big".
+M_EDGES = (1, 8, 16, 32, 64, 128, 256, 1024, 4096)
 N_EDGES = (4096,)
 K_EDGES = (4096,)
 
@@ -103,10 +110,31 @@ def shape_class(M: int, N: int, K: int) -> str:
     return GpuTable("").shape_class(M, N, K)
 
 
-def read(path: str = TABLE_PATH) -> tuple[dict, dict]:
-    """(candidates the file lists, {GPU name: GpuTable}); ({}, {}) for a missing file. A
+def package_files() -> list[str]:
+    """The package's table files: gemm_table.json, then gemm_table_<model>.json by name."""
+    here = os.path.dirname(TABLE_PATH)
+    return [TABLE_PATH] + sorted(glob.glob(os.path.join(here, "gemm_table_*.json")))
+
+
+def file_for(name: str) -> str:
+    """Where the package keeps the table of GPU model `name`: gemm_table_<model>.json
+    beside gemm_table.json ("NVIDIA H100 80GB HBM3" -> gemm_table_h100.json)."""
+    return os.path.join(os.path.dirname(TABLE_PATH),
+                        f"gemm_table_{family(name).lower().replace(' ', '_')}.json")
+
+
+def read(path: str | None = None) -> tuple[dict, dict]:
+    """(candidates listed, {GPU name: GpuTable}) of the table file `path`, or of every
+    package file together (path None: `package_files`); ({}, {}) for a missing file. A
     file of the single-table format before tables were keyed by GPU ("classes" at the top,
     M edges 128/512/2048) reads as the table of the device its entries name."""
+    if path is None:
+        listed, tables = {}, {}
+        for f in package_files():
+            more, found = read(f)
+            listed.update(more)
+            tables.update(found)
+        return listed, tables
     try:
         with open(path) as f:
             data = json.load(f)
@@ -164,9 +192,10 @@ def _inline_configs(table: GpuTable, listed: dict) -> GpuTable:
 
 
 def lookup(name: str, capability: tuple | None = None,
-           path: str = TABLE_PATH) -> tuple[GpuTable | None, str]:
+           path: str | None = None) -> tuple[GpuTable | None, str]:
     """(the table the GPU model `name` uses, where it comes from, in words): the tuned one
-    of this exact model in the user's cache, else the package's (`path`) through `pick`.
+    of this exact model in the user's cache, else the package's (every package file, or
+    the file `path`) through `pick`.
     An unreadable tuned file is passed over, and the words say so."""
     tuned, note = tuned_path(name), ""
     try:
@@ -191,13 +220,14 @@ def lookup(name: str, capability: tuple | None = None,
 def update(path: str, table: GpuTable, candidates: dict, about: str,
            keep_others: bool = True) -> str:
     """Write `table` as its GPU's entry of the file at `path`, keeping the other GPUs'
-    tables (and the candidates the file lists, which they may name): those of `path` when
-    it exists, else the package's gemm_table.json. keep_others=False: the file holds
-    `table` alone, with the package's candidates and `candidates` (a tuned file: `lookup`
-    reads only its own model's table there), whatever the file held before."""
-    listed, tables = read(path if keep_others and os.path.exists(path) else TABLE_PATH)
-    if not keep_others:
-        tables = {}
+    tables that file holds (and the candidates it lists, which they may name). A new file
+    (or keep_others=False: a tuned file, where `lookup` reads only its own model's table)
+    holds `table` alone, with the package's candidates and `candidates`: the file of one
+    GPU model (`file_for`), which the package reads beside the others."""
+    if keep_others and os.path.exists(path):
+        listed, tables = read(path)
+    else:
+        listed, tables = read()[0], {}
     tables[table.name] = table
     data = {"about": about, "candidates": {**listed, **candidates},
             "gpus": {name: tables[name].to_json() for name in sorted(tables)}}
