@@ -130,7 +130,9 @@ class Buffers:
 
     def fp8_outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """expert_x [L, cap, H] float8_e4m3fn and expert_x_scale [L, cap, H/128] fp32 of
-        fp8 dispatch (local memory, allocated once). The e4m3 payload and its scales
+        fp8 dispatch (local memory, allocated once). expert_x_scale is column-major in its
+        last two dims (a transposed [L, H/128, cap] tensor: DeepEP's layout, which
+        DeepGEMM's fp8 grouped GEMMs read without a copy). The e4m3 payload and its scales
         travel in the `tokens` receive buffer, seen as int32 words: H/4 words of bytes
         per row, then the scales after all rows (dispatch.fp8_scale_base); that fits in
         the bf16/fp16/fp32 rows it replaces, so fp8 costs no heap memory."""
@@ -138,8 +140,8 @@ class Buffers:
             L, cap, H = self._local_shape
             dev = self.expert_x.device
             self.expert_x_fp8 = torch.empty(L, cap, H, dtype=torch.float8_e4m3fn, device=dev)
-            self.expert_x_scale = torch.empty(L, cap, H // 128, dtype=torch.float32,
-                                              device=dev)
+            self.expert_x_scale = torch.empty(L, H // 128, cap, dtype=torch.float32,
+                                              device=dev).transpose(1, 2)
         return self.expert_x_fp8, self.expert_x_scale
 
     @staticmethod

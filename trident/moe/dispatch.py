@@ -48,14 +48,15 @@ def fp8_scale_base(world, max_tokens, H: tl.constexpr):
 
 @triton.jit
 def copy_rows(dst_rows, src, rows_mask, n: tl.constexpr, KP: tl.constexpr,
-              BLOCK: tl.constexpr):
+              BLOCK: tl.constexpr, stride=1):
     """Copy n words at `src` into each row of `dst_rows` ([KP, 1] pointers) where
-    `rows_mask` is set."""
+    `rows_mask` is set, word j at dst_rows + j * stride."""
     cols = tl.arange(0, BLOCK)
     for c in tl.static_range(0, n, BLOCK):
         m = c + cols < n
         v = tl.load(src + c + cols, mask=m)
-        tl.store(dst_rows + c + cols[None, :], tl.broadcast_to(v[None, :], (KP, BLOCK)),
+        tl.store(dst_rows + (c + cols[None, :]) * stride,
+                 tl.broadcast_to(v[None, :], (KP, BLOCK)),
                  mask=rows_mask[:, None] & m[None, :])
 
 
@@ -102,15 +103,22 @@ def push_payload(src, row, t, r, tokens, dweights, topk_weights, stride_wt, stri
 def copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world, max_tokens,
                H: tl.constexpr, KP: tl.constexpr, FP8: tl.constexpr, BLOCK_H: tl.constexpr):
     """Copy received row `row` of the receive buffer into expert_x rows `dst` ([KP], where
-    `local`): local HBM, 16-byte vectors. Shared by both paths."""
+    `local`): local HBM, 16-byte vectors. Shared by both paths.
+
+    fp8: expert_x_scale is column-major per expert (buffers.Buffers.fp8_outputs: memory
+    [L, H/128, cap], DeepEP's and DeepGEMM's layout), so row dst = e * cap + i has its
+    scale g at (e * H/128 + g) * cap + i."""
     if FP8:     # the e4m3 bytes as int32 words, then the scales (fp32 bits)
         scales = tokens + fp8_scale_base(world, max_tokens, H)
         copy_rows(expert_x + dst.to(tl.int64)[:, None] * (H // 4),
                   tokens + tl.cast(row, tl.int64) * (H // 4), local, H // 4,
                   KP, BLOCK_H // 2)
-        copy_rows(expert_x_scale + dst.to(tl.int64)[:, None] * (H // fp8.GROUP),
+        cap = tl.cast(world, tl.int64) * max_tokens
+        d = dst.to(tl.int64)
+        e = d // cap
+        copy_rows(expert_x_scale + (e * (H // fp8.GROUP) * cap + d - e * cap)[:, None],
                   scales + tl.cast(row, tl.int64) * (H // fp8.GROUP), local,
-                  H // fp8.GROUP, KP, fp8.SCALE_BLOCK)
+                  H // fp8.GROUP, KP, fp8.SCALE_BLOCK, cap)
     else:
         cols = tl.arange(0, BLOCK_H)
         dst_ptr = expert_x + dst.to(tl.int64)[:, None] * H

@@ -44,8 +44,9 @@ class Dispatched:
     num_tokens: int                  # T of this rank's dispatch
     has_weights: bool = False        # topk_weights travelled with the tokens
     _seq: int = 0
-    expert_x_scale: torch.Tensor | None = None   # fp8: [L, cap, H/128] fp32; a row's
-                                     # values are expert_x[e, i, j] * expert_x_scale[e, i, j // 128]
+    expert_x_scale: torch.Tensor | None = None   # fp8: [L, cap, H/128] fp32, column-major
+                                     # in its last two dims (DeepEP's layout); a row's values
+                                     # are expert_x[e, i, j] * expert_x_scale[e, i, j // 128]
 
 
 class PendingDispatch:
@@ -53,6 +54,12 @@ class PendingDispatch:
 
     def __init__(self, ep: "ExpertParallel", result: Dispatched):
         self._ep, self._result, self._done = ep, result, False
+
+    @property
+    def result(self) -> Dispatched:
+        """The Dispatched whose buffers the receive half fills: its tensors may be held
+        now (DeepEP's hook mode returns them before the hook) and read after .wait()."""
+        return self._result
 
     def wait(self) -> Dispatched:
         if not self._done:
@@ -104,6 +111,9 @@ class ExpertParallel:
     (high_throughput.py) instead of the low-latency ones; None (default) picks them when
     max_num_tokens >= HT_MIN_TOKENS (1024; env TRIDENT_MOE_HT_MIN_TOKENS). Same results
     and API either way; keep one object per regime (decode, prefill) as with DeepEP.
+
+    allow_minus_one=True: an id of -1 selects no expert (DeepEP's convention): dropped
+    like any bad id, but never recorded as an error (other bad ids still are).
     """
 
     def __new__(cls, ctx, *args, **kwargs):
@@ -114,7 +124,8 @@ class ExpertParallel:
 
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
-                 validate: bool = True, high_throughput: bool | None = None):
+                 validate: bool = True, high_throughput: bool | None = None,
+                 allow_minus_one: bool = False):
         check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
                    max_num_tokens, dtype)
         world = ctx.world_size
@@ -123,6 +134,7 @@ class ExpertParallel:
         self.hidden_dim, self.max_num_tokens, self.dtype = hidden_dim, max_num_tokens, dtype
         self.num_local_experts = num_experts // world
         self.validate = bool(validate)
+        self.allow_minus_one = bool(allow_minus_one)
         # the kernels of high_throughput.py (chunk-pipelined, for prefill-size batches) or
         # of dispatch.py/combine.py (low latency); per object, so the same on every rank
         self.high_throughput = (max_num_tokens >= HT_MIN_TOKENS if high_throughput is None
@@ -180,8 +192,8 @@ class ExpertParallel:
         fp8=True: the send kernel quantises each token to float8_e4m3fn with one fp32
         scale per 128 channels (the DeepEP/pplx layout; hidden_dim must be a multiple of
         128) and sends that, about half the bytes of bf16. Then d.expert_x is
-        [L, cap, H] float8_e4m3fn and d.expert_x_scale [L, cap, H/128] fp32, ready for an
-        fp8 grouped GEMM; trident.moe.fp8.dequantize(d.expert_x, d.expert_x_scale) gives
+        [L, cap, H] float8_e4m3fn and d.expert_x_scale [L, cap, H/128] fp32 (column-major
+        in its last two dims, as DeepEP's: stride(1) == 1), ready for an fp8 grouped GEMM; trident.moe.fp8.dequantize(d.expert_x, d.expert_x_scale) gives
         the values, equal to trident.moe.fp8.quantize of the sender's token, dequantised.
         combine is unchanged (expert_y in this object's dtype). Both outputs are this
         object's buffers, separate from the non-fp8 ones, overwritten by the next fp8

@@ -29,6 +29,7 @@ from . import fp8
 from .combine import combine_kernel
 from .dispatch import dispatch_kernel
 from .high_throughput import ht_combine_kernel, ht_dispatch_kernel
+from .routing import CHECK_ALLOW_NONE
 
 BLOCK_T = 64      # tokens per step of combine's weight programs
 
@@ -160,6 +161,14 @@ def _fp8_args(ep) -> dict:
                 expert_x_scale=scale.view(torch.int32))
 
 
+def check_code(ep, check: bool) -> int:
+    """The kernel's check_ids: 0 (drop bad ids silently), 1 (record them) or
+    routing.CHECK_ALLOW_NONE (record them, except -1: ExpertParallel(allow_minus_one))."""
+    if not check:
+        return 0
+    return CHECK_ALLOW_NONE.value if getattr(ep, "allow_minus_one", False) else 1
+
+
 def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bool) -> Plan:
     if use_fp8:
         fp8.check_hidden(ep.hidden_dim)
@@ -176,7 +185,7 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
     args = dict(x=x, stride_x=x.stride(0), topk_idx=topk_idx, stride_it=topk_idx.stride(0),
                 stride_ik=topk_idx.stride(1), topk_weights=w,
                 stride_wt=w.stride(0) if has_w else 0, stride_wk=w.stride(1) if has_w else 0,
-                num_tokens=T, check_ids=int(check))
+                num_tokens=T, check_ids=check_code(ep, check))
     if use_fp8:
         args.update(_fp8_args(ep))
     part, programs = (B.BOTH, senders + _receivers(ep)) if wait else (B.SEND, senders)

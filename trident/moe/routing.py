@@ -12,7 +12,9 @@ Checking topk_idx on the host costs a device->host synchronisation per dispatch 
 Dropping keeps every write in bounds whatever the ids are. With `check` on, the first
 such problem on this rank is also recorded in the control block (language/sync.py,
 CTRL_VALUE_ERROR); ctx.sync() and ctx.barrier() raise it as a ValueError naming the
-token, the position and the id (errors.py, VALUE_ERRORS).
+token, the position and the id (errors.py, VALUE_ERRORS). `check` = CHECK_ALLOW_NONE
+(ExpertParallel(allow_minus_one=True), DeepEP's convention) does the same except that an
+id of -1 means "no expert": dropped, never recorded.
 """
 import triton
 import triton.language as tl
@@ -22,6 +24,7 @@ from ..language.sync import CTRL_VALUE_ARGS, CTRL_VALUE_ERROR
 
 OUT_OF_RANGE = tl.constexpr(VALUE_ERROR_CODES["expert_id_out_of_range"])
 REPEATED = tl.constexpr(VALUE_ERROR_CODES["expert_id_repeated"])
+CHECK_ALLOW_NONE = tl.constexpr(2)   # a `check` value: record bad ids; -1 is "no expert"
 
 
 @triton.jit
@@ -52,7 +55,8 @@ def expert_ids(topk_idx, t, stride_it, stride_ik, num_experts, ctrl, check,
     first = tl.min(tl.where(same, ks[:, None], KP), axis=0)
     repeated = first < KP
     if check != 0:
-        j_bad = tl.min(tl.where(bad, ks, KP))
+        flagged = bad & ((raw != -1) | (check != CHECK_ALLOW_NONE))
+        j_bad = tl.min(tl.where(flagged, ks, KP))
         j_rep = tl.min(tl.where(repeated, ks, KP))
         j = tl.minimum(j_bad, j_rep)
         if j < KP:
