@@ -1,41 +1,56 @@
-"""`trident bench ops`: GEMMs fused with communication against NCCL + cuBLAS, in one run.
+"""`trident bench ops`: GEMMs fused with communication -- every schedule of the fused ops
+against NCCL + cuBLAS and torch async-TP, in one run, checked and timed.
 
-For each op and each layer of real models at tensor parallelism = world size (default 4:
-Llama-3 8B and 70B attention and MLP projections, Mixtral 8x22B and Qwen2.5-72B MLPs)
-and each total M (tokens), measures:
-  trident_fused   trident's fused kernel
-  trident_auto    what the selector picks (trident/ops/crossover.json), and its choice
-                  (eager / graph)
-  trident_fused_classic  the fused kernel on the classic GEMM core, only below 4096 rows
-                  where the fused kernel runs the tma core (column fused_gemm: core,
-                  swap-AB, tile of out, K slices; trident/ops/fused_tile.py): "auto" does
-                  where the GEMM table's entry is a small-M one (swap-AB or split-K), so
-                  this is the A/B of that choice
+For each op, each layer of a real model at tensor parallelism = the world size (default:
+Llama-3-8B and Llama-3-70B at 2 ranks, Llama-3-70B at 4 and 8; --layers picks others:
+Mixtral 8x22B, Qwen2.5-72B) and each total M (tokens; default 1, 16, 64, 256, 1024, 4096,
+8192), the rows are:
+  trident_<schedule>  each schedule the registry offers for the op at run time
+                  (trident/ops/schedules.py: fused, sequential, epilogue, pipelined, ...;
+                  "plain" is the baseline row below)
+  trident_auto    what schedule="auto" picks, and its choice (eager / graph: auto.choose)
   plain           NCCL (torch.distributed) + cuBLAS (torch.matmul): the baseline
-  torch_symm_mem  torch.ops.symm_mem.fused_all_gather_matmul / fused_matmul_reduce_scatter
-                  (no all-reduce counterpart; never the multimem variants)
-each three ways (common.time_modes): eager_us (calls back to back from Python), graph_us
-(replayed from one CUDA graph), host_us (Python time per call), plus synced_us (one call
-after a device barrier). Beside them the floor = max(GEMM alone (cuBLAS), communication
-alone (NCCL)), both measured in the same run (graph time), plus the speed-of-light floor
-(and gemm_only: trident's GEMM core, trident/ops/gemm.py, on the same GEMM with no
-communication, against cuBLAS's gemm_us)
-from 750 TFLOP/s and NVLink. Max over ranks; bf16, no bias.
-Prints a table, writes JSON under bench/results/ and a PNG per op (speedup over plain
-against M, graph time). The fused kernels' GEMM core is env TRIDENT_GEMM's (classic or
-tma; recorded as trident_gemm in the JSON). --update-crossover merges the measured fused/plain times, eager
-and graph, into the selector's table.
+  torch_symm_mem  torch async-TP: torch.ops.symm_mem.fused_all_gather_matmul /
+                  fused_matmul_reduce_scatter on the group's symmetric memory (no
+                  all-reduce counterpart; never the multimem variants); where torch lacks
+                  them, on the CPU or where they fail, a row with the reason (note)
+Layers: column-parallel ones (qkv, gate/up) run all_gather_matmul; row-parallel ones
+(attention-out, down) run matmul_reduce_scatter and matmul_all_reduce. M must divide by
+the world size for the first two (M = 1 at 2 ranks runs matmul_all_reduce only).
 
-    trident bench ops                                   # every GPU, all layers, M 64..16384
-    trident bench ops --ops all_gather_matmul --m 1024,8192 --layers llama3-70b
-    python3 -m trident.bench.ops --world-size 2 --layers llama3-70b --m 64,256,1024,4096,8192
-On the CPU emulation (2 ranks, tiny shapes) it only shows that everything runs. Where
-ranks share a GPU, NCCL cannot run: the plain rows say so (`note`), comm_us is empty (the
-floor is the GEMM alone) and torch_symm_mem (no NCCL in it) stays.
+Every implementation's output is first checked, then timed: against the plain path's
+output (checked_against "plain"), or where NCCL cannot run (ranks sharing a GPU) against
+torch.matmul on inputs gathered / partial products summed by trident's own collectives
+("torch+trident collectives"); relative error (Frobenius) over TOLERANCE, max over ranks,
+is status "wrong: ..." and the row is not timed. Times (common.time_modes, max over ranks):
+  eager_us   `calls` calls back to back from Python, device time / calls
+  graph_us   the same calls captured in one CUDA graph and replayed, time / calls
+  host_us    Python time per call while the eager batch is queued
+  *_vs_plain plain's time / this time, eager and graph (the baseline of the same run)
+Beside them, per case: gemm_us (cuBLAS alone), comm_us (NCCL alone, the op's collective on
+buffers of the same sizes), comm_share = comm_us / (gemm_us + comm_us): the communication's
+share of the plain path (graph times; None without NCCL); floor_us = max(gemm_us,
+comm_us) and vs_floor; sol_us = max(flops / 750 TFLOP/s, bytes / NVLink); gemm_only_us
+(trident's GEMM core alone, trident/ops/gemm.py) against gemm_us.
+
+Where ranks share one GPU (bench/gpu_one.sh), peers reach each other through HBM, not
+NVLink: the device times are labelled "HBM (ranks share one GPU)" (column link, the JSON's
+"link", the headline), they compare the schedules' kernels with each other only, and the
+NCCL rows say why they did not run. On the CPU emulation (2 ranks, tiny shapes) the run
+only shows that every path runs and is right.
+
+--budget-s bounds the run: no case starts past it (what is left is listed in the JSON's
+not_reached); JSON (date, device, torch/triton versions, rows) under --out-dir and a PNG
+per op (speedup over plain against M, graph time). --update-crossover merges the fused
+and plain times into trident/ops/crossover.json (selector.py).
+
+    trident bench ops                                        # every GPU, default layers
+    python3 -m trident.bench.ops --world-size 2 --layers llama3 --m 1,16,64,256,1024,4096,8192
 """
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -45,7 +60,9 @@ from . import common
 
 DTYPE = torch.bfloat16
 OPS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
-DEFAULT_M = (64, 256, 1024, 4096, 16384)
+DEFAULT_M = (1, 16, 64, 256, 1024, 4096, 8192)
+TOLERANCE = 3e-2        # relative Frobenius error against the reference (bf16 outputs)
+SHARED_LINK = "HBM (ranks share one GPU)"
 
 # (model, layer, N_full, K_full) in nn.Linear terms: y = x @ W.T, W [N_full, K_full].
 # Column-parallel layers (all_gather_matmul) shard N; row-parallel ones shard K.
@@ -67,6 +84,11 @@ ROW_PARALLEL = [
 ]
 TINY = {"column": [("tiny", "up", 96, 48)], "row": [("tiny", "down", 40, 64)]}
 TINY_M = (64, 96)
+
+
+def default_layers(world: int) -> list[str]:
+    """Llama-3-8B and -70B at TP=2, Llama-3-70B alone at TP=4 and 8."""
+    return ["llama3-8b", "llama3-70b"] if world <= 2 else ["llama3-70b"]
 
 
 def _layers(ctx, op, names):
@@ -92,23 +114,38 @@ def _problem(ctx, op, n_full, k_full, m):
     return a, wt, n, k, 2.0 * m * n_full * k_full, link
 
 
-def _torch_symm_mem(ctx, op, a, wt):
-    """PyTorch's fused async-TP op for this call, or None where it has none/cannot run."""
-    if ctx.backend != "cuda" or op == "matmul_all_reduce":
-        return None
+def schedules_of(op: str) -> list[str]:
+    """The schedules the registry offers for `op` now, the plain one (the baseline row)
+    left out; ["fused"] where there is no registry."""
+    try:
+        from ..ops import schedules
+    except ImportError:
+        return ["fused"]
+    return [n for n in schedules.registered(op) if n != "plain"]
+
+
+def _torch_async_tp(ctx, op, a, wt):
+    """(PyTorch's async-TP op for this call, None) or (None, why it cannot run here)."""
+    if ctx.backend != "cuda":
+        return None, "torch async-TP needs GPUs (not on the CPU emulation)"
+    if op == "matmul_all_reduce":
+        return None, "torch has no fused matmul + all-reduce (async-TP: ag-mm, mm-rs only)"
+    name = "fused_all_gather_matmul" if op == "all_gather_matmul" else \
+        "fused_matmul_reduce_scatter"
+    if not hasattr(torch.ops.symm_mem, name):
+        return None, f"torch {torch.__version__} has no torch.ops.symm_mem.{name}"
     try:
         from torch.distributed import _symmetric_memory as symm_mem
-        name = ctx.group.group_name
-        try:
-            symm_mem.enable_symm_mem_for_group(name)
-        except Exception:
-            pass
-        if op == "all_gather_matmul":
-            return lambda: torch.ops.symm_mem.fused_all_gather_matmul(
-                a, [wt.t()], 0, name, return_A=True)   # return_A: never the multimem path
-        return lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, wt.t(), "sum", 0, name)
-    except Exception:
-        return None
+        group = ctx.group.group_name
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            symm_mem.enable_symm_mem_for_group(group)
+    except Exception as exc:                        # noqa: BLE001 -- a baseline, reported
+        return None, f"symm_mem rendezvous failed: {type(exc).__name__}: {str(exc)[:120]}"
+    if op == "all_gather_matmul":                   # return_A: never the multimem path
+        return (lambda: torch.ops.symm_mem.fused_all_gather_matmul(
+            a, [wt.t()], 0, group, return_A=True)[1][0]), None
+    return (lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(
+        a, wt.t(), "sum", 0, group)), None
 
 
 def _comm_alone(ctx, op, a, n):
@@ -118,70 +155,152 @@ def _comm_alone(ctx, op, a, n):
         out = torch.empty(m * ctx.world_size, a.shape[1], dtype=DTYPE, device=ctx.device)
         return lambda: all_gather_single(out, a, group=ctx.group)
     full = torch.randn(m, n, dtype=DTYPE, device=ctx.device)
-    if op == "matmul_all_reduce":
-        return lambda: dist.all_reduce(full, group=ctx.group)
-    if ctx.backend != "cuda":
+    if op == "matmul_all_reduce" or ctx.backend != "cuda":
         return lambda: dist.all_reduce(full, group=ctx.group)
     part = torch.empty(m // ctx.world_size, n, dtype=DTYPE, device=ctx.device)
     return lambda: reduce_scatter_single(part, full, group=ctx.group)
 
 
-def _bench(ctx, ops, ms, layer_names, timing):
-    from ..ops import fused_tile, gemm, selector
-    from ..ops._common import TMA_MIN_M
+def _reference(ctx, op, a, wt, plain):
+    """(the reference output of this rank, what it is): the plain path's where NCCL runs,
+    else torch.matmul on inputs gathered (or partial products summed, in fp32) by
+    trident's own collectives."""
+    if plain is not None:
+        return plain(), "plain"
+    world = ctx.world_size
+    if op == "all_gather_matmul":
+        gathered = torch.empty(a.shape[0] * world, a.shape[1], dtype=a.dtype, device=a.device)
+        ctx.all_gather(gathered, a.contiguous())
+        return torch.matmul(gathered, wt.t()), "torch+trident collectives"
+    total = ctx.all_reduce(torch.matmul(a.float(), wt.float().t()))
+    if op == "matmul_reduce_scatter":
+        total = total.chunk(world)[ctx.rank]
+    return total, "torch+trident collectives"
+
+
+def _checked(ctx, fn, ref) -> tuple[str, float | None]:
+    """(status, relative error) of fn()'s output against `ref`, the max over ranks (every
+    rank must agree on whether to time it): "ok", "wrong: ..." or "error: ..."."""
+    why = ""
+    try:
+        out = fn()
+        diff = (out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-6)
+        err = float(diff) if torch.isfinite(diff) else float("inf")
+    except Exception as exc:                        # noqa: BLE001 -- reported in the row
+        err, why = float("inf"), f"{type(exc).__name__}: {str(exc)[:120]}"
+    worst = common.max_over_ranks(ctx, err)
+    if worst <= TOLERANCE:
+        return "ok", worst
+    if why:
+        return f"error: {why}", None
+    if worst == float("inf"):
+        return "error: an exception or a non-finite output on a rank (see its log)", None
+    return f"wrong: relative error {worst:.3g} against the reference", None
+
+
+def _impls(ctx, op, a, wt):
+    """name -> (callable or None, why not) of one case's rows, the plain baseline last."""
+    fn = getattr(ctx, op)
+    out = {f"trident_{s}": ((lambda s=s: fn(a, wt, schedule=s)), None) for s in schedules_of(op)}
+    out["trident_auto"] = (lambda: fn(a, wt, schedule="auto")), None
+    out["torch_symm_mem"] = _torch_async_tp(ctx, op, a, wt)
+    nccl = common.nccl_runs(ctx)
+    out["plain"] = ((lambda: fn(a, wt, schedule="plain")), None) if nccl else \
+        (None, common.NO_NCCL)
+    return out
+
+
+def _recover(ctx) -> None:
+    """After a call that failed (its error is sticky until reset: trident/errors.py), a
+    collective ctx.reset() so that the next rows run."""
+    try:
+        ctx.reset()
+    except Exception as exc:                        # noqa: BLE001 -- later rows say more
+        if ctx.rank == 0:
+            print(f"\n  ctx.reset() after a failed row: {type(exc).__name__}: {exc}")
+
+
+def _choice(ctx, op, m, n, k) -> str:
+    from ..ops import auto
+    return f"{auto.choose(ctx, op, m, n, k, graph=False)} / " \
+           f"{auto.choose(ctx, op, m, n, k, graph=True)}"
+
+
+def _case(ctx, op, model, layer, n_full, k_full, m, timing, link) -> list[dict]:
+    """The rows of one (op, layer, M): checked, then timed, beside the same run's
+    baselines (module docstring)."""
+    from ..ops import gemm
+    a, wt, n, k, flops, nbytes = _problem(ctx, op, n_full, k_full, m)
+    impls = _impls(ctx, op, a, wt)
+    plain = impls["plain"][0]
+    ref, against = _reference(ctx, op, a, wt, plain)
+    gemm_in = torch.empty(m, k, dtype=DTYPE, device=ctx.device).normal_() \
+        if op == "all_gather_matmul" else a
+    unsynced = {**timing, "synced_iters": 0}
+    alone = {"gemm_us": lambda: torch.matmul(gemm_in, wt.t()),
+             "gemm_only_us": lambda: gemm.matmul(gemm_in, wt),
+             "comm_us": _comm_alone(ctx, op, a, n) if plain is not None else None}
+    alone = {key: None if f is None else
+             common.device_us(common.time_modes_or_skip(ctx, f, **unsynced))
+             for key, f in alone.items()}
+    comm, gemm_us = alone["comm_us"], alone["gemm_us"]
+    base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, link=link, **alone,
+                comm_share=comm / (gemm_us + comm) if comm and gemm_us else None,
+                floor_us=max(gemm_us or 0.0, comm or 0.0) or None,
+                sol_us=max(flops / ctx.world_size / (common.BF16_TFLOPS * 1e6),
+                           common.nvlink_floor_us(nbytes)),
+                gemm_only_vs_cublas=common.ratio(gemm_us, alone["gemm_only_us"]),
+                checked_against=against)
     rows = []
-    cases = [(op, layer, m) for op in ops for layer in _layers(ctx, op, layer_names) for m in ms]
+    for name, (fn, why) in impls.items():
+        row = {**base, "impl": name,
+               "choice": _choice(ctx, op, m, n, k) if name == "trident_auto" else None}
+        if fn is None:
+            if ctx.rank == 0 and name == "torch_symm_mem":
+                print(f"\n  {op} {model} {layer} M={m}: torch_symm_mem skipped: {why}")
+            rows.append({**row, **common.skipped(why), "status": "not run"})
+            continue
+        status, err = _checked(ctx, fn, ref)
+        if status != "ok":
+            rows.append({**row, **common.skipped(status), "status": status})
+            if status.startswith("error"):
+                _recover(ctx)
+            continue
+        t = common.time_modes_or_skip(ctx, fn, **timing)
+        us = common.device_us(t)
+        rows.append({**row, **t, "status": "ok" if us else t.get("graph_note"),
+                     "rel_err": err, "tflops": flops / us / 1e6 if us else None,
+                     "vs_floor": common.ratio(base["floor_us"], us)})
+    plain_row = next(r for r in rows if r["impl"] == "plain")
+    for r in rows:
+        r["eager_vs_plain"] = common.ratio(plain_row["eager_us"], r["eager_us"])
+        r["graph_vs_plain"] = common.ratio(plain_row["graph_us"], r["graph_us"])
+    return rows
+
+
+def _bench(ctx, ops, ms, layer_names, timing, budget_s=None):
+    """(rows, cases not reached within budget_s)."""
+    rows, missed = [], []
+    names = layer_names or (default_layers(ctx.world_size) if ctx.backend == "cuda" else [])
+    link = SHARED_LINK if common.shares_gpu(ctx) else \
+        ("NVLink" if ctx.backend == "cuda" else "cpu-emulation")
+    cases = [(op, layer, m) for op in ops for layer in _layers(ctx, op, names) for m in ms]
     progress = common.Progress(len(cases), "ops", enabled=ctx.rank == 0)
+    t0 = time.monotonic()
     for op, (model, layer, n_full, k_full), m in cases:
         progress.step(f"{op} {model} {layer} M={m}")
-        if m % ctx.world_size or n_full % ctx.world_size or k_full % ctx.world_size:
+        late = budget_s is not None and time.monotonic() - t0 > budget_s
+        if common.max_over_ranks(ctx, float(late)):          # every rank stops alike
+            missed.append(dict(op=op, model=model, layer=layer, M=m, why="budget"))
             continue
-        a, wt, n, k, flops, link = _problem(ctx, op, n_full, k_full, m)
-        fn = getattr(ctx, op)
-        has_nccl = common.nccl_runs(ctx)
-        impls = {"trident_fused": lambda: fn(a, wt, algorithm="fused"),
-                 "trident_auto": lambda: fn(a, wt),
-                 "plain": (lambda: fn(a, wt, algorithm="plain")) if has_nccl else None}
-        fused_gemm = fused_tile.choice(ctx, op, m, n, k)
-        if not fused_gemm.startswith("classic") and m < TMA_MIN_M:
-            impls["trident_fused_classic"] = lambda: fn(a, wt, algorithm="fused",
-                                                        gemm="classic")
-        tsm = _torch_symm_mem(ctx, op, a, wt)
-        if tsm is not None:
-            impls["torch_symm_mem"] = tsm
-        gemm_in = torch.empty(m, k, dtype=DTYPE, device=ctx.device).normal_() \
-            if op == "all_gather_matmul" else a
-        alone = {"gemm_us": lambda: torch.matmul(gemm_in, wt.t()),
-                 "gemm_only_us": lambda: gemm.matmul(gemm_in, wt),
-                 "comm_us": _comm_alone(ctx, op, a, n) if has_nccl else None}
-        unsynced = {**timing, "synced_iters": 0}
-        alone = {key: None if f is None else
-                 common.device_us(common.time_modes_or_skip(ctx, f, **unsynced))
-                 for key, f in alone.items()}
-        floor = max(alone["gemm_us"] or 0.0, alone["comm_us"] or 0.0) or None
-        sol = max(flops / ctx.world_size / (common.BF16_TFLOPS * 1e6), common.nvlink_floor_us(link))
-        choice = (f"{selector.select(ctx, op, m, n, k, graph=False)} / "
-                  f"{selector.select(ctx, op, m, n, k, graph=True)}")
-        base = dict(op=op, model=model, layer=layer, M=m, N=n, K=k, fused_gemm=fused_gemm,
-                    **alone, floor_us=floor,
-                    sol_us=sol, gemm_only_vs_cublas=common.ratio(alone["gemm_us"],
-                                                                 alone["gemm_only_us"]))
-        case_rows = []
-        for name, f in impls.items():
-            t = common.skipped(common.NO_NCCL) if f is None else \
-                common.time_modes_or_skip(ctx, f, **timing)
-            us = common.device_us(t)
-            case_rows.append({**base, "impl": name, "choice": choice if name == "trident_auto"
-                              else None, **t, "tflops": flops / us / 1e6 if us else None,
-                              "vs_floor": common.ratio(floor, us)})
-        plain = next(r for r in case_rows if r["impl"] == "plain")
-        for r in case_rows:
-            r["eager_vs_plain"] = common.ratio(plain["eager_us"], r["eager_us"])
-            r["graph_vs_plain"] = common.ratio(plain["graph_us"], r["graph_us"])
-        rows += case_rows
-        del a, wt, gemm_in, impls
+        w = ctx.world_size
+        if op != "matmul_all_reduce" and (m % w or n_full % w) or k_full % w:
+            missed.append(dict(op=op, model=model, layer=layer, M=m,
+                               why=f"M, N or K not divisible by the world size {w}"))
+            continue
+        rows += _case(ctx, op, model, layer, n_full, k_full, m, timing, link)
         ctx.barrier()
-    return rows
+    return rows, missed
 
 
 def _crossover_entries(ctx, rows):
@@ -204,37 +323,41 @@ def _crossover_entries(ctx, rows):
     return out
 
 
-COLUMNS = ["op", "model", "layer", "M", "N", "K", "fused_gemm", "impl", "choice", "eager_us",
-           "graph_us",
-           "host_us", "synced_us", "eager_vs_plain", "graph_vs_plain", "floor_us", "vs_floor",
-           "gemm_us", "gemm_only_us", "gemm_only_vs_cublas",
-           "sol_us", "tflops"]
+COLUMNS = ["op", "model", "layer", "M", "N", "K", "impl", "choice", "eager_us", "graph_us",
+           "host_us", "eager_vs_plain", "graph_vs_plain", "gemm_us", "comm_us", "comm_share",
+           "floor_us", "vs_floor", "rel_err"]
 ABOUT = ("eager_us: calls queued back to back after a device barrier, device time per call; "
          "graph_us: the same calls replayed from one CUDA graph; host_us: Python time per call "
-         "while queueing; synced_us: one call right after a device barrier (median); all max "
-         "over ranks. floor_us = max(gemm_us: cuBLAS alone, comm_us: NCCL alone), graph time; "
-         "gemm_only_us: trident's GEMM core (trident/ops/gemm.py) alone on the same GEMM, no "
-         "communication, graph time; gemm_only_vs_cublas = gemm_us / gemm_only_us; "
-         "fused_gemm: the GEMM of rank 0's fused kernel (core, swab = swap-AB, tile of out "
-         "rows x columns x BK, K slices); "
-         "sol_us = max(flops/750 TFLOP/s, bytes/NVLink); *_vs_plain = plain time / time in "
-         "that mode; vs_floor and tflops from the graph time")
+         "while queueing; all max over ranks. Rows checked before timing against "
+         "checked_against (rel_err: relative Frobenius error). *_vs_plain = plain (NCCL + "
+         "cuBLAS) time / time in that mode. gemm_us: cuBLAS alone, comm_us: NCCL alone, "
+         "comm_share = comm_us / (gemm_us + comm_us), floor_us = the larger (graph times); "
+         "gemm_only_us: trident's GEMM core alone, gemm_only_vs_cublas = gemm_us / "
+         "gemm_only_us; sol_us = max(flops/750 TFLOP/s, bytes/NVLink); vs_floor and tflops "
+         "from the graph time; link: what carries the peers' traffic (NVLink, or HBM where "
+         "ranks share one GPU)")
 
 
-def _run(ctx, ops, ms, layer_names, timing, out_dir, update):
+def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None):
     if update is not None and common.shares_gpu(ctx):
         raise ValueError("--update-crossover: ranks share one GPU here, so the plain path "
                          "(NCCL) cannot run and the times say nothing about NVLink; measure "
                          "the crossover with one GPU per rank")
-    rows = _bench(ctx, ops, ms, layer_names, timing)
+    rows, missed = _bench(ctx, ops, ms, layer_names, timing, budget_s)
     if ctx.rank != 0:
         return None
     if common.headline(ctx):
         print(common.headline(ctx))
+    link = rows[0]["link"] if rows else None
+    if link == SHARED_LINK:
+        print(f"device times: {SHARED_LINK}: the schedules' kernels against each other, "
+              f"not NVLink speed")
     common.print_table(rows, COLUMNS)
-    from ..ops._common import GEMM_MODE
-    print(f"fused GEMM core: {GEMM_MODE} (env TRIDENT_GEMM)")
-    extra = {"dtype": str(DTYPE), "trident_gemm": GEMM_MODE, "columns": ABOUT}
+    for miss in missed:
+        print(f"  not run: {miss['op']} {miss['model']} {miss['layer']} M={miss['M']}: "
+              f"{miss['why']}")
+    extra = {"dtype": str(DTYPE), "link": link, "columns": ABOUT, "not_reached": missed,
+             "tolerance": TOLERANCE, "budget_s": budget_s}
     path = common.write_results(ctx, "ops", rows, extra, out_dir=out_dir)
     stem = path[:-len(".json")]
     for op in ops:
@@ -265,7 +388,10 @@ def main(argv=None) -> int:
                    f"{','.join(map(str, DEFAULT_M))} on GPUs, {','.join(map(str, TINY_M))} on CPU)")
     p.add_argument("--min-m", type=int, default=0)
     p.add_argument("--max-m", type=int, default=1 << 30)
-    p.add_argument("--layers", default="", help="comma-separated model names to keep (substring)")
+    p.add_argument("--layers", default="", help="comma-separated model names to keep "
+                   "(substring; default llama3-8b,llama3-70b at 2 ranks, llama3-70b above)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="start no case after this many seconds (the rest: not_reached)")
     p.add_argument("--update-crossover", nargs="?", const="", default=None, metavar="PATH",
                    help="merge fused/plain times (eager and graph) into the selector's table "
                         "(default trident/ops/crossover.json, or PATH: a copy of it to bring back)")
@@ -277,10 +403,11 @@ def main(argv=None) -> int:
     ms = [m for m in ms if args.min_m <= m <= args.max_m]
     layers = [s.strip() for s in args.layers.split(",") if s.strip()]
     world = args.world_size or common.default_world(backend)
-    heap = (6 << 30) if gpu else (64 << 20)
+    heap = (12 << 30) if gpu else (64 << 20)
     os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
-    launch(_run, world, ops, ms, layers, common.timing_options(args, gpu, iters=10), args.out_dir,
-           args.update_crossover, backend=backend, heap_size=heap)
+    launch(_run, world, ops, ms, layers, common.timing_options(args, gpu, iters=0), args.out_dir,
+           args.update_crossover, args.budget_s, backend=backend,
+           heap_size=int(os.environ["TRIDENT_HEAP_SIZE"]))
     return 0
 
 

@@ -1,0 +1,63 @@
+"""`trident bench ops` on the CPU emulation at 2 ranks (tiny layers): a row per schedule
+the registry offers, auto with its choice, the NCCL + cuBLAS baseline (gloo here) and
+torch async-TP's row saying why it did not run; every trident row checked against the
+plain path before it is timed; the communication share of the plain path; the JSON's
+metadata (date, device, versions) and what it did not reach within its budget."""
+import json
+
+import pytest
+
+from trident.bench import ops
+from trident.launch import default_backend
+from trident.ops import schedules
+
+from .conftest import get_pool
+
+TIMING = {"calls": 1, "reps": 1, "warmup": 1, "synced_iters": 0}
+pytestmark = pytest.mark.skipif(default_backend() == "cuda",
+                                reason="the CPU emulation's tiny layers; GPUs run bench/gpu_*.sh")
+
+
+def _one_run(ctx, out_dir):
+    path = ops._run(ctx, ["matmul_all_reduce", "all_gather_matmul"], [16], [], TIMING,
+                    out_dir, None, budget_s=1e9)
+    late = ops._bench(ctx, ["matmul_reduce_scatter"], [64], [], TIMING, budget_s=-1.0)
+    if ctx.rank != 0:
+        return None
+    with open(path) as f:
+        return json.load(f), late
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return get_pool(2).run(_one_run, str(tmp_path_factory.mktemp("ops")))[0]
+
+
+def test_rows_per_schedule_checked_then_timed(run):
+    doc, _ = run
+    rows = doc["rows"]
+    for op in ("matmul_all_reduce", "all_gather_matmul"):
+        mine = {r["impl"]: r for r in rows if r["op"] == op}
+        want = {f"trident_{s}" for s in ops.schedules_of(op)} | {
+            "trident_auto", "plain", "torch_symm_mem"}
+        assert set(mine) == want, (op, sorted(mine))
+        assert {"trident_fused", "trident_sequential", "trident_pipelined"} <= set(mine)
+        for name, r in mine.items():
+            if name == "torch_symm_mem":
+                assert r["status"] == "not run" and "CPU" in r["note"], r
+                continue
+            assert r["status"] == "ok" and r["rel_err"] <= ops.TOLERANCE, r
+            assert r["checked_against"] == "plain" and r["eager_us"] > 0 and r["host_us"] > 0
+            assert r["eager_vs_plain"] > 0 and r["link"] == "cpu-emulation"
+            assert 0 < r["comm_share"] < 1 and r["gemm_us"] > 0 and r["comm_us"] > 0
+        assert mine["trident_auto"]["choice"].count("/") == 1
+        assert mine["trident_auto"]["choice"].split(" / ")[0] in schedules.registered(op)
+
+
+def test_metadata_and_budget(run):
+    doc, (rows, missed) = run
+    for key in ("date", "device", "torch", "triton", "link", "not_reached"):
+        assert doc.get(key) is not None or key == "not_reached", key
+    assert doc["marked"] == "cpu-emulation" and doc["not_reached"] == []
+    assert rows == [] and [m["op"] for m in missed] == ["matmul_reduce_scatter"]
+    assert missed[0]["why"] == "budget"
