@@ -5,6 +5,12 @@
 #   env       GPU, versions, MPS binary
 #   tests     pytest at TEST_WORLDS (default 1,2,4), side by side, over TESTS (default: tests)
 #   checks    gemm tests, demo at 1/2/4 ranks, examples at 2 ranks, soak, bench host figures
+#   gemm      the GEMM core's table of this GPU model (bounded bench gemm, Llama-3 layers at
+#             2 ranks' shapes, M 1..8192): trident/ops/gemm_table_<gpu>.json in this copy
+#             (ops1 uses it) and in $OUT; rows and log in $OUT/gemm.tar.gz
+#   ops1      bench ops with 2 ranks sharing the GPU (MPS): every schedule of the fused ops,
+#             checked and timed against each other; device times labelled "HBM (ranks
+#             share one GPU)"; JSON and log in $OUT/ops1.tar.gz
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/nvidia/bin
@@ -73,6 +79,28 @@ for step in ${STEPS:-env tests checks}; do
     grep -E "passed|failed" $OUT/gemm-test.log | tail -2 | tee -a $LOG
     grep -h "== " $OUT/demo.log $OUT/examples.log $OUT/soak-out.log $OUT/bench-*.log | tee -a $LOG
     tail -4 $OUT/soak-out.log | tee -a $LOG ;;
+  gemm)
+    mkdir -p /tmp/gemm
+    timeout -s INT -k 30 ${GEMM_TIMEOUT:-240} python3 -m trident.bench.gemm \
+      --layers ${GEMM_LAYERS:-llama3} --squares "${GEMM_SQUARES:-}" ${GEMM_M:+--m $GEMM_M} \
+      --budget-s ${GEMM_BUDGET:-200} --out-dir /tmp/gemm --update-table trident/ops \
+      > /tmp/gemm/gemm.log 2>&1
+    say "== bench gemm rc=$?"; tr '\r' '\n' < /tmp/gemm/gemm.log | grep -v "^gemm \[" \
+      | sed -n '/per shape class/,$p' | tee -a $LOG
+    cp trident/ops/gemm_table_${GPU}.json $OUT/ 2>/dev/null || say "no table written"
+    tar czf $OUT/gemm.tar.gz -C /tmp/gemm . ;;
+  ops1)
+    mkdir -p /tmp/ops1
+    nvidia-cuda-mps-control -d && say "MPS daemon started for ops1"
+    timeout -s INT -k 30 ${OPS1_TIMEOUT:-220} python3 -m trident.bench.ops --world-size 2 \
+      --layers ${OPS1_LAYERS:-llama3-8b,llama3-70b} --m ${OPS1_M:-1,16,64,256,1024,4096,8192} \
+      --calls ${OPS1_CALLS:-20} --reps ${OPS1_REPS:-3} --budget-s ${OPS1_BUDGET:-170} \
+      --out-dir /tmp/ops1 > /tmp/ops1/ops1.log 2>&1
+    say "== bench ops, 2 ranks sharing the GPU rc=$?"
+    echo quit | nvidia-cuda-mps-control
+    tr '\r' '\n' < /tmp/ops1/ops1.log | grep -v "^ops \[\|FutureWarning" \
+      | grep -E "HBM|not run|skipped|wrong|error|Error|results:" | head -40 | tee -a $LOG
+    tar czf $OUT/ops1.tar.gz -C /tmp/ops1 . ;;
   *) python3 $step 2>&1 | tee -a $LOG ;;
   esac
   say "== step $step: $((SECONDS - start)) s"

@@ -14,8 +14,13 @@
 #           hierarchical collectives and MoE across nodes, bench moe across nodes
 #           (MOE_MODELS, MOE_TOKENS) and the hierarchical launch/host bench
 #   nodes1  the same tests as 2 nodes x 2 ranks sharing GPU 0 under MPS (gloo rails)
-#   gemm    the GEMM core's table on GPU 0 (bounded bench; GEMM_TABLE: the file to update,
-#           e.g. trident/ops/gemm_table.json so that later steps use it)
+#   gemm    the GEMM core's table of this GPU model on GPU 0 (bounded bench gemm, Llama-3
+#           layers at 2 ranks' shapes, M 1..8192): written as trident/ops/gemm_table_<gpu>.json
+#           in this copy (later steps use it) and copied to $OUT; rows in $OUT/gemm.tar.gz
+#   fused   issue 30's two-GPU targets: bench ops at 2 ranks (one per GPU), Llama-3-8B and
+#           -70B TP=2 layers, every schedule and auto against NCCL + cuBLAS, torch async-TP
+#           and sequential, M 1..8192, eager and graph, checked; prints the targets and
+#           each miss; JSON, PNGs and log in $OUT/fused.tar.gz (after `gemm` to use its table)
 #   ops     bench ops at 2 ranks, Llama-3-70B TP=2 layers at OPS_M
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -102,11 +107,25 @@ for step in ${STEPS:-env tests}; do
     say "== tests across nodes (2x2 on one GPU, gloo) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/nodes1-tests.log | tee -a $LOG
     echo quit | $MPS ;;
   gemm)
-    CUDA_VISIBLE_DEVICES=0 $T ${GEMM_TIMEOUT:-420} python3 -m trident.bench.gemm \
-      --m ${GEMM_M:-64,128,256,1024,4096,8192} --budget-s ${GEMM_BUDGET:-380} --out-dir $OUT \
-      --update-table ${GEMM_TABLE:-$OUT/gemm_table.json} > $OUT/gemm.log 2>&1
-    say "== gemm rc=$?"; tail -25 $OUT/gemm.log | tee -a $LOG
-    [ -n "${GEMM_TABLE:-}" ] && cp $GEMM_TABLE $OUT/gemm_table.json ;;
+    mkdir -p /tmp/gemm
+    CUDA_VISIBLE_DEVICES=0 $T ${GEMM_TIMEOUT:-260} python3 -m trident.bench.gemm \
+      --layers ${GEMM_LAYERS:-llama3} --squares "${GEMM_SQUARES:-}" ${GEMM_M:+--m $GEMM_M} \
+      --budget-s ${GEMM_BUDGET:-220} --out-dir /tmp/gemm --update-table trident/ops \
+      > /tmp/gemm/gemm.log 2>&1
+    say "== bench gemm rc=$?"; tr '\r' '\n' < /tmp/gemm/gemm.log | grep -v "^gemm \[" \
+      | sed -n '/per shape class/,$p' | tee -a $LOG
+    cp trident/ops/gemm_table_${GPU}.json $OUT/ 2>/dev/null || say "no table written"
+    tar czf $OUT/gemm.tar.gz -C /tmp/gemm . ;;
+  fused)
+    mkdir -p /tmp/fused
+    $T ${FUSED_TIMEOUT:-400} python3 -m trident.bench.ops --world-size 2 \
+      --layers ${FUSED_LAYERS:-llama3-8b,llama3-70b} --m ${FUSED_M:-1,16,64,256,1024,4096,8192} \
+      --calls ${FUSED_CALLS:-20} --reps ${FUSED_REPS:-3} --budget-s ${FUSED_BUDGET:-300} \
+      --out-dir /tmp/fused > /tmp/fused/fused.log 2>&1
+    say "== bench ops, fused schedules at 2 GPUs rc=$?"
+    tr '\r' '\n' < /tmp/fused/fused.log | grep -v "^ops \[\|FutureWarning\|enable_symm_mem" \
+      | grep -E "^targets|^  miss|not run|skipped|results:|Error|error" | head -60 | tee -a $LOG
+    tar czf $OUT/fused.tar.gz -C /tmp/fused . ;;
   ops)
     # the fused ops against NCCL + cuBLAS (OPS_M), after `gemm` so that they use its table
     $T ${OPS_TIMEOUT:-150} python3 -m trident.bench.ops --world-size 2 --layers llama3-70b \

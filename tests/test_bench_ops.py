@@ -61,3 +61,24 @@ def test_metadata_and_budget(run):
     assert doc["marked"] == "cpu-emulation" and doc["not_reached"] == []
     assert rows == [] and [m["op"] for m in missed] == ["matmul_reduce_scatter"]
     assert missed[0]["why"] == "budget"
+
+
+def test_targets_name_each_miss():
+    """Issue 30's targets from rows: auto against the best baseline per case and mode,
+    auto over plain where communication is a third of plain or more, epilogue over
+    sequential at M <= 64."""
+    def row(m, impl, graph, eager, share=0.5):
+        return dict(op="matmul_all_reduce", model="x", layer="y", M=m, impl=impl,
+                    graph_us=graph, eager_us=eager, comm_share=share)
+    rows = [row(64, "trident_auto", 10, 20), row(64, "plain", 15, 40),
+            row(64, "trident_sequential", 9, 25), row(64, "trident_epilogue", 8, 30),
+            row(1024, "trident_auto", 100, 120, 0.2), row(1024, "plain", 110, 150, 0.2)]
+    found = ops.targets(rows)
+    graph, eager = found["graph"], found["eager"]
+    assert graph["auto_vs_best_misses"] == [
+        "matmul_all_reduce x y M=64: auto 10.0 us vs trident_sequential 9.0 (0.90x)"]
+    assert eager["auto_vs_best_misses"] == []
+    assert graph["comm_bound_cases"] == 1 and graph["auto_vs_plain_geomean"] == 1.5
+    assert eager["auto_vs_plain_geomean"] == 2.0
+    assert graph["epilogue_misses"] == [] and eager["epilogue_misses"] == [
+        "matmul_all_reduce x y M=64: 0.83x"]

@@ -39,8 +39,12 @@ NVLink: the device times are labelled "HBM (ranks share one GPU)" (column link, 
 NCCL rows say why they did not run. On the CPU emulation (2 ranks, tiny shapes) the run
 only shows that every path runs and is right.
 
---budget-s bounds the run: no case starts past it (what is left is listed in the JSON's
-not_reached); JSON (date, device, torch/triton versions, rows) under --out-dir and a PNG
+On GPUs of their own the run ends with issue 30's targets (`targets`: auto against the
+best baseline per case, auto over plain where communication is a third of the plain path
+or more, epilogue over sequential at M <= 64), each miss with its figure.
+
+--budget-s bounds the run: no case starts past it (cases go M by M, smallest first; what
+is left is listed in the JSON's not_reached); JSON (date, device, torch/triton versions, rows) under --out-dir and a PNG
 per op (speedup over plain against M, graph time). --update-crossover merges the fused
 and plain times into trident/ops/crossover.json (selector.py).
 
@@ -49,6 +53,7 @@ and plain times into trident/ops/crossover.json (selector.py).
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -130,6 +135,8 @@ def _torch_async_tp(ctx, op, a, wt):
         return None, "torch async-TP needs GPUs (not on the CPU emulation)"
     if op == "matmul_all_reduce":
         return None, "torch has no fused matmul + all-reduce (async-TP: ag-mm, mm-rs only)"
+    if common.shares_gpu(ctx):
+        return None, "ranks share one GPU: the run compares trident's schedules only"
     name = "fused_all_gather_matmul" if op == "all_gather_matmul" else \
         "fused_matmul_reduce_scatter"
     if not hasattr(torch.ops.symm_mem, name):
@@ -284,7 +291,9 @@ def _bench(ctx, ops, ms, layer_names, timing, budget_s=None):
     names = layer_names or (default_layers(ctx.world_size) if ctx.backend == "cuda" else [])
     link = SHARED_LINK if common.shares_gpu(ctx) else \
         ("NVLink" if ctx.backend == "cuda" else "cpu-emulation")
-    cases = [(op, layer, m) for op in ops for layer in _layers(ctx, op, names) for m in ms]
+    # M by M, smallest first: a run cut short by its budget has every op at decode sizes
+    cases = [(op, layer, m) for m in sorted(ms) for op in ops
+             for layer in _layers(ctx, op, names)]
     progress = common.Progress(len(cases), "ops", enabled=ctx.rank == 0)
     t0 = time.monotonic()
     for op, (model, layer, n_full, k_full), m in cases:
@@ -323,6 +332,57 @@ def _crossover_entries(ctx, rows):
     return out
 
 
+def targets(rows: list[dict]) -> dict:
+    """Issue 30's two-GPU targets from one run's rows (GPUs of their own; empty without
+    the baselines): per mode, auto against the best of plain, torch_symm_mem and
+    trident_sequential on every case (>= 0.98: misses listed with their figure); the
+    geometric mean of auto over plain where communication is at least a third of the
+    plain path (>= 1.3 graph, >= 1.5 eager); epilogue over sequential at M <= 64 (>= 1.1)."""
+    cases: dict = {}
+    for r in rows:
+        cases.setdefault((r["op"], r["model"], r["layer"], r["M"]), {})[r["impl"]] = r
+    out = {}
+    for mode, want in (("graph", 1.3), ("eager", 1.5)):
+        key = f"{mode}_us"
+        misses, gains, epi = [], [], []
+        for (op, model, layer, m), impls in cases.items():
+            auto = (impls.get("trident_auto") or {}).get(key)
+            rivals = {n: impls[n].get(key) for n in ("plain", "torch_symm_mem",
+                                                     "trident_sequential") if n in impls}
+            rivals = {n: t for n, t in rivals.items() if t}
+            if auto and rivals:
+                best = min(rivals, key=rivals.get)
+                if rivals[best] / auto < 0.98:
+                    misses.append(f"{op} {model} {layer} M={m}: auto {auto:.1f} us vs "
+                                  f"{best} {rivals[best]:.1f} ({rivals[best] / auto:.2f}x)")
+            plain = (impls.get("plain") or {}).get(key)
+            share = (impls.get("plain") or {}).get("comm_share")
+            if auto and plain and share is not None and share >= 1 / 3:
+                gains.append(plain / auto)
+            ep, seq = ((impls.get(n) or {}).get(key) for n in ("trident_epilogue",
+                                                               "trident_sequential"))
+            if m <= 64 and ep and seq:
+                epi.append((f"{op} {model} {layer} M={m}", seq / ep))
+        gm = math.exp(sum(map(math.log, gains)) / len(gains)) if gains else None
+        out[mode] = {"auto_vs_best_misses": misses, "comm_bound_cases": len(gains),
+                     "auto_vs_plain_geomean": gm, "target": want,
+                     "epilogue_vs_sequential": epi,
+                     "epilogue_misses": [f"{c}: {x:.2f}x" for c, x in epi if x < 1.1]}
+    return out
+
+
+def _print_targets(found: dict) -> None:
+    for mode, t in found.items():
+        gm = t["auto_vs_plain_geomean"]
+        print(f"targets ({mode}): auto vs plain, geomean over {t['comm_bound_cases']} cases "
+              f"with comm >= 1/3 of plain: {'-' if gm is None else f'{gm:.2f}x'} (target "
+              f">= {t['target']}); auto >= 0.98x best baseline missed on "
+              f"{len(t['auto_vs_best_misses'])} case(s); epilogue >= 1.1x sequential at "
+              f"M <= 64 missed on {len(t['epilogue_misses'])} of {len(t['epilogue_vs_sequential'])}")
+        for line in t["auto_vs_best_misses"] + t["epilogue_misses"]:
+            print(f"  miss: {line}")
+
+
 COLUMNS = ["op", "model", "layer", "M", "N", "K", "impl", "choice", "eager_us", "graph_us",
            "host_us", "eager_vs_plain", "graph_vs_plain", "gemm_us", "comm_us", "comm_share",
            "floor_us", "vs_floor", "rel_err"]
@@ -356,8 +416,11 @@ def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None):
     for miss in missed:
         print(f"  not run: {miss['op']} {miss['model']} {miss['layer']} M={miss['M']}: "
               f"{miss['why']}")
+    found = targets(rows) if link == "NVLink" else None
+    if found:
+        _print_targets(found)
     extra = {"dtype": str(DTYPE), "link": link, "columns": ABOUT, "not_reached": missed,
-             "tolerance": TOLERANCE, "budget_s": budget_s}
+             "tolerance": TOLERANCE, "budget_s": budget_s, "targets": found}
     path = common.write_results(ctx, "ops", rows, extra, out_dir=out_dir)
     stem = path[:-len(".json")]
     for op in ops:
