@@ -12,10 +12,10 @@ from trident.ops import auto, schedules
 from .reference import assert_close, make
 
 OPS = schedules.OPS
-# (M rows of the op -- all ranks' for all_gather_matmul --, N, K per rank): odd sizes (M and
-# N not multiples of the CPU tile 16x32, K not a multiple of BLOCK_K 32), M = 1, and a K
-# that is a multiple of every block
-SHAPES = ((1, 40, 24), (7, 33, 40), (16, 64, 32))
+# (M: rows per rank -- of a for all_gather_matmul, of out for matmul_reduce_scatter --,
+# N, K per rank): M = 1, and odd sizes (M and N not multiples of the CPU tile 16x32, K not
+# a multiple of BLOCK_K 32)
+SHAPES = ((1, 33, 40), (7, 40, 24))
 
 
 def _runnable(ctx, op):
@@ -26,7 +26,7 @@ def _runnable(ctx, op):
 
 def _case(ctx, op, name, M, N, K, with_bias, out_given, seed):
     world, rank = ctx.world_size, ctx.rank
-    rows = M if op != "matmul_reduce_scatter" else M * world     # reduce_scatter: M per rank
+    rows = M if op != "matmul_reduce_scatter" else M * world
     if op == "all_gather_matmul":
         a_full = make((rows * world, K), seed, torch.bfloat16, ctx.device)
         w = make((N, K), seed + 1 + rank, torch.bfloat16, ctx.device)    # each rank's own
@@ -122,3 +122,29 @@ def test_auto_uses_only_the_shared_size():
         assert len({auto.choose(ctx, "all_gather_matmul", M, n, 4096) for n in (8, 4096, 30000)}) == 1
         for op in ("matmul_all_reduce", "matmul_reduce_scatter"):
             assert len({auto.choose(ctx, op, M, 4096, k) for k in (0, 8, 4096, 30000)}) == 1
+
+
+def _gather_rows_anywhere(ctx):
+    """epilogue's all_gather_matmul reads the peers' rows where they lie: a on the heap at
+    a different offset on each rank (used in place), not contiguous (staged), split-K."""
+    world, rank = ctx.world_size, ctx.rank
+    M, N, K = 5, 40, 72
+    a_full = make((M * world, K), 7, torch.bfloat16, ctx.device)
+    w = make((N, K), 8 + rank, torch.bfloat16, ctx.device)
+    ref = a_full.float() @ w.float().T
+    mine = a_full[rank * M:(rank + 1) * M]
+    heap = ctx.zeros(M + world, K, dtype=torch.bfloat16)        # the same size everywhere
+    on_heap = heap[rank:rank + M]
+    on_heap.copy_(mine)
+    strided = torch.zeros(M, 2 * K, dtype=torch.bfloat16, device=ctx.device)[:, K:]
+    strided.copy_(mine)
+    for what, a, opts in (("heap", on_heap, {}), ("strided", strided, {}),
+                          ("split", mine, {"split_k": 3})):
+        got = ctx.all_gather_matmul(a, w, schedule="epilogue", **opts)
+        ctx.sync()
+        assert_close(got, ref, f"epilogue all_gather_matmul {what} rank {rank}")
+    ctx.free(heap)
+
+
+def test_epilogue_gathers_rows_wherever_they_lie(pool):
+    pool.run(_gather_rows_anywhere)

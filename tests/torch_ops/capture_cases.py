@@ -153,7 +153,9 @@ FAMILIES = {
     "swab_split": dict(gemm="tma", config={"SWAP_AB": True}, split_k=2),
     "classic_swab_split": dict(gemm="classic", config={"SWAP_AB": True}, split_k=2),
 }
-FUSED_VARIANTS = ["fused/" + f for f in FAMILIES] + ["auto", "plain"]
+# the fused ops' other schedules (trident/ops/schedules.py), with their defaults
+SCHEDULES = ["sequential", "epilogue"]
+FUSED_VARIANTS = ["fused/" + f for f in FAMILIES] + SCHEDULES + ["auto", "plain"]
 
 
 def family_options(family: str | None) -> dict:

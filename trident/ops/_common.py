@@ -387,8 +387,21 @@ def gemm_tile(a_ptr, stride_am, w_ptr, stride_wn, m0, n0, M, N, K,
     offs_k = tl.arange(0, BK)
     a_ptrs = a_ptr + rows[:, None].to(tl.int64) * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    return dot_ptrs(a_ptrs, w_ptrs, K, 0, tl.cdiv(K, BK), BM, BN, BK, EVEN_K)
+
+
+@triton.jit
+def dot_ptrs(a_ptrs, w_ptrs, K, k_lo, k_hi, BM: tl.constexpr, BN: tl.constexpr,
+             BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """The pointer k-loop: fp32 [BM, BN] sum over the BK-steps k_lo <= ki < k_hi of
+    a[:, ki*BK:] @ w[ki*BK:, :], from a_ptrs [BM, BK] and w_ptrs [BK, BN] that point at
+    column (row) 0 of K of each row (column) -- any rows: e.g. rows of A on several ranks'
+    heaps (the epilogue schedule's all_gather_matmul). K is masked unless EVEN_K."""
+    offs_k = tl.arange(0, BK)
+    a_ptrs += k_lo * BK
+    w_ptrs += k_lo * BK
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BK)):
+    for k in range(k_lo, k_hi):
         if EVEN_K:
             a = tl.load(a_ptrs)
             w = tl.load(w_ptrs)
@@ -460,9 +473,38 @@ def take_tile(sync, otherwise, PERSISTENT: tl.constexpr):
 
 @triton.jit
 def wait_peers_done(sync, epoch, ctrl, rank, world_size, OP: tl.constexpr):
-    """Wait until every rank finished the previous call on this workspace (their ack)."""
+    """Wait until every rank finished the previous call on this workspace (their ack);
+    True if every wait succeeded."""
+    ok = tl.cast(1, tl.int1)
     for peer in range(world_size):
-        tdl.wait(sync + SYNC_ACK + peer, epoch - 1, ctrl, rank, peer, OP)
+        ok = ok & tdl.wait(sync + SYNC_ACK + peer, epoch - 1, ctrl, rank, peer, OP)
+    return ok
+
+
+# Call fingerprints of the fused kernels (the issue-29 contract, as trident/ccl/device.py
+# does for the collectives): every ready flag of a workspace has a companion word right
+# after it (flag index f -> words 2f, 2f + 1 of the flags region). Whoever sets a flag
+# first stores the launch's fingerprint `fp` (ccl.device.fingerprint: odd, 31 bits) in its
+# companion on the same rank, then signals (release: the companion is visible first); the
+# waiter compares it after the wait and records CallMismatch on a difference. Each flag has
+# one writer per launch, which writes it only after the reader acked the previous launch.
+@triton.jit
+def signal_call(flag, epoch, fp, rank, peer, heap_bases):
+    """Set `peer`'s `flag` (a flag word of a fused workspace) to `epoch`, its companion to
+    this call's fingerprint `fp` first."""
+    tdl.store(flag + 1, tl.cast(fp, tl.int32), rank, peer, heap_bases)
+    tdl.signal(flag, epoch, rank, peer, heap_bases)
+
+
+@triton.jit
+def wait_call(flag, epoch, fp, ctrl, rank, peer, OP: tl.constexpr):
+    """Wait (bounded) until `flag` reaches `epoch`; True if it did in a call of this
+    fingerprint `fp` (else CallMismatch is recorded, as the collectives' wait_for does)."""
+    ok = tdl.wait(flag, epoch, ctrl, rank, peer, OP)
+    same = tl.load(flag + 1, volatile=True) == tl.cast(fp, tl.int32)
+    if ok & (not same):
+        tdl.record_error(ctrl, rank, peer, OP, tdl.KIND_MISMATCH)
+    return ok & same
 
 
 @triton.jit

@@ -48,9 +48,10 @@ from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import schedules
 from ..plans import Live, Plan
+from ..ccl.device import fingerprint, poison
 from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
-                      finish_slice, run, schedule_plan, store_tile, take_tile,
-                      wait_peers_done, workspace)
+                      finish_slice, run, schedule_plan, signal_call, store_tile, take_tile,
+                      wait_call, wait_peers_done, workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
                          op_tile, split_buffers, split_count, tile_shape)
 from .gemm import operand, tile_position, tma_compatible
@@ -60,15 +61,17 @@ OP = tl.constexpr(OP_CODES["all_gather_matmul"])
 
 @triton.jit
 def _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, trace_buf,
-               rank, world_size, m_local, K, num_mb, pid,
+               rank, world_size, m_local, K, num_mb, pid, fp,
                NUM_PUSHERS: tl.constexpr, BM: tl.constexpr, COPY_M: tl.constexpr,
                COPY_K: tl.constexpr, TRACE: tl.constexpr):
     """Copy this rank's rows, block by block, into every rank's gathered buffer and flag
-    each block there once it is complete."""
+    each block there once it is complete (with the call's fingerprint). If a peer never
+    acked the previous call, nothing is pushed: no peer memory is touched."""
     g0 = rank * m_local                       # first global row of this rank
     first_mb = g0 // BM
     num_items = (g0 + m_local - 1) // BM - first_mb + 1
-    wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)   # their buffers are free
+    ok = wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)   # their buffers are free
+    num_items = tl.where(ok, num_items, 0)
     for item in range(pid, num_items, NUM_PUSHERS):
         t0 = trd.begin(TRACE)
         mb = first_mb + item
@@ -86,8 +89,8 @@ def _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, tra
                 for d in range(world_size):
                     tdl.store(dst, x, rank, (rank + d) % world_size, heap_bases, mask=mask)
         for d in range(world_size):
-            tdl.signal(flags + rank * num_mb + mb, epoch, rank, (rank + d) % world_size,
-                       heap_bases)
+            signal_call(flags + 2 * (rank * num_mb + mb), epoch, fp, rank,
+                        (rank + d) % world_size, heap_bases)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
 
 
@@ -95,7 +98,7 @@ def _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, tra
 def _all_gather_matmul_kernel(
         a, w, bias, out, gathered, sync, ctrl, heap_bases, trace_buf,
         k_partials, k_counters, split_k,
-        rank, world_size, m_local, M, N, K, stride_am, stride_wn, stride_om,
+        rank, world_size, m_local, M, N, K, stride_am, stride_wn, stride_om, fp,
         NUM_PUSHERS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
         GROUP_M: tl.constexpr, COPY_M: tl.constexpr, COPY_K: tl.constexpr,
         EVEN_K: tl.constexpr, ALIGNED: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -104,14 +107,15 @@ def _all_gather_matmul_kernel(
     """BM x BN: the tile of out (fused_tile.tile_shape); BM is also the pushers' row
     block. SPLIT: split_k slices per tile, work unit u = (tile u // split_k, slice
     u % split_k); each slice waits for its rows, and only the last adds the bias and
-    stores the summed tile (finish_slice)."""
+    stores the summed tile (finish_slice). A wait that failed (or met another call's
+    fingerprint) poisons the tiles it guards (NaN)."""
     pid = tl.program_id(0)
     epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
     flags = sync + SYNC_FLAGS
     num_mb = tl.cdiv(M, BM)
     if pid < NUM_PUSHERS:
         _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, trace_buf,
-                   rank, world_size, m_local, K, num_mb, pid,
+                   rank, world_size, m_local, K, num_mb, pid, fp,
                    NUM_PUSHERS, BM, COPY_M, COPY_K, TRACE)
     else:
         num_nb = tl.cdiv(N, BN)
@@ -135,14 +139,16 @@ def _all_gather_matmul_kernel(
             m0 = mb * BM
             m_end = tl.minimum(m0 + BM, M)
             t0 = trd.begin(TRACE)
+            ok = tl.cast(1, tl.int1)
             for s in range(m0 // m_local, (m_end - 1) // m_local + 1):
-                tdl.wait(flags + s * num_mb + mb, epoch, ctrl, rank, s, OP)
+                ok = ok & wait_call(flags + 2 * (s * num_mb + mb), epoch, fp, ctrl, rank, s, OP)
             if TMA:       # the rows came through generic stores; TMA reads the async proxy
                 tdl.fence_async_proxy()
             trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
             t0 = trd.begin(TRACE)
             acc = op_tile(a_op, K, w_op, stride_wn, m0, nb * BN, M, N, K, u - t * split_k,
                           split_k, BM, BN, BK, EVEN_K, TMA, SWAP_AB, SPLIT)
+            acc = poison(acc, ok)      # a slice of a failed wait spoils its whole tile
             if SPLIT:
                 last, acc = finish_slice(acc, k_partials, k_counters, t, u - t * split_k,
                                          split_k, BM, BN)
@@ -173,7 +179,8 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
     num_mb = triton.cdiv(M, bm)
     num_tiles = count_tiles("all_gather_matmul", M, N, ctx.world_size, cfg)
     split = split_count(ctx, cfg, num_tiles, K, split_k)
-    ws = workspace(ctx, "all_gather_matmul", M * K * a.element_size(), ctx.world_size * num_mb)
+    ws = workspace(ctx, "all_gather_matmul", M * K * a.element_size(),
+                   2 * ctx.world_size * num_mb)     # a flag and its fingerprint per block
     k_partials, k_counters = split_buffers(ws, "all_gather_matmul", cfg, num_tiles, split)
     gathered = ws.view(a.dtype, M, K)
     # TMA reads the gathered rows (row stride K: 16-byte aligned when K % 8 == 0) and w
@@ -190,6 +197,7 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
         a, w, bias if bias is not None else a, Live(3), gathered, ws.sync, ctx.ctrl,
         ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank, ctx.world_size,
         m_local, M, N, K, a.stride(0), w.stride(0), out.stride(0),
+        fingerprint(_all_gather_matmul_kernel, M, K, str(a.dtype), bm, ctx.world_size),
         NUM_PUSHERS=num_pushers, BM=bm, BN=bn, BK=cfg["BK"],
         GROUP_M=cfg["GROUP_M"], COPY_M=copy_m, COPY_K=copy_k,
         EVEN_K=K % cfg["BK"] == 0, ALIGNED=m_local % bm == 0, HAS_BIAS=bias is not None,

@@ -48,9 +48,10 @@ from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import schedules
 from ..plans import Live, Plan
+from ..ccl.device import fingerprint, poison
 from ._common import (SYNC_ACK, SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs,
-                      finish_program, finish_slice, run, schedule_plan, store_tile,
-                      take_tile, wait_peers_done, workspace)
+                      finish_program, finish_slice, run, schedule_plan, signal_call,
+                      store_tile, take_tile, wait_call, wait_peers_done, workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
                          op_tile, split_buffers, split_count, tile_shape)
 from .gemm import (addresses_only, host_descriptors, operand, tile_position,
@@ -85,18 +86,21 @@ def _matmul_reduce_kernel(
         a, w, bias, out, partials, result, sync, ctrl, heap_bases, trace_buf,
         k_partials, k_counters, split_k,
         rank, world_size, M, N, K, m_local, stride_am, stride_wn, stride_om,
-        num_tiles, slots, num_gemm,
+        num_tiles, slots, num_gemm, fp,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
         EVEN_K: tl.constexpr, HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr,
         PERSISTENT: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
         SPLIT: tl.constexpr, OP: tl.constexpr, TRACE: tl.constexpr):
     """BM x BN: the tile of out (fused_tile.tile_shape). SPLIT: split_k slices per tile,
     work unit u = (q = u // split_k: the tile in this rank's order, slice u % split_k);
-    a tile is pushed and flagged only by its last slice, once summed (finish_slice)."""
+    a tile is pushed and flagged only by its last slice, once summed (finish_slice).
+    Flags carry the call's fingerprint (_common.signal_call / wait_call); a failed wait
+    poisons the tiles it guards (NaN), and a program whose wait failed pushes and signals
+    nothing more (no peer memory touched)."""
     pid = tl.program_id(0)
     epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
-    flags = sync + SYNC_FLAGS                 # [world, slots]: partial of rank s in slot
-    ready = flags + world_size * slots        # [num_tiles]: reduced tile (all-reduce)
+    flags = sync + SYNC_FLAGS                 # [world, slots] x (flag, fingerprint)
+    ready = flags + 2 * world_size * slots    # [num_tiles] x 2: reduced tile (all-reduce)
     offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     if pid < num_gemm:
         # ---- GEMM: this rank's partial of one tile at a time, pushed to the tile's owner
@@ -126,18 +130,20 @@ def _matmul_reduce_kernel(
             if last:
                 t0 = trd.begin(TRACE)
                 # the owner must be done with the previous call's partials in this slot
-                tdl.wait(sync + SYNC_ACK + owner, epoch - 1, ctrl, rank, owner, OP)
-                dst = partials + (rank * slots + slot).to(tl.int64) * (BM * BN) + offs
-                tdl.store(dst, acc.to(partials.dtype.element_ty), rank, owner, heap_bases)
-                tdl.signal(flags + rank * slots + slot, epoch, rank, owner, heap_bases)
+                if tdl.wait(sync + SYNC_ACK + owner, epoch - 1, ctrl, rank, owner, OP):
+                    dst = partials + (rank * slots + slot).to(tl.int64) * (BM * BN) + offs
+                    tdl.store(dst, acc.to(partials.dtype.element_ty), rank, owner, heap_bases)
+                    signal_call(flags + 2 * (rank * slots + slot), epoch, fp, rank, owner,
+                                heap_bases)
                 trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
             u = take_tile(sync, num_tiles * split_k, PERSISTENT)
     elif pid < num_gemm + slots:
         # ---- reduce: one slot of this rank's tiles, summed over ranks in rank order
         slot = pid - num_gemm
+        ok = tl.cast(1, tl.int1)
         if ALL_REDUCE:
             t = slot * world_size + rank
-            wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)  # result tiles free
+            ok = wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)  # result tiles free
         else:
             t = rank * slots + slot
         if t < num_tiles:
@@ -146,16 +152,19 @@ def _matmul_reduce_kernel(
             t0 = trd.begin(TRACE)
             acc = tl.zeros((BM, BN), dtype=tl.float32)
             for s in range(world_size):
-                tdl.wait(flags + s * slots + slot, epoch, ctrl, rank, s, OP)
+                ok = ok & wait_call(flags + 2 * (s * slots + slot), epoch, fp, ctrl, rank, s,
+                                    OP)
                 src = partials + (s * slots + slot).to(tl.int64) * (BM * BN) + offs
                 acc += tl.load(src).to(tl.float32)
-            acc = add_bias(acc, bias, n0, N, BN, HAS_BIAS)
+            acc = poison(add_bias(acc, bias, n0, N, BN, HAS_BIAS), ok)
             if ALL_REDUCE:
                 store_tile(out, stride_om, acc, m0, n0, m_end, N, BM, BN)
                 tl.store(result + slot.to(tl.int64) * (BM * BN) + offs,
                          acc.to(result.dtype.element_ty))
-                for d in range(1, world_size):
-                    tdl.signal(ready + t, epoch, rank, (rank + d) % world_size, heap_bases)
+                if ok:
+                    for d in range(1, world_size):
+                        signal_call(ready + 2 * t, epoch, fp, rank, (rank + d) % world_size,
+                                    heap_bases)
             else:
                 store_tile(out, stride_om, acc, m0 - rank * m_local, n0, m_end - rank * m_local,
                            N, BM, BN)
@@ -167,10 +176,10 @@ def _matmul_reduce_kernel(
                                               GROUP_M, ALL_REDUCE)
         if owner != rank:
             t0 = trd.begin(TRACE)
-            tdl.wait(ready + t, epoch, ctrl, rank, owner, OP)
+            ok = wait_call(ready + 2 * t, epoch, fp, ctrl, rank, owner, OP)
             tile = tdl.load(result + slot.to(tl.int64) * (BM * BN) + offs, rank, owner,
-                            heap_bases)
-            store_tile(out, stride_om, tile, m0, n0, m_end, N, BM, BN)
+                            heap_bases, mask=(offs >= 0) & ok, other=0.0)
+            store_tile(out, stride_om, poison(tile, ok), m0, n0, m_end, N, BM, BN)
             trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
     finish_program(sync, epoch, rank, world_size, heap_bases)
 
@@ -196,7 +205,8 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
     split = split_count(ctx, cfg, num_tiles, K, split_k)
     tile_bytes = bm * bn * a.element_size()
     num_partials = world * slots + (slots if all_reduce else 0)
-    ws = workspace(ctx, op, num_partials * tile_bytes, world * slots + num_tiles)
+    ws = workspace(ctx, op, num_partials * tile_bytes,
+                   2 * (world * slots + num_tiles))     # each flag and its fingerprint
     k_partials, k_counters = split_buffers(ws, op, cfg, num_tiles, split)
     buf = ws.view(a.dtype, num_partials, bm * bn)
     partials, result = buf[:world * slots], buf[world * slots:] if all_reduce else buf
@@ -214,6 +224,7 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
         a_op, w_op, bias if bias is not None else a, Live(3), partials, result, ws.sync, ctx.ctrl,
         ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank, world, M, N,
         K, m_local, a.stride(0), w.stride(0), out.stride(0), num_tiles, slots, num_gemm,
+        fingerprint(_matmul_reduce_kernel, op, M, N, str(a.dtype), bm, bn, world),
         BM=bm, BN=bn, BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], EVEN_K=K % cfg["BK"] == 0,
         HAS_BIAS=bias is not None, ALL_REDUCE=all_reduce, PERSISTENT=cfg["PERSISTENT"],
         TMA=tma, SWAP_AB=cfg["SWAP_AB"], SPLIT=split > 1, OP=OP_CODES[op], TRACE=trace,

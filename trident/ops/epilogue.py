@@ -1,0 +1,292 @@
+"""The "epilogue" schedule, for small M: the communication happens in the GEMM's own
+programs, one launch, no second kernel, no producer/consumer hand-off.
+
+matmul_all_reduce / matmul_reduce_scatter (`_push_reduce_kernel`). Program p owns the same
+tiles of out on every rank (units p, p + grid, ...; tiles from M and N, which the ranks
+share). For each, it computes this rank's partial [BM, BN] tile and stores it, in the
+input dtype, into slot `rank` of the heap scratch of every rank that needs it -- all of
+them for all_reduce, including itself (one-shot), the owner of the rows for reduce_scatter
+-- then tells the peers' program p (release) and waits for theirs (acquire): one DATA
+exchange, the collectives' (ccl/device.py: call fingerprint compared, bounded, failure
+recorded). Then it sums the world's copies of its tiles from its own scratch, in rank
+order, adds the bias and stores out: every rank adds the same values in the same order,
+so all_reduce results are bitwise the same on every rank. The scratch is the collectives'
+(two halves by launch parity, the same epoch sequence), so nothing is reset between calls
+and a CUDA graph replays it. The tile config follows M and N (shared), the GEMM core's
+table read at the largest K (ranks' K may differ), split-K off (a tile's pusher is fixed),
+the column extent halved while there are fewer tiles than SMs (down to 32).
+
+all_gather_matmul (`_pull_gemm_kernel`). a must be on the heap for peers to read: a
+contiguous a on the heap is used where it is (its offset published to the peers, as the
+pull collectives do), any other is copied into a heap staging buffer by a step of the
+plan (ccl.common.stage). Program p tells the peers' program p that this rank's rows are
+in place (ARRIVE) and waits for theirs; then every unit (tile, K slice) runs the k-loop
+(_common.dot_ptrs) on rows of A read straight from the heap of the rank that holds them,
+and at the end a DONE exchange says it no longer reads the peers' rows (the next call may
+overwrite them). The grid is the same on every rank (agreed SMs; each rank's N is its
+own); tiles and K slices follow this rank's N and K; split-K slices are summed by the
+last one to arrive (_common.finish_slice), in order.
+
+A wait that fails (peer missing, timed out, or in another call: CallMismatch) poisons the
+tiles the program owns (NaN) and the kernel touches no peer memory afterwards.
+
+When it should win: at M <= 64 the GEMM streams the weights from HBM and the product is
+small, so a launch and a synchronisation saved (vs. "sequential": GEMM, then the
+collective) are worth more than the overlap "fused" buys. all_gather_matmul pays for
+simplicity in link traffic: every column tile reads the remote rows again (A_remote *
+column tiles), hidden under the weight stream only at small M. Not measured yet.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import language as tdl
+from ..ccl import common as ccl_common
+from ..ccl.device import (ARRIVE, DATA, DONE, begin_epoch, exchange, fingerprint, poison,
+                          publish_offset, scratch_half)
+from ..errors import OP_CODES
+from ..trace import device as trd
+from ..trace import kernel_args, tags
+from ._common import add_bias, dot_ptrs, finish_slice, num_sms, store_tile, workspace
+from .fused_tile import fused_gemm_config, op_tile, tile_shape
+from .gemm import addresses_only, host_descriptors, tma_compatible
+from .schedules import register
+
+MIN_COLUMNS = 32           # the narrowest column tile the row-parallel config shrinks to
+STAGE_KEY = "ops.epilogue.a"
+
+
+@triton.jit
+def _push_reduce_kernel(
+        a, w, bias, out, scratch, flags, sync, ctrl, heap_bases, trace_buf,
+        rank, world_size, M, N, K, m_local, stride_am, stride_wn, stride_om, half, slot,
+        num_units, fp,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+        TMA: tl.constexpr, SWAP_AB: tl.constexpr, HAS_BIAS: tl.constexpr,
+        ALL_REDUCE: tl.constexpr, OP: tl.constexpr, TRACE: tl.constexpr):
+    """Units u = (row block, column block) of the rows this rank keeps: all M rows
+    (ALL_REDUCE) or its m_local (reduce_scatter, which computes the unit's tile for every
+    owner). Scratch slot s ([m_local or M, N] row-major) holds rank s's partial."""
+    pid = tl.program_id(0)
+    epoch = begin_epoch(sync)
+    slots = scratch_half(scratch, epoch, half)
+    rows_kept = m_local                      # M for all_reduce
+    num_nb = tl.cdiv(N, BN)
+    r = tl.arange(0, BM)[:, None]
+    c = tl.arange(0, BN)[None, :]
+    for u in range(pid, num_units, tl.num_programs(0)):
+        m0 = (u // num_nb) * BM
+        n0 = (u % num_nb) * BN
+        mask = (m0 + r < rows_kept) & (n0 + c < N)
+        offs = (m0 + r).to(tl.int64) * N + n0 + c + rank * slot
+        if ALL_REDUCE:          # one partial tile, to every rank (this one included)
+            t0 = trd.begin(TRACE)
+            acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
+                          EVEN_K, TMA, SWAP_AB, False)
+            trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+            t0 = trd.begin(TRACE)
+            for j in range(world_size):
+                tdl.store(slots + offs, acc.to(slots.dtype.element_ty), rank,
+                          (rank + 1 + j) % world_size, heap_bases, mask=mask)
+            trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+        else:                   # the unit's tile of every owner's rows, to that owner
+            for i in range(world_size):
+                dst = (rank + 1 + i) % world_size       # this rank's own tile last
+                t0 = trd.begin(TRACE)
+                acc = op_tile(a, stride_am, w, stride_wn, dst * m_local + m0, n0, M, N, K,
+                              0, 1, BM, BN, BK, EVEN_K, TMA, SWAP_AB, False)
+                trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+                t0 = trd.begin(TRACE)
+                tdl.store(slots + offs, acc.to(slots.dtype.element_ty), rank, dst,
+                          heap_bases, mask=mask)
+                trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, OP, fp,
+                  trace_buf, TRACE)
+    for u in range(pid, num_units, tl.num_programs(0)):
+        t0 = trd.begin(TRACE)
+        m0 = (u // num_nb) * BM
+        n0 = (u % num_nb) * BN
+        mask = (m0 + r < rows_kept) & (n0 + c < N)
+        offs = (m0 + r).to(tl.int64) * N + n0 + c
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for s in range(world_size):             # rank order: the same sum everywhere
+            acc += tl.load(slots + s * slot + offs, mask=mask, other=0.0).to(tl.float32)
+        acc = add_bias(acc, bias, n0, N, BN, HAS_BIAS)
+        store_tile(out, stride_om, poison(acc, ok), m0, n0, rows_kept, N, BM, BN)
+        trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+
+
+def _row_parallel(ctx, plan, op, a, w, bias, out, config=None) -> None:
+    M, K = a.shape
+    N = w.shape[0]
+    world = ctx.world_size
+    all_reduce = op == "matmul_all_reduce"
+    m_local = M if all_reduce else M // world
+    cfg = fused_gemm_config(ctx, M, N, K, None, config, group_m=1, local="K")
+    bm, bn = tile_shape(cfg)
+    sms = _sms(ctx)
+    if not config:              # enough tiles to fill the GPU, from shared sizes only
+        while triton.cdiv(m_local, bm) * triton.cdiv(N, bn) < sms and bn > MIN_COLUMNS:
+            bn //= 2
+    num_units = triton.cdiv(m_local, bm) * triton.cdiv(N, bn)
+    grid = max(1, min(num_units, sms))
+    slot = ccl_common.round_up(m_local * N)
+    scratch = ccl_common.scratch(ctx, 2 * world * slot * a.element_size(), a.dtype)
+    st = ccl_common.state(ctx)
+    tma = cfg["PERSISTENT"] and K > 0 and tma_compatible(a, w)
+    a_op, w_op = host_descriptors(a, w, bm, bn, cfg["BK"]) if tma else (a, w)
+    trace_buf, trace = kernel_args(ctx)
+    fp = fingerprint(_push_reduce_kernel, op, M, N, str(a.dtype), grid, bm, bn)
+    plan.launch(
+        _push_reduce_kernel, (grid,),
+        a_op, w_op, bias if bias is not None else a, _live_out(), scratch, st.flags, st.sync,
+        ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
+        a.stride(0), w.stride(0), out.stride(0), scratch.numel() // 2, slot, num_units, fp,
+        BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, TMA=tma,
+        SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=bias is not None, ALL_REDUCE=all_reduce,
+        OP=OP_CODES[op], TRACE=trace, **_launch_options(ctx, cfg))
+    if tma:
+        addresses_only(plan.steps[-1], (a_op, w_op))
+
+
+@triton.jit
+def _pull_gemm_kernel(
+        a, w, bias, out, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf,
+        k_partials, k_counters, split_k,
+        rank, world_size, m_local, M, N, K, stride_wn, stride_om, num_tiles, fp,
+        BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, OP: tl.constexpr,
+        TRACE: tl.constexpr):
+    """Units u = (tile u // split_k, K slice u % split_k) of out [M, N]; a: this rank's
+    rows [m_local, K] (contiguous) on the heap, found on rank s at my_offset's place there
+    (offsets[s], published before ARRIVE)."""
+    pid = tl.program_id(0)
+    epoch = begin_epoch(sync)
+    publish_offset(offsets, my_offset, rank, world_size, heap_bases)
+    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, world_size, heap_bases, OP, fp,
+                  trace_buf, TRACE)
+    num_nb = tl.cdiv(N, BN)
+    steps = tl.cdiv(K, BK)
+    elem = a.dtype.element_ty.primitive_bitwidth // 8
+    offs_k = tl.arange(0, BK)
+    for u in range(pid, num_tiles * split_k, tl.num_programs(0)):
+        t = u // split_k
+        s = u % split_k
+        m0 = (t // num_nb) * BM
+        n0 = (t % num_nb) * BN
+        t0 = trd.begin(TRACE)
+        rows = (m0 + tl.arange(0, BM)) % M
+        src = rows // m_local
+        # where rank src keeps its rows, in elements from this rank's a (0 for this rank)
+        there = tl.load(offsets + src, volatile=True) - my_offset
+        there = tl.where(src == rank, 0, there) // elem
+        bases = (tl.load(heap_bases + src) - tl.load(heap_bases + rank)) // elem
+        a_rows = a + (bases + there + (rows - src * m_local).to(tl.int64) * K)
+        a_ptrs = a_rows[:, None] + offs_k[None, :]
+        cols = (n0 + tl.arange(0, BN)) % N
+        w_ptrs = w + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+        lo = s * steps // split_k
+        hi = (s + 1) * steps // split_k
+        hi = tl.where(ok, hi, lo)   # a peer missing or in another call: no peer reads
+        acc = dot_ptrs(a_ptrs, w_ptrs, K, lo, hi, BM, BN, BK, EVEN_K)
+        if SPLIT:
+            last, acc = finish_slice(acc, k_partials, k_counters, t, s, split_k, BM, BN)
+        else:
+            last = True
+        if last:
+            acc = add_bias(acc, bias, n0, N, BN, HAS_BIAS)
+            store_tile(out, stride_om, poison(acc, ok), m0, n0, tl.minimum(m0 + BM, M), N,
+                       BM, BN)
+        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+    exchange(flags, DONE, epoch, ctrl, rank, world_size, heap_bases, OP, 0, trace_buf, TRACE)
+
+
+def _all_gather(ctx, plan, op, a, w, bias, out, config=None, split_k=None) -> None:
+    m_local, K = a.shape
+    N = w.shape[0]
+    M = m_local * ctx.world_size
+    cfg = dict(_gather_config(ctx, M), **(config or {}))
+    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    grid = _sms(ctx)                     # the same on every rank: each rank's N is its own
+    num_tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    steps = triton.cdiv(K, bk)
+    if split_k is None:
+        split = max(1, min(grid // num_tiles, steps // 4))
+    elif isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
+        raise ValueError(f"{op}: split_k must be a positive int, got {split_k!r}")
+    else:
+        split = split_k
+    flat = a.reshape(-1)                # a copy (at build only) if a is not contiguous
+    staged = ccl_common.stage(ctx, plan, flat if a.is_contiguous() else flat.clone(), 0,
+                              STAGE_KEY)
+    st = ccl_common.state(ctx)
+    ws = _split_workspace(ctx)
+    if split > 1:
+        k_partials, k_counters = ws.split_buffers(op, num_tiles * split * bm * bn, num_tiles)
+    else:                       # not read (SPLIT off): the workspace's own words
+        k_partials, k_counters = ws.data[:4].view(torch.float32), ws.sync
+    trace_buf, trace = kernel_args(ctx)
+    fp = fingerprint(_pull_gemm_kernel, M, K, str(a.dtype), grid)
+    plan.launch(
+        _pull_gemm_kernel, (grid,),
+        staged, w, bias if bias is not None else a, _live_out(), st.offsets,
+        ctx.heap_offset(staged), st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+        k_partials, k_counters, split, ctx.rank, ctx.world_size, m_local, M, N, K,
+        w.stride(0), out.stride(0), num_tiles, fp,
+        BM=bm, BN=bn, BK=bk, EVEN_K=K % bk == 0, HAS_BIAS=bias is not None,
+        SPLIT=split > 1, OP=OP_CODES[op], TRACE=trace, **_launch_options(ctx, cfg))
+
+
+def _gather_config(ctx, M: int) -> dict:
+    """all_gather_matmul's tile: rows of M (16-64), 128 columns, 64 of K on GPUs."""
+    if ctx.backend != "cuda":
+        return dict(BM=16, BN=32, BK=32, num_warps=4, num_stages=1)
+    bm = min(64, max(16, triton.next_power_of_2(M)))
+    return dict(BM=bm, BN=128, BK=64, num_warps=4, num_stages=3)
+
+
+def _split_workspace(ctx):
+    """The workspace that holds this rank's split-K buffers (Workspace.split_buffers: not
+    on the heap, made per size). Made by every call, whatever its split (a heap object:
+    every rank must make it, and the split is each rank's own)."""
+    return workspace(ctx, "epilogue", 256, 64)
+
+
+def _sms(ctx) -> int:
+    """Programs of a launch: the SMs every rank may fill (ccl Agreed), at most the
+    collectives' MAX_PROGRAMS (their flags have room for that many per rank)."""
+    if ctx.backend != "cuda":
+        return num_sms(ctx)
+    return max(1, min(256, ccl_common.agreed(ctx).sms or num_sms(ctx)))
+
+
+def _launch_options(ctx, cfg) -> dict:
+    if ctx.backend != "cuda":
+        return {}
+    return dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def _live_out():
+    from ..plans import Live
+    return Live(3)
+
+
+def build(ctx, plan, op, a, w, bias, out, config=None, split_k=None) -> None:
+    """Add the epilogue schedule's one launch for `op` to `plan` (module docstring).
+    config: tile overrides (BM, BN, BK, num_warps, num_stages; the row-parallel ops also
+    SWAP_AB); split_k: all_gather_matmul's K slices per tile (default: enough units to
+    fill the grid)."""
+    ccl_common.agreed(ctx)
+    if op == "all_gather_matmul":
+        _all_gather(ctx, plan, op, a, w, bias, out, config, split_k)
+    else:
+        if split_k not in (None, 1):
+            raise ValueError(f"{op}: the epilogue schedule does not split K (each tile's "
+                             f"pusher is fixed); got split_k={split_k!r}")
+        _row_parallel(ctx, plan, op, a, w, bias, out, config)
+
+
+register("epilogue", build, options=("config", "split_k"),
+         about="small M: tiles pushed/pulled by the GEMM programs, reduced where they meet")
