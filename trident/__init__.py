@@ -5,6 +5,9 @@ from .context import Context, init
 from .errors import CommTimeout, HeapMismatchError
 from .heap import HeapFullError
 from .launch import launch
+from . import torch_backend as _torch_backend
+
+_torch_backend.register()          # dist.init_process_group("trident") (trident/torch_backend)
 
 __version__ = "0.1.0"
 

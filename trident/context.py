@@ -186,8 +186,11 @@ class Context(HeapMethods, SyncMethods, OpMethods):
 
     def _job_id(self) -> str:
         job = [os.environ.get("TRIDENT_JOB_ID") or uuid.uuid4().hex[:12]]
-        if self.world_size != dist.get_world_size():    # a node of several: one file set each
-            job[0] += f"-g{dist.get_global_rank(self.group, 0)}"
+        if self.group is not dist.group.WORLD:     # another group: one file set each
+            # named by the group (the same on its members, unique in the job): two groups
+            # with the same first rank may map their heaps at once
+            name = getattr(self.group, "group_name", "") or str(dist.get_global_rank(self.group, 0))
+            job[0] += "-g" + "".join(c if c.isalnum() or c in "+-_." else "_" for c in name)
         dist.broadcast_object_list(job, src=dist.get_global_rank(self.group, 0), group=self.group)
         return job[0]
 

@@ -210,7 +210,7 @@ def _exit_without_gc() -> None:
     _gc_skipped_at_exit = True
 
 
-def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
+def _worker(rank, world_size, backend, port, heap_size, timeout, conn, dist_backend=None):
     _die_with_parent()
     import datetime
 
@@ -220,6 +220,10 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
     from .placement import device_index
     # host collectives (barriers, debug checks) give up after the context's timeout too
     pg_timeout = datetime.timedelta(seconds=timeout or 30.0)
+    if dist_backend is not None:     # e.g. "trident": the context is the backend's own
+        _serve(conn, *_init_with_backend(dist_backend, rank, world_size, backend, port,
+                                         heap_size, timeout, pg_timeout, conn))
+        return
     if backend == "cuda":
         gpus = torch.cuda.device_count()
         device = torch.device("cuda", device_index(rank, gpus))
@@ -241,6 +245,39 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
         conn.send(("err", *_pack_error(exc)))
         raise
     conn.send(("ok", None))
+    _serve(conn, ctx, dist)
+
+
+def _init_with_backend(dist_backend, rank, world_size, backend, port, heap_size, timeout,
+                       pg_timeout, conn):
+    """The default group made with torch.distributed backend `dist_backend` (for one that
+    holds a trident context, as "trident" does, that context: it is the rank's ctx)."""
+    import torch
+    import torch.distributed as dist
+
+    import trident
+    from .placement import device_index
+    if backend == "cuda":
+        torch.cuda.set_device(device_index(rank, torch.cuda.device_count()))
+    else:
+        torch.set_num_threads(1)
+    try:
+        options = trident.torch_backend.Options(heap_size=heap_size, timeout=timeout)
+        uses_trident = "trident" in dist_backend
+        dist.init_process_group(dist_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=pg_timeout,
+                                pg_options=options if uses_trident else None)
+        ctx = trident.torch_backend.context() if uses_trident else trident.init(
+            heap_size=heap_size, timeout=timeout)
+    except BaseException as exc:
+        conn.send(("err", *_pack_error(exc)))
+        raise
+    conn.send(("ok", None))
+    return ctx, dist
+
+
+def _serve(conn, ctx, dist) -> None:
+    """Run the launcher's requests on this rank until it says stop (or is gone)."""
     while True:
         try:
             msg = conn.recv()
@@ -272,11 +309,16 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn):
 
 
 class RankPool:
-    """`world_size` rank processes, each holding a trident Context, serving `run` calls."""
+    """`world_size` rank processes, each holding a trident Context, serving `run` calls.
+
+    dist_backend: the torch.distributed backend of the ranks' default group; None: NCCL
+    (one GPU per rank) or gloo, as `launch` says. "trident" (or a device map such as
+    "cuda:trident,cpu:gloo") makes the default group trident's torch.distributed backend
+    (trident/torch_backend), and the ctx that functions get is that group's context."""
 
     def __init__(self, world_size: int | None = None, backend: str | None = None,
                  heap_size: int | None = None, timeout: float | None = None,
-                 run_timeout: float = 600.0):
+                 run_timeout: float = 600.0, dist_backend: str | None = None):
         world_size = check_world_size(world_size)
         if backend is not None and backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
@@ -312,7 +354,7 @@ class RankPool:
                 parent, child = spawn.Pipe()
                 proc = spawn.Process(target=_worker, daemon=True, name=f"trident-rank{rank}",
                                      args=(rank, self.world_size, self.backend, port, heap_size,
-                                           timeout, child))
+                                           timeout, child, dist_backend))
                 proc.start()
                 child.close()
                 self._procs.append(proc)
@@ -494,7 +536,7 @@ class RankPool:
 
 def launch(fn, world_size: int | None = None, *args, backend: str | None = None,
            heap_size: int | None = None, timeout: float | None = None,
-           run_timeout: float = 600.0) -> list:
+           run_timeout: float = 600.0, dist_backend: str | None = None) -> list:
     """Spawn `world_size` ranks, run fn(ctx, *args) on each, return the per-rank results.
 
     world_size: an int of at least 1, or None for the default (one rank per visible GPU, or
@@ -505,7 +547,10 @@ def launch(fn, world_size: int | None = None, *args, backend: str | None = None,
     interpreter); default: cuda when GPUs are visible. fn must be a module-level function.
     timeout: seconds every device wait and host collective may take (the context's
     timeout); run_timeout: seconds the whole of fn may take before the ranks are stopped.
+    dist_backend="trident": the ranks' default process group is trident's torch.distributed
+    backend, so that torch.distributed calls in fn (DTensor, FSDP2, ...) run on trident, and
+    ctx is that group's context (see RankPool).
     """
     with RankPool(world_size, backend=backend, heap_size=heap_size, timeout=timeout,
-                  run_timeout=run_timeout) as pool:
+                  run_timeout=run_timeout, dist_backend=dist_backend) as pool:
         return pool.run(fn, *args)

@@ -145,6 +145,19 @@ def _node_size(nodes: list, source: str) -> int:
     return n
 
 
+def find_nodes(group) -> tuple[list, str]:
+    """Collective over `group` (of more than one rank): each member's node, in group rank
+    order, and how the nodes were found (the rules of the module docstring). Makes no
+    group."""
+    mine = (socket.gethostname(), os.environ.get("LOCAL_WORLD_SIZE", "").strip(),
+            os.environ.get(NODE_SIZE_ENV, "").strip())
+    world_size = dist.get_world_size(group)
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine, group=group)
+    ranks = [dist.get_global_rank(group, r) for r in range(world_size)]
+    return _nodes(everyone, ranks)
+
+
 def discover(group=None, timeout_s: float | None = None) -> Topology:
     """Collective over `group` (default: the whole job): find the nodes, make the node and
     rail groups when there are several. A group that spans nodes must be the whole job
@@ -153,17 +166,12 @@ def discover(group=None, timeout_s: float | None = None) -> Topology:
     that a node that skips a call makes the others fail in time instead of hanging."""
     group = dist.group.WORLD if group is None else group
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    mine = (socket.gethostname(), os.environ.get("LOCAL_WORLD_SIZE", "").strip(),
-            os.environ.get(NODE_SIZE_ENV, "").strip())
     if world_size == 1:
         if group is dist.group.WORLD:
             node_size_from_env(1)                # a TRIDENT_NODE_SIZE other than 1 is wrong
         return Topology(1, 0, 1, "one rank")
     _bind_device()
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, mine, group=group)
-    ranks = [dist.get_global_rank(group, r) for r in range(world_size)]
-    nodes, source = _nodes(everyone, ranks)
+    nodes, source = find_nodes(group)
     if len(set(nodes)) == 1:
         return Topology(world_size, rank, world_size, source)
     if world_size != dist.get_world_size():

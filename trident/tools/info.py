@@ -39,6 +39,8 @@ def info() -> int:
     _selector_info()
     _gemm_info()
     _nodes_info()
+    from .. import torch_backend
+    print(torch_backend.describe())
     return 0
 
 
