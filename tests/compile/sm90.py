@@ -359,7 +359,36 @@ def _ops() -> list[Kernel]:
     add(1, swab, False, False)                   # classic core: one program per unit
     add(2, gemm.CANDIDATES["swab128x32x128_s4_w4_sk8"], True, False)
     add(0, dict(swab, SPLIT_K=1), True, True, (True,))      # swap-AB alone
+    # the epilogue schedule (trident/ops/epilogue.py): row-parallel kernels with the
+    # decode configs the GEMM table gives small M (swap-AB, TMA or pointers) and the
+    # classic tiles; the gathered-rows kernel at its GPU tiles (BM 16..64), split or not
+    epi_rs, epi_ag = [], []
+    for i, (cfg, tma) in enumerate(((swab, True), (swab, False), (GEMM_CONFIGS[-1], False))):
+        cfg = gemm.resolve(cfg)
+        opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        bm, bn = tile_shape(cfg)
+        dt = PBF16 if i != 1 else PF16
+        for all_reduce in (False, True):
+            op = OP_CODES["matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"]
+            epi_rs.append(V(**opts, types=dict(a=dt, w=dt, out=dt, scratch=dt,
+                                               bias=PF32 if i == 2 else dt),
+                            BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=i != 2, TMA=tma,
+                            SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=i != 0, ALL_REDUCE=all_reduce,
+                            OP=op, TRACE=i == 1))
+    for i, bm in enumerate((16, 32, 64)):
+        dt = PBF16 if i != 1 else PF16
+        epi_ag.append(V(num_warps=4, num_stages=3, types=dict(a=dt, w=dt, out=dt, bias=dt),
+                        BM=bm, BN=128, BK=64, EVEN_K=i != 2, HAS_BIAS=i != 0, SPLIT=i != 1,
+                        OP=OP_CODES["all_gather_matmul"], TRACE=i == 1))
+    epi_ints = dict.fromkeys(("M", "N", "K", "m_local", "stride_am", "stride_wn",
+                              "stride_om", "half", "slot", "num_units", "num_tiles"), I32)
     return [
+        Kernel("trident.ops.epilogue", "_push_reduce_kernel",
+               dict(flags=P64, sync=P64, **epi_ints), epi_rs,
+               aligned=("N", "K", "stride_am", "stride_wn", "stride_om", "half", "slot")),
+        Kernel("trident.ops.epilogue", "_pull_gemm_kernel",
+               dict(offsets=P64, my_offset=I64, flags=P64, sync=P64, **split_k, **epi_ints),
+               epi_ag, aligned=("K", "stride_wn", "stride_om")),
         Kernel("trident.ops.all_gather_matmul", "_all_gather_matmul_kernel",
                dict(sync=P32, **split_k, **dict.fromkeys(ints, I32)), ag, aligned=ints),
         Kernel("trident.ops.matmul_reduce_scatter", "_matmul_reduce_kernel",

@@ -51,7 +51,7 @@ from ..trace import device as trd
 from ..trace import kernel_args, tags
 from ._common import add_bias, dot_ptrs, finish_slice, num_sms, store_tile, workspace
 from .fused_tile import fused_gemm_config, op_tile, tile_shape
-from .gemm import addresses_only, host_descriptors, tma_compatible
+from .gemm import addresses_only, host_descriptors, operand, tma_compatible
 from .schedules import register
 
 MIN_COLUMNS = 32           # the narrowest column tile the row-parallel config shrinks to
@@ -73,6 +73,8 @@ def _push_reduce_kernel(
     epoch = begin_epoch(sync)
     slots = scratch_half(scratch, epoch, half)
     rows_kept = m_local                      # M for all_reduce
+    a = operand(a, M, K, stride_am, BM, BK, TMA)    # host-made descriptors pass as they are
+    w = operand(w, N, K, stride_wn, BN, BK, TMA)
     num_nb = tl.cdiv(N, BN)
     r = tl.arange(0, BM)[:, None]
     c = tl.arange(0, BN)[None, :]
