@@ -2,15 +2,18 @@
 rows at all, odd row sizes (3 bf16, 5 bools), plain outputs, heap outputs at a different
 offset on every rank and zero-row heap views, back to back without a sync; against the
 rows each peer sent (plain torch on every rank's input). Also: aliasing and bad splits
-are rejected, one_shot's slot limit is an error, never a silent truncation."""
+are rejected (a count that differs between two ranks is CallMismatch, its rows NaN),
+one_shot's slot limit is an error, never a silent truncation."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from trident.ccl.all_to_all.one_shot import CPU_SLOT_BYTES
+from trident.errors import CallMismatch, PeerFailed
 
 from .refs import assert_equal, rank_inputs
 
@@ -175,46 +178,53 @@ def _bad_inputs(ctx, algorithm):
         ctx.all_to_all(torch.empty(w, device=ctx.device), torch.ones(w, device=ctx.device), out_splits=[1] * w, in_splits=[2] * w)
     with pytest.raises(ValueError, match="same shape after dim 0"):
         ctx.all_to_all(torch.empty(w, 2, device=ctx.device), torch.ones(w, 3, device=ctx.device))
-    # rank 0 sends its peers a row more than they expect: caught in debug mode; one rank
-    # that sends itself a row less than it expects: caught in debug mode and without
+    # the rows a rank sends itself are checked on the host, on every rank that gets them
+    # wrong (here all): at once, with or without debug mode
     in_splits = [2] * w
-    if w == 1:
-        in_splits = [1]
-    elif ctx.rank == 0:
-        in_splits[0], in_splits[1] = 1, 3
-    call = (lambda: ctx.all_to_all(torch.empty(2 * w, device=ctx.device),
-                                   torch.ones(sum(in_splits), device=ctx.device),
-                                   out_splits=[2] * w, in_splits=in_splits, algorithm=algorithm))
-    ctx.debug = True
-    try:
-        with pytest.raises(ValueError, match="differs from rank p's out_splits"):
-            call()
-    finally:
-        ctx.debug = False
-    if w == 1:
-        with pytest.raises(ValueError, match="differs from rank p's out_splits"):
-            call()
+    in_splits[ctx.rank] = 1
+    with pytest.raises(ValueError, match="differs from rank p's out_splits"):
+        ctx.all_to_all(torch.empty(2 * w, device=ctx.device),
+                       torch.ones(sum(in_splits), device=ctx.device), out_splits=[2] * w,
+                       in_splits=in_splits, algorithm=algorithm)
 
 
 def _fewer_rows_than_expected(ctx, algorithm):
-    """Rank 0 sends rank 1 one row where 9 (over 5 blocks and programs) are expected, and
-    keeps the other 8 itself: an error in debug mode on every rank, not a hang (rank 1's
-    programs learn from the count that travels with the rows which flags will come)."""
+    """Rank 0 sends rank 1 one row where 9 (over 5 blocks and programs) are expected. In
+    debug mode every rank raises at that call -- CallMismatch where the difference was
+    found, or PeerFailed where a wait stopped on it -- after no timeout (rank 1's programs
+    learn from the count that travels with the rows, or from rank 0's error, that no more
+    rows come); the rows rank 1 expected from rank 0 are poisoned (NaN, never 0 or stale);
+    after ctx.reset() the right call is right."""
     w, r = ctx.world_size, ctx.rank
+    if w == 1:
+        return True
+    xs = rank_inputs(w, (9 * w, 8), torch.float32, seed=19)
     in_splits = [9] * w
-    if w == 1:      # one rank sends itself 1 row where 9 are expected
-        in_splits = [1]
-    elif r == 0:
-        in_splits[0], in_splits[1] = 17, 1
+    if r == 0:
+        in_splits[1] = 1
     out = torch.zeros(9 * w, 8, device=ctx.device)
+    timeout = ctx.timeout_s
+    ctx.set_timeout(20.0)
     ctx.debug = True
+    t0 = time.perf_counter()
     try:
-        with pytest.raises(ValueError, match="differs from rank p's out_splits"):
-            ctx.all_to_all(out, torch.ones(sum(in_splits), 8, device=ctx.device), out_splits=[9] * w,
+        with pytest.raises((CallMismatch, PeerFailed)) as info:
+            ctx.all_to_all(out, xs[r][:sum(in_splits)].to(ctx.device), out_splits=[9] * w,
                            in_splits=in_splits, algorithm=algorithm, block=16, programs=7)
     finally:
         ctx.debug = False
-    assert ctx.ctrl[0].item() == 0, "a wait timed out"
+        ctx.set_timeout(timeout)
+    took = time.perf_counter() - t0
+    assert took < 10, f"rank {r}: {took:.1f} s (a wait timed out?): {info.value}"
+    assert "all_to_all" in str(info.value), info.value
+    if r == 1:
+        assert out[:9].isnan().all(), out[:9]
+    ctx.reset()
+    ctx.all_to_all(out, xs[r].to(ctx.device), out_splits=[9] * w, in_splits=[9] * w,
+                   algorithm=algorithm, block=16, programs=7)
+    ctx.sync()
+    assert_equal(out, torch.cat([x.split(9)[r] for x in xs]), f"{algorithm} after reset")
+    return True
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -195,7 +195,7 @@ def _ccl() -> list[Kernel]:
     flags = dict(flags=P64, sync=P64)
     push = dict(scratch=P32, n=I32, stride=I32, half=I32, **flags)
     pull = dict(offsets=P64, my_offset=I64, n=I32, **flags)
-    a2a = dict(splits=P64, check=P64, **flags)
+    a2a = dict(splits=P64, **flags)
     copies = [V("all", w, BLOCK=word_block, TRACE=t) for t in (False, True)]
     return [
         Kernel("trident.ccl.barrier", "_barrier_kernel", {}, [V()]),

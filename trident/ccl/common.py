@@ -38,12 +38,10 @@ class State:
         self.sync = ctx.zeros(2, dtype=torch.int64)
         self.flags = ctx.zeros(device.NUM_REGIONS * device.MAX_RANKS
                                * device.MAX_PROGRAMS, dtype=torch.int64)
-        self.a2a_meta = ctx.zeros(2 * device.MAX_RANKS, dtype=torch.int64)
-        self.a2a_check = ctx.zeros(1, dtype=torch.int64)
         self.offsets = ctx.zeros(device.MAX_RANKS, dtype=torch.int64)   # see device.py
 
     def reset(self):
-        for t in (self.sync, self.flags, self.a2a_meta, self.a2a_check, self.offsets):
+        for t in (self.sync, self.flags, self.offsets):
             t.zero_()
 
 

@@ -171,8 +171,29 @@ def _flag(flags, phase, src):
 
 
 @triton.jit
+def fp_slot(flags, epoch, src, program):
+    """Where program `program` of `src` stores the fingerprint of launch `epoch` (a slot per
+    launch parity): for kernels whose programs wait on other programs' flags (all_to_all),
+    which device.notify and wait_for (always the caller's own program) cannot name."""
+    return flags + ((FP_REGION + epoch % 2) * MAX_RANKS + src) * MAX_PROGRAMS + program
+
+
+@triton.jit
 def _fp_slot(flags, epoch, src):
-    return _flag(flags, FP_REGION + epoch % 2, src)
+    return fp_slot(flags, epoch, src, tl.program_id(0))
+
+
+@triton.jit
+def same_call(theirs, fp, ok, ctrl, rank, src, op: tl.constexpr):
+    """`ok` (a wait for `src` succeeded) and `theirs`, the fingerprint `src` stored before
+    the signal waited for, is this call's `fp` (fp=0: not compared); a difference after a
+    successful wait records CallMismatch. A kernel that checks more than the fingerprint
+    (a count that travelled with the data) passes theirs=0 when that differs."""
+    mine = tl.cast(fp, tl.int64)
+    same = (theirs == mine) | (mine == 0)
+    if ok & (not same):
+        tdl.record_error(ctrl, rank, src, op, tdl.KIND_MISMATCH)
+    return ok & same
 
 
 @triton.jit
@@ -193,10 +214,7 @@ def wait_for(flags, phase: tl.constexpr, epoch, src, ctrl, rank, op: tl.constexp
     fp=0: not compared)."""
     ok = tdl.wait(_flag(flags, phase, src), epoch, ctrl, rank, src, op)
     theirs = tl.load(_fp_slot(flags, epoch, src), volatile=True)
-    same = (theirs == tl.cast(fp, tl.int64)) | (tl.cast(fp, tl.int64) == 0)
-    if ok & (not same):
-        tdl.record_error(ctrl, rank, src, op, tdl.KIND_MISMATCH)
-    return ok & same
+    return same_call(theirs, fp, ok, ctrl, rank, src, op)
 
 
 @triton.jit
@@ -235,7 +253,13 @@ def poison(x, ok):
 def poison_out(out, n, BLOCK: tl.constexpr):
     """Fill this program's blocks of out[:n] with all bits set: the outputs of a launch
     whose first exchange failed, which therefore moved no data."""
-    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+    poison_blocks(out, n, tl.program_id(0), tl.num_programs(0), BLOCK)
+
+
+@triton.jit
+def poison_blocks(out, n, first, step, BLOCK: tl.constexpr):
+    """Fill blocks first, first + step, ... of out[:n] with all bits set (`_all_ones`)."""
+    for blk in range(first, tl.cdiv(n, BLOCK), step):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
         tl.store(out + offs, _all_ones(tl.load(out + offs, mask=mask)), mask=mask)

@@ -17,12 +17,15 @@ one block per peer (the shape of all_gather's push at small sizes), up to
 its own grid from its own splits; the ranks need not agree on it.
 
 The count travels with the data: the pair's program 0 writes the number of elements it
-sent into a header word of the peer's scratch half before its flag. The receiver's
-programs of that pair wait for that flag, read the count, and from it know which of the
-sender's programs carry blocks (and so which flags to wait for): a count that differs
-from out_splits is clipped and flagged (ValueError in debug mode), never a hang. A slot
-holds SLOT_BYTES; per-peer messages larger than that are clipped and the ranks that sent
-or expected them raise ValueError after the launch (the other ranks' results are right).
+sent into a header word of the peer's scratch half, and the call's fingerprint (dtype, row
+shape, launch size: ccl/device.py, "Call fingerprints") beside its flag, before the flag. The
+receiver's programs of that pair wait for that flag and check both: a count that differs
+from out_splits, or another call, is CallMismatch on the receiving rank (raised at its
+next call; at the next barrier, or this call in debug mode, on every rank), and those
+programs write all bits set (NaN) into the rows they would have copied, never a hang
+(they wait for no other flag of the pair). A slot holds SLOT_BYTES; per-peer messages
+larger than that are clipped and the ranks that sent or expected them raise ValueError
+after the launch (the other ranks' results are right).
 
 Even splits (every pair count of this rank the same: EVEN) read no split table: offsets
 are peer * n, so the first loads of the kernel are the data.
@@ -46,8 +49,9 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import DATA, MAX_RANKS, OP_ALL_TO_ALL, begin_epoch, scratch_half
-from .rows import (alignment, check_no_overlap, copy_rows, even_count, matched, pair_flag,
+from ..device import (DATA, MAX_RANKS, OP_ALL_TO_ALL, begin_epoch, fingerprint, fp_slot,
+                      poison_blocks, same_call, scratch_half)
+from .rows import (alignment, check_no_overlap, copy_rows, even_count, pair_flag,
                    pair_programs, programs_for, splits_tensor)
 
 # Scratch per peer and launch: as large as the messages the selector gives one_shot
@@ -57,14 +61,14 @@ HEADER_BYTES = int(MAX_RANKS) * 8        # per scratch half: one int64 count per
 
 
 @triton.jit
-def _one_shot_kernel(out, inp, splits, slots, counts, check, flags, sync, ctrl, heap_bases,
-                     trace_buf, rank, world_size, n, half, counts_half, stride, cap,
+def _one_shot_kernel(out, inp, splits, slots, counts, flags, sync, ctrl, heap_bases,
+                     trace_buf, rank, world_size, n, half, counts_half, stride, cap, fp,
                      BLOCK: tl.constexpr, ALIGN: tl.constexpr, EVEN: tl.constexpr,
                      TRACE: tl.constexpr):
     """splits (int64, in elements): [in_offsets | in_counts | out_offsets | out_counts],
     unused when EVEN (then every pair moves `n` elements). In this launch's scratch half,
     sender s's rows sit at slots + s * stride (at most `stride` elements) and counts[s] is
-    how many it sent. `cap`: most programs per pair."""
+    how many it sent. `cap`: most programs per pair. `fp`: the call's fingerprint."""
     pid = tl.program_id(0)
     lanes = world_size - 1
     k = pid % lanes + 1                  # this program's distance: to rank+k, from rank-k
@@ -73,7 +77,8 @@ def _one_shot_kernel(out, inp, splits, slots, counts, check, flags, sync, ctrl, 
     slots = scratch_half(slots, epoch, half)
     counts = scratch_half(counts, epoch, counts_half)
     t0 = trd.begin(TRACE)
-    # send: rows for rank+k, then the count (program 0 of the pair) and the flag
+    # send: rows for rank+k, then the count and fingerprint (program 0 of the pair) and
+    # the flag
     peer = (rank + k) % world_size
     if EVEN:
         count = n
@@ -88,17 +93,19 @@ def _one_shot_kernel(out, inp, splits, slots, counts, check, flags, sync, ctrl, 
                   ALIGN, True)
         if v == 0:
             tdl.store(counts + rank, count, rank, peer, heap_bases)
+            tdl.store(fp_slot(flags, epoch, rank, pid), tl.cast(fp, tl.int64), rank, peer,
+                      heap_bases)
         tdl.signal(pair_flag(flags, DATA, rank, pid), epoch, rank, peer, heap_bases)
-    # own rows, every program, while the peers' are in flight
+    # own rows, every program, while the peers' are in flight (the host checked that
+    # in_splits and out_splits agree on them)
     if EVEN:
         copy_rows(out + rank * n, inp + rank * n, n, pid, tl.num_programs(0), rank, rank,
                   heap_bases, BLOCK, ALIGN, False)
     else:
-        own = matched(tl.load(splits + world_size + rank),
-                      tl.load(splits + 3 * world_size + rank), check)
         copy_rows(out + tl.multiple_of(tl.load(splits + 2 * world_size + rank), ALIGN),
-                  inp + tl.multiple_of(tl.load(splits + rank), ALIGN), own, pid,
-                  tl.num_programs(0), rank, rank, heap_bases, BLOCK, ALIGN, False)
+                  inp + tl.multiple_of(tl.load(splits + rank), ALIGN),
+                  tl.load(splits + world_size + rank), pid, tl.num_programs(0), rank, rank,
+                  heap_bases, BLOCK, ALIGN, False)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     # receive from rank-k: this program's blocks of its slot, once their flag is set
     src_rank = (rank + world_size - k) % world_size
@@ -108,21 +115,27 @@ def _one_shot_kernel(out, inp, splits, slots, counts, check, flags, sync, ctrl, 
     else:
         expect = tl.load(splits + 3 * world_size + src_rank)
         dst = out + tl.multiple_of(tl.load(splits + 2 * world_size + src_rank), ALIGN)
-    if v < pair_programs(tl.minimum(expect, stride), BLOCK, cap):
+    got = tl.minimum(expect, stride)
+    used = pair_programs(got, BLOCK, cap)      # the pair's programs, if the counts agree
+    if v < used:
         t0 = trd.begin(TRACE)
-        tdl.wait(pair_flag(flags, DATA, src_rank, k - 1), epoch, ctrl, rank, src_rank,
-                 OP_ALL_TO_ALL)
-        got = tl.load(counts + src_rank, volatile=True)
-        used = pair_programs(tl.minimum(got, stride), BLOCK, cap)    # the sender's programs
-        got = tl.minimum(matched(got, expect, check), stride)
-        if (v > 0) & (v < used):
-            tdl.wait(pair_flag(flags, DATA, src_rank, pid), epoch, ctrl, rank, src_rank,
-                     OP_ALL_TO_ALL)
+        ok = tdl.wait(pair_flag(flags, DATA, src_rank, k - 1), epoch, ctrl, rank, src_rank,
+                      OP_ALL_TO_ALL)
+        # the same call, and the count the sender sent is the one this rank expects
+        # (else CallMismatch: the sender's programs and this rank's would not pair up)
+        theirs = tl.load(fp_slot(flags, epoch, src_rank, k - 1), volatile=True)
+        same = tl.load(counts + src_rank, volatile=True) == expect
+        ok = same_call(tl.where(same, theirs, 0), fp, ok, ctrl, rank, src_rank, OP_ALL_TO_ALL)
+        if ok & (v > 0):
+            ok = tdl.wait(pair_flag(flags, DATA, src_rank, pid), epoch, ctrl, rank, src_rank,
+                          OP_ALL_TO_ALL)
         trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
         t0 = trd.begin(TRACE)
-        if v < used:
+        if ok:
             copy_rows(dst, slots + src_rank * stride, got, v, used, rank, rank, heap_bases,
                       BLOCK, ALIGN, False)
+        else:       # a failed call never yields plausible rows (whole rows: as copy_rows)
+            poison_blocks(dst, got // ALIGN * ALIGN, v, used, BLOCK)
         trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
 
 
@@ -148,8 +161,10 @@ def grid_size(rank, world, sends, receives, stride, block, cap) -> int:
     return grid
 
 
-def one_shot(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=None):
-    """out, inp: flat word views; splits in rows of `row` words (checked by the caller)."""
+def one_shot(ctx, plan, out, inp, out_splits, in_splits, row, call, block=None,
+             programs=None):
+    """out, inp: flat word views; splits in rows of `row` words (checked by the caller);
+    `call`: what every rank's call must share (dtype, row shape) for the fingerprint."""
     check_no_overlap(out, inp)
     w, word = ctx.world_size, out.element_size()
     buf = common.scratch(ctx, 2 * w * slot_bytes(ctx), torch.uint8)
@@ -165,8 +180,9 @@ def one_shot(ctx, plan, out, inp, out_splits, in_splits, row, block=None, progra
                      stride, block, cap)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(_one_shot_kernel, (grid,), out, inp, splits, slots, buf.view(torch.int64),
-                st.a2a_check, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, w,
-                n or 0, half_bytes // word, half_bytes // 8, stride, cap, BLOCK=block,
+                st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, w,
+                n or 0, half_bytes // word, half_bytes // 8, stride, cap,
+                fingerprint(_one_shot_kernel, word, block, cap, *call), BLOCK=block,
                 ALIGN=alignment(row), EVEN=n is not None, TRACE=trace,
                 **common.kernel_options(ctx))
     largest = max((c * row * word for p, c in enumerate(in_splits + out_splits)

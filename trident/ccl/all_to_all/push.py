@@ -25,8 +25,14 @@ finished it (it waits for a DATA flag of this rank in the launch in between).
 
 Places are offsets from the anchor, a buffer at the same heap offset on every rank, so
 each rank's output may sit anywhere on its heap. An output that is not on the heap is
-staged (a zero-row one needs nothing). The input can be any tensor. A count that differs
-from what the receiver expects is clipped and flagged (raised as ValueError in debug mode).
+staged (a zero-row one needs nothing). The input can be any tensor.
+
+Call fingerprints (ccl/device.py): program 0 stores the call's (dtype, row shape, launch
+size) beside its ARRIVE flag. A sender whose peer made another call, or expects a count
+other than the one it has for it, records CallMismatch and its program moves nothing more
+to any peer; the peer's waits for its DATA flags then stop on its error word (PeerFailed)
+and the rows they guard are poisoned (all bits set: NaN), as are those of a sender that
+never came (a timeout). Never a hang, never rows clipped or left as they were.
 
 Changed (2026-11, not yet measured on GPUs). Before: every one of the G = 128 programs
 stored two announcement words and an ARRIVE flag on every peer, waited for every peer's,
@@ -48,17 +54,19 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import ARRIVE, DATA, MAX_RANKS, OP_ALL_TO_ALL, begin_epoch
-from .rows import alignment, check_no_overlap, copy_rows, matched, pair_flag, pair_programs, \
+from ..device import (ARRIVE, DATA, MAX_RANKS, OP_ALL_TO_ALL, begin_epoch, fingerprint,
+                      fp_slot, poison_blocks, same_call)
+from .rows import alignment, check_no_overlap, copy_rows, pair_flag, pair_programs, \
     splits_tensor
 
 
 @triton.jit
-def _push_kernel(anchor, inp, splits, meta, check, flags, sync, ctrl, heap_bases, trace_buf,
-                 rank, world_size, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
+def _push_kernel(anchor, inp, splits, meta, flags, sync, ctrl, heap_bases, trace_buf,
+                 rank, world_size, fp, BLOCK: tl.constexpr, ALIGN: tl.constexpr,
                  TRACE: tl.constexpr):
     """splits (int64, in elements): [in_offsets | in_counts | out_offsets | out_counts],
-    out offsets from `anchor`. meta: two halves of [offset, count] per sender."""
+    out offsets from `anchor`. meta: two halves of [offset, count] per sender. `fp`: the
+    call's fingerprint."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     lanes = world_size - 1
@@ -72,10 +80,12 @@ def _push_kernel(anchor, inp, splits, meta, check, flags, sync, ctrl, heap_bases
                       heap_bases)
             tdl.store(meta + 2 * rank + 1, tl.load(splits + 3 * world_size + peer), rank, peer,
                       heap_bases)
+            tdl.store(fp_slot(flags, epoch, rank, 0), tl.cast(fp, tl.int64), rank, peer,
+                      heap_bases)
             tdl.signal(pair_flag(flags, ARRIVE, rank, 0), epoch, rank, peer, heap_bases)
-    # own rows, while the announcements are in flight
-    count = matched(tl.load(splits + world_size + rank), tl.load(splits + 3 * world_size + rank),
-                    check)
+    # own rows, while the announcements are in flight (the host checked that in_splits
+    # and out_splits agree on them)
+    count = tl.load(splits + world_size + rank)
     own = inp + tl.multiple_of(tl.load(splits + rank), ALIGN)
     mine = tl.load(splits + 2 * world_size + rank)     # out offsets count from the anchor:
     if mine % ALIGN == 0:                              # aligned only if out is, as below
@@ -85,19 +95,27 @@ def _push_kernel(anchor, inp, splits, meta, check, flags, sync, ctrl, heap_bases
         copy_rows(anchor + mine, own, count, pid, grid, rank, rank, heap_bases, BLOCK, ALIGN,
                   False)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    ok = tl.cast(1, tl.int1)                        # no wait of this program failed yet
     first = pid * lanes // grid                     # the section this program is in
     for i in range(0, lanes):
         k = (first + i) % lanes + 1
         peer = (rank + k) % world_size
         v = (pid - (k - 1) * grid // lanes + grid) % grid
         t0 = trd.begin(TRACE)
-        tdl.wait(pair_flag(flags, ARRIVE, peer, 0), epoch, ctrl, rank, peer, OP_ALL_TO_ALL)
+        came = tdl.wait(pair_flag(flags, ARRIVE, peer, 0), epoch, ctrl, rank, peer,
+                        OP_ALL_TO_ALL)
         trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
         expect = tl.load(meta + 2 * peer + 1, volatile=True)
+        count = tl.load(splits + world_size + peer)
+        # the same call, expecting the rows this rank sends (else CallMismatch, and this
+        # program touches no peer's memory from here on: the peer stops on this rank's
+        # error word)
+        theirs = tl.load(fp_slot(flags, epoch, peer, 0), volatile=True)
+        ok = ok & same_call(tl.where(count == expect, theirs, 0), fp, came, ctrl, rank, peer,
+                            OP_ALL_TO_ALL)
         used = pair_programs(expect, BLOCK, grid)
-        if v < used:
+        if ok & (v < used):
             t0 = trd.begin(TRACE)
-            count = matched(tl.load(splits + world_size + peer), expect, check)
             src = inp + tl.multiple_of(tl.load(splits + peer), ALIGN)
             dst = tl.load(meta + 2 * peer, volatile=True)
             if dst % ALIGN == 0:        # the peer's output is aligned: keep vector accesses
@@ -110,14 +128,19 @@ def _push_kernel(anchor, inp, splits, meta, check, flags, sync, ctrl, heap_bases
                           ALIGN, True)
             tdl.signal(pair_flag(flags, DATA, rank, pid), epoch, rank, peer, heap_bases)
             trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    # done once every program that writes into my output (same id as mine) has signalled
+    # done once every program that writes into my output (same id as mine) has signalled;
+    # the rows of a sender whose flag never came are poisoned (all bits set: NaN)
     t0 = trd.begin(TRACE)
     for k in range(1, world_size):
         src_rank = (rank + world_size - k) % world_size
         v = (pid - (k - 1) * grid // lanes + grid) % grid
-        if v < pair_programs(tl.load(splits + 3 * world_size + src_rank), BLOCK, grid):
-            tdl.wait(pair_flag(flags, DATA, src_rank, pid), epoch, ctrl, rank, src_rank,
-                     OP_ALL_TO_ALL)
+        expect = tl.load(splits + 3 * world_size + src_rank)
+        used = pair_programs(expect, BLOCK, grid)
+        if v < used:
+            if not tdl.wait(pair_flag(flags, DATA, src_rank, pid), epoch, ctrl, rank, src_rank,
+                            OP_ALL_TO_ALL):
+                poison_blocks(anchor + tl.load(splits + 2 * world_size + src_rank), expect, v,
+                              used, BLOCK)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
 
 
@@ -127,9 +150,10 @@ def _meta(ctx) -> torch.Tensor:
                          lambda c: c.zeros(4 * int(MAX_RANKS), dtype=torch.int64))
 
 
-def push(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=None,
+def push(ctx, plan, out, inp, out_splits, in_splits, row, call, block=None, programs=None,
          warps=None):
-    """out, inp: flat word views; splits in rows of `row` words (checked by the caller).
+    """out, inp: flat word views; splits in rows of `row` words (checked by the caller);
+    `call`: what every rank's call must share (dtype, row shape) for the fingerprint.
     warps: a knob (common.py)."""
     check_no_overlap(out, inp)
     st = common.state(ctx)
@@ -148,9 +172,10 @@ def push(ctx, plan, out, inp, out_splits, in_splits, row, block=None, programs=N
     # and splits are known only locally: always the full grid.
     block, grid = common.launch_size(ctx, 1 << 62, inp.element_size(), block, programs)
     trace_buf, trace = kernel_args(ctx)
-    plan.launch(_push_kernel, (grid,), anchor, inp, splits, meta, st.a2a_check, st.flags,
+    plan.launch(_push_kernel, (grid,), anchor, inp, splits, meta, st.flags,
                 st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
-                BLOCK=block, ALIGN=alignment(row), TRACE=trace,
+                fingerprint(_push_kernel, out.element_size(), block, grid, *call), BLOCK=block,
+                ALIGN=alignment(row), TRACE=trace,
                 **common.kernel_options(ctx, warps))
     if out.numel():
         common.unstage(plan, 0, out, dst)

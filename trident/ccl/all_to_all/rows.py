@@ -84,15 +84,6 @@ def pair_flag(flags, phase: tl.constexpr, src, program):
 
 
 @triton.jit
-def matched(count, expect, check):
-    """`count` clipped to what the receiver expects; a mismatch sets `check` (raised as
-    ValueError in debug mode)."""
-    if count != expect:
-        tl.atomic_xchg(check, 1)
-    return tl.minimum(count, expect)
-
-
-@triton.jit
 def copy_rows(dst, src, count, first, step, rank, peer, heap_bases, BLOCK: tl.constexpr,
               ALIGN: tl.constexpr, REMOTE: tl.constexpr):
     """Blocks first, first + step, ... of `count` elements (whole rows: a multiple of
