@@ -107,15 +107,9 @@ for step in ${STEPS:-env tests}; do
     say "== tests across nodes (2x2 on one GPU, gloo) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/nodes1-tests.log | tee -a $LOG
     echo quit | $MPS ;;
   gemm)
-    mkdir -p /tmp/gemm
-    CUDA_VISIBLE_DEVICES=0 $T ${GEMM_TIMEOUT:-260} python3 -m trident.bench.gemm \
-      --layers ${GEMM_LAYERS:-llama3} --squares "${GEMM_SQUARES:-}" ${GEMM_M:+--m $GEMM_M} \
-      --budget-s ${GEMM_BUDGET:-220} --out-dir /tmp/gemm --update-table trident/ops \
-      > /tmp/gemm/gemm.log 2>&1
-    say "== bench gemm rc=$?"; tr '\r' '\n' < /tmp/gemm/gemm.log | grep -v "^gemm \[" \
-      | sed -n '/per shape class/,$p' | tee -a $LOG
-    cp trident/ops/gemm_table_${GPU}.json $OUT/ 2>/dev/null || say "no table written"
-    tar czf $OUT/gemm.tar.gz -C /tmp/gemm . ;;
+    # bench/gpu_one.sh's gemm step on GPU 0 (its log beside this one)
+    CUDA_VISIBLE_DEVICES=0 STEPS=gemm OUT=$OUT bash bench/gpu_one.sh
+    say "== gemm step: $(tail -1 $OUT/gpu-tests-1x${GPU:-gpu}-$(date +%F)${TAG:-}.log)" ;;
   fused)
     mkdir -p /tmp/fused
     $T ${FUSED_TIMEOUT:-400} python3 -m trident.bench.ops --world-size 2 \

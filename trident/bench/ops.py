@@ -44,9 +44,10 @@ best baseline per case, auto over plain where communication is a third of the pl
 or more, epilogue over sequential at M <= 64), each miss with its figure.
 
 --budget-s bounds the run: no case starts past it (cases go M by M, smallest first; what
-is left is listed in the JSON's not_reached); JSON (date, device, torch/triton versions, rows) under --out-dir and a PNG
-per op (speedup over plain against M, graph time). --update-crossover merges the fused
-and plain times into trident/ops/crossover.json (selector.py).
+is left is listed in the JSON's not_reached); JSON (date, device, torch/triton versions,
+rows) under --out-dir and a PNG per op (speedup over plain against M, graph time).
+--update-crossover merges the fused and plain times into trident/ops/crossover.json
+(selector.py).
 
     trident bench ops                                        # every GPU, default layers
     python3 -m trident.bench.ops --world-size 2 --layers llama3 --m 1,16,64,256,1024,4096,8192
@@ -378,7 +379,8 @@ def _print_targets(found: dict) -> None:
               f"with comm >= 1/3 of plain: {'-' if gm is None else f'{gm:.2f}x'} (target "
               f">= {t['target']}); auto >= 0.98x best baseline missed on "
               f"{len(t['auto_vs_best_misses'])} case(s); epilogue >= 1.1x sequential at "
-              f"M <= 64 missed on {len(t['epilogue_misses'])} of {len(t['epilogue_vs_sequential'])}")
+              f"M <= 64 missed on {len(t['epilogue_misses'])} of "
+              f"{len(t['epilogue_vs_sequential'])}")
         for line in t["auto_vs_best_misses"] + t["epilogue_misses"]:
             print(f"  miss: {line}")
 

@@ -102,6 +102,23 @@ def _hear(sync, kind: tl.constexpr, epoch, src, ctrl, rank, fp, OP: tl.constexpr
 
 
 @triton.jit
+def _num_blocks(rows, cols, BR: tl.constexpr, BC: tl.constexpr):
+    """How many [BR, BC] blocks tile a [rows, cols] matrix (this program takes every
+    num_programs-th from its id: `_block`)."""
+    return tl.cdiv(rows, BR) * tl.cdiv(cols, BC)
+
+
+@triton.jit
+def _block(blk, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
+    """(row indices [BR, 1], column indices [1, BC], mask) of block `blk` of a [rows, cols]
+    matrix, blocks row-major."""
+    nc = tl.cdiv(cols, BC)
+    i = (blk // nc) * BR + tl.arange(0, BR)[:, None]
+    j = (blk % nc) * BC + tl.arange(0, BC)[None, :]
+    return i, j, (i < rows) & (j < cols)
+
+
+@triton.jit
 def _clean(ctrl):
     """Whether this rank's error word is clear (no wait of the call failed so far)."""
     return tl.load(ctrl + CTRL_ERROR, volatile=True) == 0
@@ -122,13 +139,8 @@ def _push_kernel(src, stride_src, dst, sync, ctrl, heap_bases, rank, peer, rows,
     epoch = tl.load(sync + SYNC_EPOCH, volatile=True)
     ok = _hear(sync, DONE, epoch - 1, peer, ctrl, rank, 0, OP)
     if ok:
-        r = tl.arange(0, BR)[:, None]
-        c = tl.arange(0, BC)[None, :]
-        nc = tl.cdiv(cols, BC)
-        for blk in range(tl.program_id(0), tl.cdiv(rows, BR) * nc, tl.num_programs(0)):
-            i = (blk // nc) * BR + r
-            j = (blk % nc) * BC + c
-            mask = (i < rows) & (j < cols)
+        for blk in range(tl.program_id(0), _num_blocks(rows, cols, BR, BC), tl.num_programs(0)):
+            i, j, mask = _block(blk, rows, cols, BR, BC)
             x = tl.load(src + i.to(tl.int64) * stride_src + j, mask=mask)
             tdl.store(dst + i.to(tl.int64) * cols + j, x, rank, peer, heap_bases, mask=mask)
     if tdl.last_program_out(sync + COPY_COUNTER, tl.num_programs(0)):
@@ -145,14 +157,9 @@ def _wait_kernel(sync, ctrl, rank, src, fp, OP: tl.constexpr):
 @triton.jit
 def _poison_rows(out, stride_om, rows, cols, BR: tl.constexpr, BC: tl.constexpr):
     """NaN into this program's blocks of out[:rows, :cols]."""
-    r = tl.arange(0, BR)[:, None]
-    c = tl.arange(0, BC)[None, :]
-    nc = tl.cdiv(cols, BC)
-    for blk in range(tl.program_id(0), tl.cdiv(rows, BR) * nc, tl.num_programs(0)):
-        i = (blk // nc) * BR + r
-        j = (blk % nc) * BC + c
+    for blk in range(tl.program_id(0), _num_blocks(rows, cols, BR, BC), tl.num_programs(0)):
+        i, j, mask = _block(blk, rows, cols, BR, BC)
         ptrs = out + i.to(tl.int64) * stride_om + j
-        mask = (i < rows) & (j < cols)
         x = tl.load(ptrs, mask=mask).to(tl.float32)
         tl.store(ptrs, (x * float("nan")).to(out.dtype.element_ty), mask=mask)
 
@@ -187,13 +194,8 @@ def _reduce_kernel(recv, slot, out, stride_om, row0, result, bias, sync, ctrl, h
         ok = ok & _hear(sync, READY, epoch, src, ctrl, rank, fp, OP)
         if ALL_REDUCE:
             ok = ok & _hear(sync, GATHERED, epoch - 1, src, ctrl, rank, 0, OP)
-    r = tl.arange(0, BR)[:, None]
-    c = tl.arange(0, BC)[None, :]
-    nc = tl.cdiv(cols, BC)
-    for blk in range(tl.program_id(0), tl.cdiv(rows, BR) * nc, tl.num_programs(0)):
-        i = (blk // nc) * BR + r
-        j = (blk % nc) * BC + c
-        mask = (i < rows) & (j < cols)
+    for blk in range(tl.program_id(0), _num_blocks(rows, cols, BR, BC), tl.num_programs(0)):
+        i, j, mask = _block(blk, rows, cols, BR, BC)
         offs = i.to(tl.int64) * cols + j
         acc = tl.zeros((BR, BC), dtype=tl.float32)
         src = recv + offs
@@ -219,18 +221,13 @@ def _gather_kernel(result, out, stride_om, sync, ctrl, heap_bases, rank, world_s
     """matmul_all_reduce: pull every other owner's reduced chunk (rows c * chunk ...) from
     its `result` into `out` once it is there (its DONE), then tell it (GATHERED)."""
     epoch = tl.load(sync + SYNC_EPOCH, volatile=True)
-    r = tl.arange(0, BR)[:, None]
-    c = tl.arange(0, BC)[None, :]
-    nc = tl.cdiv(cols, BC)
     for k in range(1, world_size):
         owner = (rank + k) % world_size
         ok = _hear(sync, DONE, epoch, owner, ctrl, rank, fp, OP)
         first = owner * chunk
         rows = tl.minimum(tl.maximum(M - first, 0), chunk)
-        for blk in range(tl.program_id(0), tl.cdiv(rows, BR) * nc, tl.num_programs(0)):
-            i = (blk // nc) * BR + r
-            j = (blk % nc) * BC + c
-            mask = (i < rows) & (j < cols)
+        for blk in range(tl.program_id(0), _num_blocks(rows, cols, BR, BC), tl.num_programs(0)):
+            i, j, mask = _block(blk, rows, cols, BR, BC)
             if ok:
                 y = tdl.load(result + i.to(tl.int64) * cols + j, rank, owner, heap_bases,
                              mask=mask)
@@ -260,7 +257,7 @@ def _streams(ctx):
     return side, lambda: torch.cuda.stream(side)
 
 
-def _blocks(ctx) -> tuple[int, int, dict]:
+def _block_shape(ctx) -> tuple[int, int, dict]:
     """(rows, columns) of a copy/reduce block and launch options, by backend."""
     if ctx.backend == "cuda":
         return 8, 256, dict(num_warps=4)
@@ -322,7 +319,7 @@ def _all_gather(ctx, plan, op, a, w, bias, out) -> None:
     gathered = ws.view(a.dtype, world, m_local, K)
     code = OP_CODES[op]
     fp = fingerprint(_push_kernel, op, M, K, str(a.dtype))
-    br, bc, opts = _blocks(ctx)
+    br, bc, opts = _block_shape(ctx)
     copies = COPY_PROGRAMS if ctx.backend == "cuda" else 2
     begin = Launch(_begin_kernel, (1,), (ws.sync,), {}, plan.tensors)
     # my rows into every peer's gathered[rank], the peer that needs them first first
@@ -379,7 +376,7 @@ def _reduce_scatter(ctx, plan, op, a, w, bias, out) -> None:
     recv, send, result = data[:world], data[world:2 * world], data[2 * world]
     code = OP_CODES[op]
     fp = fingerprint(_push_kernel, op, M, N, str(a.dtype))
-    br, bc, opts = _blocks(ctx)
+    br, bc, opts = _block_shape(ctx)
     copies = COPY_PROGRAMS if ctx.backend == "cuda" else 2
     owners = [(rank + i) % world for i in range(1, world)]
     begin = Launch(_begin_kernel, (1,), (ws.sync,), {}, plan.tensors)
