@@ -82,6 +82,52 @@ def test_pipelined_against_fp64_torch(pool):
     pool.run(_every_case)
 
 
+def _replayed(ctx):
+    """GPUs: each op captured once into a CUDA graph (copy stream, events and all) and
+    replayed on new inputs copied into the captured tensors: right every replay."""
+    world, rank = ctx.world_size, ctx.rank
+    m, n, k = 8 * world, 136, 96
+    for op in ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce"):
+        a_full = make((m, k * (1 if op == "all_gather_matmul" else world)), 1, torch.bfloat16,
+                      ctx.device)
+        w_full = make((n, a_full.shape[1]), 2, torch.bfloat16, ctx.device)
+        if op == "all_gather_matmul":
+            a = a_full[rank * 8:(rank + 1) * 8].clone()
+            w = w_full.clone()
+        else:
+            a = a_full[:, rank * k:(rank + 1) * k].clone()
+            w = w_full[:, rank * k:(rank + 1) * k].clone()
+        out = _schedule_call(ctx, op, a, w)              # eager: plans, workspaces
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            _schedule_call(ctx, op, a, w, out=out)
+        torch.cuda.current_stream().wait_stream(side)
+        ctx.barrier()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            _schedule_call(ctx, op, a, w, out=out)
+        for seed in (3, 4):
+            a_full = make(a_full.shape, seed, torch.bfloat16, ctx.device)
+            a.copy_(a_full[rank * 8:(rank + 1) * 8] if op == "all_gather_matmul"
+                    else a_full[:, rank * k:(rank + 1) * k])
+            ctx.barrier()
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = a_full.double() @ w_full.double().T
+            if op == "matmul_reduce_scatter":
+                ref = ref.chunk(world)[rank]
+            assert_close(out, ref, f"{op} replayed from a CUDA graph, seed {seed}")
+        ctx.barrier()
+        del graph
+
+
+def test_pipelined_replayed_from_a_cuda_graph(pool):
+    if pool.backend != "cuda":
+        pytest.skip("CUDA graphs need GPUs (streams and events are no-ops on the CPU)")
+    pool.run(_replayed)
+
+
 MULTI = [w for w in WORLD_SIZES if w >= 2] or [2]
 
 

@@ -73,8 +73,12 @@ KINDS = 3
 RANKS = int(tdl.MAX_RANKS.value)
 FP_WORDS = tl.constexpr(int(SYNC_FLAGS.value) + KINDS * RANKS)   # fingerprints by parity
 NUM_FLAGS = KINDS * RANKS + KINDS * 2 * RANKS
-COPY_COUNTER = tl.constexpr(3)      # last_program_out counters: copy stream, caller's stream
+# last_program_out counters, one per kernel that may run beside another: the copies (copy
+# stream), the finish / reduce kernel and the all-reduce's gather (caller's stream: the
+# gather can overlap the last copy of the copy stream)
+COPY_COUNTER = tl.constexpr(3)
 MAIN_COUNTER = tl.constexpr(4)
+GATHER_COUNTER = tl.constexpr(5)
 COPY_PROGRAMS = 16                  # SMs the copies take from cuBLAS on GPUs
 
 
@@ -235,7 +239,7 @@ def _gather_kernel(result, out, stride_om, sync, ctrl, heap_bases, rank, world_s
                 y = tl.load(out + (first + i).to(tl.int64) * stride_om + j, mask=mask)
                 y = (y.to(tl.float32) * float("nan")).to(y.dtype)
             tl.store(out + (first + i).to(tl.int64) * stride_om + j, y, mask=mask)
-    if tdl.last_program_out(sync + COPY_COUNTER, tl.num_programs(0)):
+    if tdl.last_program_out(sync + GATHER_COUNTER, tl.num_programs(0)):
         if _clean(ctrl):
             for k in range(1, world_size):
                 _tell(sync, GATHERED, epoch, rank, (rank + k) % world_size, heap_bases, 0)
@@ -416,7 +420,7 @@ def _reduce_scatter(ctx, plan, op, a, w, bias, out) -> None:
         reduce(ts)
         if gather is not None:
             gather(ts)
-        if side is not None:
+        if side is not None and owners:        # join the copy stream (forked by a push)
             with on_side():
                 done = events.mark(side)
             _wait(main, done)
