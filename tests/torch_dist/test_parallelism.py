@@ -2,9 +2,9 @@
 (parallelize_module with ColwiseParallel/RowwiseParallel over a DeviceMesh), FSDP2
 (fully_shard) training steps and DTensor redistribution between Shard and Replicate. Each
 is compared with the same code over a gloo group of the same ranks, in the same
-processes, and with a single-process reference where there is one. The DeviceMesh's
-device type is trident's device ("cpu" on the emulation, whose tensors are CPU tensors;
-"cuda" on GPUs)."""
+processes (on CPU tensors: gloo's CUDA path lacks some of these collectives), and with a
+single-process reference. The trident DeviceMesh's device type is trident's device ("cpu"
+on the emulation, whose tensors are CPU tensors; "cuda" on GPUs)."""
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -23,15 +23,23 @@ class MLP(nn.Module):
 
 
 def _meshes(ctx):
-    """(the mesh over the trident default group, as torch programs make it, and one over a
-    gloo group of the same ranks): made once per rank process."""
+    """[(the mesh over the trident default group, as torch programs make it, its device),
+    (a mesh over a gloo group of the same ranks, the CPU)]: made once per rank process."""
     cached = getattr(ctx, "_test_meshes", None)
     if cached is None:
-        kind = ctx.device.type
         gloo = dist.new_group(backend="gloo")
-        cached = ctx._test_meshes = (init_device_mesh(kind, (ctx.world_size,)),
-                                     DeviceMesh.from_group(gloo, kind))
+        cpu = torch.device("cpu")
+        cached = ctx._test_meshes = [
+            (init_device_mesh(ctx.device.type, (ctx.world_size,)), ctx.device),
+            (DeviceMesh.from_group(gloo, "cpu"), cpu)]
     return cached
+
+
+def _close(ctx, got, want):
+    """Equal up to float rounding: exactly the same arithmetic on the CPU emulation (gloo
+    and trident both sum two ranks' values alike), cuBLAS against the CPU on GPUs."""
+    tol = {} if ctx.device.type == "cpu" else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, want, **tol)
 
 
 def _sgd_steps(model, device, steps=3):
@@ -68,16 +76,16 @@ def _reference_tp_steps():
 
 
 def _tensor_parallel(ctx):
-    trident_mesh, gloo_mesh = _meshes(ctx)
+    (trident_mesh, device), (gloo_mesh, cpu) = _meshes(ctx)
     before = dist.group.WORLD.fallbacks.copy()
-    got, first = _tp_steps(trident_mesh, ctx.device)
+    got, first = _tp_steps(trident_mesh, device)
     fell = dist.group.WORLD.fallbacks - before
     assert set(fell) <= {"scatter"}, fell    # parallelize_module scatters the parameters
-    want, want_first = _tp_steps(gloo_mesh, ctx.device)
+    want, want_first = _tp_steps(gloo_mesh, cpu)
     ref, ref_first = _reference_tp_steps()
-    torch.testing.assert_close(first, want_first)
+    _close(ctx, first, want_first)
+    _close(ctx, got, want)
     torch.testing.assert_close(first, ref_first, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(got, want)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     return got
 
@@ -108,15 +116,34 @@ def _fsdp_steps(mesh, device, steps=3):
     return losses
 
 
+def _reference_fsdp_steps(world, rank, steps=3):
+    """The same steps in one process: the unsharded model on every rank's batch, the
+    gradient the mean of the ranks' (what FSDP2's averaging reduce-scatter gives); rank
+    `rank`'s losses."""
+    torch.manual_seed(0)
+    model = nn.Sequential(MLP(), MLP())
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    gens = [torch.Generator().manual_seed(100 + r) for r in range(world)]
+    losses = []
+    for _ in range(steps):
+        per_rank = [model(torch.randn(4, D, generator=g)).pow(2).mean() for g in gens]
+        (sum(per_rank) / world).backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(per_rank[rank].item())
+    return losses
+
+
 def _fsdp(ctx):
-    trident_mesh, gloo_mesh = _meshes(ctx)
+    (trident_mesh, device), (gloo_mesh, cpu) = _meshes(ctx)
     before = dist.group.WORLD.fallbacks.copy()
-    got = _fsdp_steps(trident_mesh, ctx.device)
+    got = _fsdp_steps(trident_mesh, device)
     fell = dist.group.WORLD.fallbacks - before
     # fully_shard's first placement of the parameters scatters them (a fallback op)
     assert set(fell) <= {"scatter"}, fell
-    want = _fsdp_steps(gloo_mesh, ctx.device)
-    torch.testing.assert_close(got, want)
+    _close(ctx, got, _fsdp_steps(gloo_mesh, cpu))
+    torch.testing.assert_close(got, _reference_fsdp_steps(ctx.world_size, ctx.rank),
+                               rtol=1e-5, atol=1e-6)
     return got
 
 
@@ -132,14 +159,14 @@ def _redistribute(ctx):
     reduce-scatter); odd sizes (uneven shards)."""
     from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
     w = ctx.world_size
-    for mesh in _meshes(ctx):
+    for mesh, device in _meshes(ctx):
         before = dist.group.WORLD.fallbacks.copy()
-        full = torch.arange(7 * 10, dtype=torch.float32).reshape(7, 10).to(ctx.device)
+        full = torch.arange(7 * 10, dtype=torch.float32).reshape(7, 10).to(device)
         d = distribute_tensor(full, mesh, [Shard(0)])
         for placement in (Replicate(), Shard(1), Shard(0)):
             d = d.redistribute(mesh, [placement])
             torch.testing.assert_close(d.full_tensor(), full)
-        local = torch.full((6, 4), float(ctx.rank + 1), device=ctx.device)
+        local = torch.full((6, 4), float(ctx.rank + 1), device=device)
         p = DTensor.from_local(local, mesh, [Partial()])
         total = torch.full((6, 4), float(w * (w + 1) // 2))
         torch.testing.assert_close(p.redistribute(mesh, [Replicate()]).to_local().cpu(), total)
