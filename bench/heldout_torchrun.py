@@ -7,8 +7,10 @@ Runs the GPU MODE-style all_gather_matmul and matmul_reduce_scatter cases that c
 wrong (relative errors 0.12-0.86, no error) when ranks sharing one GPU had no MPS cap,
 back to back, each checked against torch on the whole inputs: every rank rebuilds every
 rank's inputs from their seeds, so the reference needs no collective. trident.init must
-set each rank's cap before CUDA initialises (placement.ensure_share) or refuse. Prints one
-line per case and exits 1 if any case is wrong on any rank.
+set each rank's cap before the CUDA driver initialises (`import trident` does,
+trident/_env.py) or refuse. Prints, per rank, the SMs CUDA reports (under a cap in force
+its share: 66 of an H100's 132 at 50 %, 32 at 25 %; the whole GPU means the cap holds
+nothing), then one line per case, and exits 1 if any case is wrong on any rank.
 """
 import os
 import sys
@@ -55,6 +57,10 @@ def main() -> int:
     ctx = td.init()
     rank, world = ctx.rank, ctx.world_size
     cap = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if ctx.backend == "cuda":
+        sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+        print(f"rank {rank}/{world} (MPS cap {cap}): CUDA reports {sms} SMs, grids use "
+              f"{ctx.usable_sms}", flush=True)
     bad = 0
     for op, M, N, K in CASES:
         a, w = inputs(op, M, N, K, rank, world, ctx.device)

@@ -3,6 +3,7 @@
 daemon's protocol as trident uses it (a `control` pipe; `get_server_list` and `quit`)."""
 import os
 import stat
+import subprocess
 import sys
 import textwrap
 import warnings
@@ -238,19 +239,53 @@ def fresh_placement(monkeypatch):
 
 
 def test_ensure_share_sets_the_cap_before_cuda_and_refuses_after(fresh_placement):
+    """Too late is when the CUDA *driver* is initialised (cuInit: torch.cuda.is_available()
+    runs it), not torch's lazy init: torch.cuda.is_initialized() is still False then, and
+    a cap set at that point held nothing on one H100 under torchrun."""
     import torch
     mp = fresh_placement
     mp.setattr(placement, "_mps_running", lambda: True)
     mp.setattr(torch.cuda, "is_initialized", lambda: False)
+    mp.setattr(placement, "driver_initialized", lambda: False)
     placement.ensure_share(1)                                   # alone on its GPU
     assert CAP not in os.environ and placement.cap_in_force() is None
     placement.ensure_share(4)
     assert os.environ[CAP] == "25" and placement.cap_in_force() == 25.0
     mp.delenv(CAP)
-    mp.setattr(torch.cuda, "is_initialized", lambda: True)
+    mp.setattr(placement, "driver_initialized", lambda: True)  # torch's flag still False
     with pytest.raises(RuntimeError, match=f"export {CAP}=50"):
         placement.ensure_share(2)
     assert CAP not in os.environ
+
+
+class _FakeDriver:
+    """libcuda's cuDeviceGetCount as driver_initialized calls it."""
+
+    def __init__(self, initialised: bool):
+        self.initialised = initialised
+
+    def cuDeviceGetCount(self, count):
+        return 0 if self.initialised else placement.CUDA_ERROR_NOT_INITIALIZED
+
+
+def test_driver_initialized_asks_the_driver(fresh_placement):
+    import ctypes
+
+    import torch
+    mp = fresh_placement
+    mp.setattr(torch.cuda, "is_initialized", lambda: False)
+    mp.setattr(placement, "_libcuda", _FakeDriver(False))
+    assert placement.driver_initialized() is False
+    mp.setattr(placement, "_libcuda", _FakeDriver(True))      # cuInit ran, torch's flag not
+    assert placement.driver_initialized() is True
+    mp.setattr(placement, "_libcuda", None)                    # no driver library: torch's
+
+    def no_library(name):
+        raise OSError(f"{name}: cannot open shared object file")
+    mp.setattr(ctypes, "CDLL", no_library)
+    assert placement.driver_initialized() is False
+    mp.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert placement.driver_initialized() is True
 
 
 def test_mps_running_asks_the_daemon_once(fresh_placement, fake_control, tmp_path):
@@ -302,8 +337,9 @@ def test_import_presets_the_cap_under_torchrun(fresh_placement):
 
     from trident import _env
     mp = fresh_placement
-    mp.setattr(_env, "INTERPRET", False)
-    mp.setattr(torch.cuda, "is_initialized", lambda: False)
+    mp.delenv("TRITON_INTERPRET", raising=False)               # not the CPU emulation
+    mp.delenv("TRIDENT_BACKEND", raising=False)
+    mp.setattr(placement, "driver_initialized", lambda: False)
     mp.setattr(torch.cuda, "device_count", lambda: 1)
     mp.setenv("LOCAL_WORLD_SIZE", "2")
     mp.setenv("LOCAL_RANK", "1")
@@ -317,9 +353,48 @@ def test_import_presets_the_cap_under_torchrun(fresh_placement):
     _env._preset_mps_cap()
     assert CAP not in os.environ
     mp.setattr(torch.cuda, "device_count", lambda: 1)
-    mp.setattr(torch.cuda, "is_initialized", lambda: True)      # too late: init refuses then
+    mp.setattr(placement, "driver_initialized", lambda: True)  # too late: init refuses then
     _env._preset_mps_cap()
     assert CAP not in os.environ
+    mp.setattr(placement, "driver_initialized", lambda: False)
+    mp.setenv("TRIDENT_BACKEND", "cpu")                         # the CPU emulation: nothing
+    _env._preset_mps_cap()
+    assert CAP not in os.environ
+
+
+IMPORT_ORDER = textwrap.dedent("""\
+    import os, torch
+    seen = []
+
+    def is_available():     # torch's runs cudaGetDeviceCount, which initialises the driver
+        seen.append(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+        return False        # then the CPU emulation, as on this machine
+
+    torch.cuda.is_available = is_available
+    torch.cuda.device_count = lambda: 1        # NVML: one GPU visible, no driver init
+    import trident
+    print("cap when the driver initialised:", seen)
+""")
+
+
+def test_import_sets_the_cap_before_it_initialises_the_driver(tmp_path):
+    """Issue 29 case 1 on one H100 under torchrun with an MPS daemon and no cap exported:
+    the first fused all_gather_matmul timed out on one rank, waiting for a peer that
+    finished with a correct result once the waiting rank's kernel had given up -- the
+    mark of a rank whose grid held every SM. trident set the cap at import, but after its
+    own torch.cuda.is_available(), which had already initialised the CUDA driver (where
+    an MPS client takes its settings). The cap must be in the environment at that call."""
+    script = tmp_path / "import_order.py"
+    script.write_text(IMPORT_ORDER)
+    env = {k: v for k, v in os.environ.items()
+           if k not in (CAP, "TRITON_INTERPRET", "TRIDENT_BACKEND")}
+    env.update(LOCAL_WORLD_SIZE="2", LOCAL_RANK="1", PYTHONPATH=os.pathsep.join(
+        p for p in (os.path.dirname(os.path.dirname(os.path.abspath(placement.__file__))),
+                    env.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "cap when the driver initialised: ['50']" in done.stdout, done.stdout
 
 
 def test_sharing_env_refuses_a_larger_cap_and_stops_its_daemon(fake_control, monkeypatch):

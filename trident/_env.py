@@ -9,10 +9,12 @@ turns the interpreter on.
 Under torchrun with more ranks on this host than visible GPUs (LOCAL_WORLD_SIZE), ranks
 share GPUs and each must be capped to its share of one under MPS
 (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, trident/placement.py). The cap only counts if it is in
-the environment when CUDA creates this process's context, so it is set here, at import,
-when it is unset and CUDA is not initialised yet: a script that calls
-torch.cuda.set_device before trident.init still gets it. trident.init checks the rest (an
-MPS daemon, a cap no larger than the share) and refuses what it cannot fix.
+the environment when the CUDA driver initialises in this process (cuInit, where the MPS
+client connects), so it is set here, first -- before the availability check below, whose
+torch.cuda.is_available() runs cuInit (cudaGetDeviceCount) -- when it is unset and the
+driver is not initialised yet: a script that calls torch.cuda.set_device before
+trident.init still gets it. trident.init checks the rest (an MPS daemon, a cap no larger
+than the share) and refuses what it cannot fix.
 """
 import os
 
@@ -20,6 +22,35 @@ import os
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ.setdefault(_k, _v)
+
+
+def _interpret_asked() -> bool:
+    """The CPU emulation asked for by the environment (no CUDA looked at)."""
+    return (os.environ.get("TRIDENT_BACKEND") == "cpu"
+            or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False"))
+
+
+def _preset_mps_cap() -> None:
+    """The MPS cap of a torchrun rank that shares its GPU (module docstring). Runs before
+    anything here initialises the CUDA driver: torch.cuda.device_count() counts through
+    NVML; a driver already initialised (by the script, before `import trident`) gets no
+    cap, which would hold nothing, and trident.init refuses, naming what to export."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if _interpret_asked() or not local.isdigit() \
+            or os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        return
+    import torch
+    from .placement import CAP_VAR, driver_initialized, fair_share, ranks_on_my_gpu
+    if driver_initialized():
+        return
+    rank = os.environ.get("LOCAL_RANK", "0")
+    rank = int(rank) if rank.isdigit() else 0
+    ranks = ranks_on_my_gpu(int(local), torch.cuda.device_count(), rank)
+    if ranks > 1:
+        os.environ[CAP_VAR] = str(fair_share(ranks))
+
+
+_preset_mps_cap()     # first: the availability check below initialises the CUDA driver
 
 
 def _cuda_available() -> bool:
@@ -33,22 +64,3 @@ if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
-
-
-def _preset_mps_cap() -> None:
-    """The MPS cap of a torchrun rank that shares its GPU (module docstring)."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if INTERPRET or not local.isdigit() or os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
-        return
-    import torch
-    if torch.cuda.is_initialized():
-        return
-    from .placement import CAP_VAR, fair_share, ranks_on_my_gpu
-    rank = os.environ.get("LOCAL_RANK", "0")
-    rank = int(rank) if rank.isdigit() else 0
-    ranks = ranks_on_my_gpu(int(local), torch.cuda.device_count(), rank)
-    if ranks > 1:
-        os.environ[CAP_VAR] = str(fair_share(ranks))
-
-
-_preset_mps_cap()

@@ -21,12 +21,19 @@ whole GPU, and then a peer's programs that a grid waits for may never be residen
 fused-op cases came back wrong, with no error, under torchrun with an MPS daemon and no cap).
 So every rank that shares a GPU runs with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at most its fair
 share (100 // ranks on the GPU). `share_plan` is the decision (a pure function of the ranks
-per GPU, the environment, whether CUDA is initialised and whether an MPS daemon answers);
-`ensure_share` applies it in this process: trident.init calls it before CUDA initialises
-(torchrun's LOCAL_WORLD_SIZE against the visible GPUs), a Context again once it has counted
-the ranks on its GPU. The cap must be in the environment when CUDA creates the process's
-context (torch.cuda.set_device does; torch.cuda.device_count does not); the launcher
-(trident/launch.py) sets it for its ranks before they start.
+per GPU, the environment, whether the CUDA driver is initialised and whether an MPS daemon
+answers); `ensure_share` applies it in this process: `import trident` (trident/_env.py) and
+trident.init call it before CUDA initialises (torchrun's LOCAL_WORLD_SIZE against the
+visible GPUs), a Context again once it has counted the ranks on its GPU. The cap must be in
+the environment when the CUDA *driver* initialises (cuInit: the MPS client connects to its
+server then), which is earlier than torch's own lazy init: torch.cuda.is_available() calls
+cudaGetDeviceCount, which runs cuInit, while torch.cuda.is_initialized() stays False
+(`driver_initialized` asks the driver itself). torch.cuda.device_count() counts through NVML
+and does not initialise the driver. A cap set after cuInit comes too late, and then
+nothing holds the rank to its share: a fused kernel of one program per tile (hundreds) can
+fill every SM while its peer's kernel waits behind it (bench/heldout_torchrun.py on one
+H100: trident used to set the cap after its own import had called torch.cuda.is_available()).
+The launcher (trident/launch.py) sets the cap for its ranks before they start.
 """
 from __future__ import annotations
 
@@ -42,6 +49,8 @@ _sms: dict = {}                # (device index, ranks per device, cap) -> usable
 _UNKNOWN = object()
 _cap_in_force = _UNKNOWN       # ensure_share's finding: the MPS cap of this process, or None
 _mps_answers: dict = {}        # pipe directory -> whether an MPS control daemon answered
+_libcuda = None                # the CUDA driver library, for driver_initialized
+CUDA_ERROR_NOT_INITIALIZED = 3
 
 
 def device_index(local_rank: int, num_gpus: int) -> int:
@@ -136,10 +145,11 @@ def share_plan(ranks_per_gpu: int, env: Mapping[str, str], cuda_initialized: boo
         if cuda_initialized:
             raise RuntimeError(
                 f"{ranks_per_gpu} ranks share this GPU under MPS, and CUDA was initialised in "
-                f"this process before {CAP_VAR} was set, so nothing holds this rank to its "
+                f"this process (e.g. by torch.cuda.is_available(), before `import trident`) "
+                f"before {CAP_VAR} was set, so nothing holds this rank to its "
                 f"share of the SMs (a peer's programs may then never run; results can come "
                 f"back wrong): {export} for every rank before starting the job (an MPS "
-                f"daemon, `{mps.CONTROL} -d`, must be running), or call trident.init() before "
+                f"daemon, `{mps.CONTROL} -d`, must be running), or import trident before "
                 f"anything that uses CUDA")
         return {CAP_VAR: str(share)}, float(share)
     pct = _parse_cap(value)
@@ -159,15 +169,33 @@ def _mps_running() -> bool:
     return _mps_answers[pipe]
 
 
+def driver_initialized() -> bool:
+    """Whether the CUDA driver is initialised in this process (cuInit ran: torch.cuda.
+    is_available(), a CUDA tensor, anything), which torch.cuda.is_initialized() does not
+    say (it is torch's lazy init, later). The driver answers: cuDeviceGetCount returns
+    CUDA_ERROR_NOT_INITIALIZED before cuInit and initialises nothing. Without a driver
+    library (the CPU emulation), torch.cuda.is_initialized()."""
+    global _libcuda
+    try:
+        import ctypes
+        if _libcuda is None:
+            _libcuda = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(0)
+        return _libcuda.cuDeviceGetCount(ctypes.byref(count)) != CUDA_ERROR_NOT_INITIALIZED
+    except (OSError, AttributeError):
+        import torch
+        return torch.cuda.is_initialized()
+
+
 def ensure_share(ranks_per_gpu: int) -> None:
     """Apply `share_plan` to this process: set the cap in os.environ if it is missing and
-    CUDA is not initialised yet, record the cap in force (usable_sms sizes grids by it), or
-    raise as share_plan does. A no-op for a rank with a GPU of its own."""
+    the CUDA driver is not initialised yet (`driver_initialized`), record the cap in force
+    (usable_sms sizes grids by it), or raise as share_plan does. A no-op for a rank with a
+    GPU of its own."""
     global _cap_in_force
     if ranks_per_gpu <= 1:
         return
-    import torch
-    updates, cap = share_plan(ranks_per_gpu, os.environ, torch.cuda.is_initialized(),
+    updates, cap = share_plan(ranks_per_gpu, os.environ, driver_initialized(),
                               _mps_running())
     os.environ.update(updates)
     _cap_in_force = cap
