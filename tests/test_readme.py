@@ -2,7 +2,8 @@
 ring kernel here, at world 2 on the test backend; the quickstart is examples/quickstart.py
 character for character, which tests/test_cli.py runs); its result tables, docs/results.md
 and bench/results/README.md are what bench/make_results.py generates from the committed
-JSON; every TRIDENT_* variable the package or the tests read is in its table."""
+JSON; every TRIDENT_* variable the package or the tests read is in its table; and it
+stays within 250 lines."""
 import glob
 import importlib.util
 import os
@@ -67,3 +68,9 @@ def test_every_trident_variable_is_in_the_readme():
     missing = sorted(v for v in found if f"`{v}" not in README
                      and f"`_{v[len('TRIDENT_'):]}`" not in README)
     assert found and not missing, f"README's table of environment variables lacks {missing}"
+
+
+def test_the_readme_stays_a_guide():
+    """Issue 32: at most 250 lines; what grows goes to docs/ (status, history, results)."""
+    lines = README.count("\n")
+    assert lines <= 250, f"README.md has {lines} lines (at most 250): move detail to docs/"
