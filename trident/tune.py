@@ -26,9 +26,17 @@ budget did not reach take the nearest measured M bucket of the tuned table: rais
 --budget-s to measure them all. Refused on the CPU emulation: the interpreter's times say
 nothing about a GPU.
 
+`trident tune --ops` measures the fused ops' schedules instead (trident/ops/tuning.py):
+every schedule of all_gather_matmul, matmul_reduce_scatter and matmul_all_reduce at each
+M bucket and size class, eagerly and from CUDA graphs, and writes the table that
+schedule="auto" reads (trident/ops/auto.py) to ops-<gpu>-w<world>-<topology>.json in the
+same cache folder. A cell never names a schedule measured slower than another in the same
+run. About 3 minutes per world size on GPUs (--quick: 1).
+
     trident tune                          # every visible GPU
     trident tune --world-size 2 --quick
     trident tune --gemm --budget-s 600    # the GEMM core's table, on this GPU
+    trident tune --ops --world-size 2     # the fused ops' schedule table
 """
 from __future__ import annotations
 
@@ -93,6 +101,26 @@ def tune_gemm(budget_s: float, timeout_s: float | None, calls: int | None,
     return 0
 
 
+OPS_HEAP_GPU = 6 << 30      # the largest shapes' buffers: gathered A, partials, scratch
+
+
+def tune_ops(world: int, args, gpu: bool, backend: str) -> int:
+    """`trident tune --ops` (see the module docstring and trident/ops/tuning.py)."""
+    from .launch import launch
+    from .ops import tuning
+    timing = common.timing_options(argparse.Namespace(calls=args.calls, reps=args.reps,
+                                                      warmup=None, iters=0), gpu)
+    path, entries = launch(tuning.tune_rank, world, args.quick, timing, args.out,
+                           backend=backend, heap_size=OPS_HEAP_GPU if gpu else 64 << 20)[0]
+    print(f"trident tune --ops: {len(entries)} cells at {world} ranks")
+    for e in entries:
+        times = " ".join(f"{s}={t:.1f}" for s, t in e["times_us"].items())
+        print(f"  {e['op']:22} M {e['m_bucket']:>9} {e['class']:>7} {e['mode']:5} "
+              f"-> {e['best']:11} ({times})")
+    print(f"written: {path}")
+    return 0
+
+
 def main(argv=None, force_on_cpu: bool = False) -> int:
     """force_on_cpu: a test hook, see tune_gemm."""
     from .launch import default_backend, default_world_size, launch
@@ -100,6 +128,8 @@ def main(argv=None, force_on_cpu: bool = False) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gemm", action="store_true", help="measure the GEMM core's table on "
                    "this GPU instead of the collectives' tables (see above)")
+    p.add_argument("--ops", action="store_true", help="measure the fused ops' schedules "
+                   "(schedule='auto''s table) instead of the collectives' tables")
     p.add_argument("--budget-s", type=float, default=None, help="with --gemm: the whole "
                    f"run's seconds (default {GEMM_BUDGET_S:.0f}; measuring stops at 95%% "
                    "of it)")
@@ -116,7 +146,7 @@ def main(argv=None, force_on_cpu: bool = False) -> int:
     args = p.parse_args(argv)
     if args.gemm:
         given = [f for f, v in (("--world-size", args.world_size), ("--quick", args.quick),
-                                ("--max-size", args.max_size)) if v]
+                                ("--max-size", args.max_size), ("--ops", args.ops)) if v]
         if given:
             p.error(f"{', '.join(given)}: options of the collectives' tuning, not of --gemm")
         if _env.INTERPRET and not force_on_cpu:
@@ -127,6 +157,8 @@ def main(argv=None, force_on_cpu: bool = False) -> int:
                          args.reps, args.out, force_on_cpu)
     if args.budget_s is not None or args.timeout_s is not None:
         p.error("--budget-s and --timeout-s go with --gemm")
+    if args.ops and args.max_size:
+        p.error("--max-size is an option of the collectives' tuning, not of --ops")
     backend = default_backend()
     gpu = backend == "cuda"
     world = args.world_size or (default_world_size(backend) if gpu else 2)
@@ -139,6 +171,8 @@ def main(argv=None, force_on_cpu: bool = False) -> int:
             # selector on a machine with a GPU per rank (and NCCL cannot run there)
             p.error(f"tuning measures the links between GPUs: {world} ranks need {world} "
                     f"GPUs, {torch.cuda.device_count()} visible")
+    if args.ops:
+        return tune_ops(world, args, gpu, backend)
     lo, hi = (1 << 10, 64 << 20) if gpu else (256, 1 << 10)
     hi = ccl.parse_size(args.max_size) if args.max_size else hi
     sizes = ccl.sizes_between(lo, hi, 4 if args.quick or not gpu else 2)

@@ -3,8 +3,9 @@ matmul_reduce_scatter and matmul_all_reduce with random small shapes (odd sizes,
 M not a multiple of a tile, a different N per rank for the column-parallel op, a
 different K shard per rank for the row-parallel ones), bf16 and fp16, with or without a
 bias (in the inputs' dtype or fp32), `out` given or not (plain, on the heap, strided),
-strided inputs (a column shard of a wider matrix), algorithm fused / plain / auto, and
-now and then debug mode on.
+strided inputs (a column shard of a wider matrix), every schedule (fused, sequential,
+epilogue, plain, auto, and any other registered: trident/ops/schedules.py), and now and
+then debug mode on.
 
 Every rank draws the same case from its seed, builds every rank's inputs and checks its
 own output against an fp32 reference on the gathered inputs, element by element, within
@@ -88,8 +89,12 @@ def _bias(g, n, dtype, tensor=None):
 
 
 def _options(g):
-    algorithm = g.choice(["fused", "fused", "plain", "auto"])
-    return algorithm, g.random() < 0.1          # debug mode on for this call
+    """(schedule, debug mode on for this call). The same draw on every rank: the
+    registered schedules are the same everywhere."""
+    from trident.ops import schedules
+    names = ["fused", "auto"] + [n for n in schedules.registered() if n != "pipelined"]
+    names += ["pipelined"] if "pipelined" in schedules.registered() else []
+    return g.choice(names), g.random() < 0.1
 
 
 def _call(ctx, debug, fn, *args, **kwargs):

@@ -175,17 +175,23 @@ def _ops_clean(ctx, seed):
     with sanitize.sanitizing(ctx, seed):
         a = [torch.randn(4, 16, generator=g).to(h) for _ in range(w)]
         wt = torch.randn(8, 16, generator=g).to(h)
-        y = ctx.all_gather_matmul(a[r].clone(), wt, algorithm="fused")
-        ctx.barrier()
-        close(y, torch.cat(a).float() @ wt.float().T)
         a2 = [torch.randn(4 * w, 16, generator=g).to(h) for _ in range(w)]
         full = sum(x.float() @ wt.float().T for x in a2)
-        y2 = ctx.matmul_reduce_scatter(a2[r].clone(), wt, algorithm="fused")
-        ctx.barrier()
-        close(y2, full[4 * r:4 * (r + 1)])
-        y3 = ctx.matmul_all_reduce(a2[r].clone(), wt, algorithm="fused")
-        ctx.barrier()
-        close(y3, full)
+        # each of trident's schedules (trident/ops/schedules.py); the newer ones twice back
+        # to back (epochs, scratch halves, the gathered rows' reuse), "fused" once
+        for schedule, calls in (("fused", 1), ("sequential", 2), ("epilogue", 2)):
+            for _ in range(calls):
+                y = ctx.all_gather_matmul(a[r].clone(), wt, schedule=schedule)
+            ctx.barrier()
+            close(y, torch.cat(a).float() @ wt.float().T)
+            for _ in range(calls):
+                y2 = ctx.matmul_reduce_scatter(a2[r].clone(), wt, schedule=schedule)
+            ctx.barrier()
+            close(y2, full[4 * r:4 * (r + 1)])
+            for _ in range(calls):
+                y3 = ctx.matmul_all_reduce(a2[r].clone(), wt, schedule=schedule)
+            ctx.barrier()
+            close(y3, full)
     return True
 
 

@@ -95,9 +95,15 @@ def build(ctx, plan, op: str, a, w, bias, out, collective: str | None = None) ->
     M, N = a.shape[0], w.shape[0]
     if op == "all_gather_matmul":
         G = _buffer(ctx, "gathered", a.dtype, M * ctx.world_size, a.shape[1])
+        # made on every rank (a heap buffer): used where a is not contiguous, which the
+        # all-gather needs -- a copy of this rank's own, into it
+        mine = _buffer(ctx, "local a", a.dtype, *a.shape)
+        if not a.is_contiguous():
+            plan.add(lambda ts: mine.copy_(ts[0]))
+            a = mine
         name = _collective(ctx, "all_gather", a.numel() * a.element_size(), collective)
         sub = ccl._plan_all_gather(ctx, G, a, name, None, None, (), graph)
-        # the all-gather reads this call's a: its address is in the plan's key
+        # the all-gather reads a (its address is in the plan's key) or the copy
         _sub(plan, sub, (G, a))
         _gemm_step(plan, ctx, G, bias, None, bias is not None)
         return
