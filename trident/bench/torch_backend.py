@@ -103,9 +103,10 @@ def _tp_rows(ctx, shape, steps: int) -> dict:
     x = torch.randn(tokens, dim, generator=torch.Generator().manual_seed(1)).to(ctx.device, dtype)
     out, outputs = {}, {}
     for name, mesh in meshes.items():
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
-        model = model.to(ctx.device, dtype)
+        torch.manual_seed(0)            # the same weights on every rank and for each group
+        with torch.device(ctx.device):  # made where they run (GPU init of large layers)
+            model = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
+        model = model.to(dtype)
         parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         times = []
         for i in range(steps + 2):          # two warm-up steps
