@@ -502,8 +502,8 @@ def _moe() -> list[Kernel]:
     shape = dict(H=H, K=K, KP=triton.next_power_of_2(K), WP=triton.next_power_of_2(world),
                  BLOCK_H=B.block_h(H))
     block_l = min(1024, triton.next_power_of_2(experts // world))
-    buffers = dict(flags=P64, state=P64, send_slot=P32, token_rows=P32, recv_count=P32,
-                   max_tokens=I32, cap=I32, send_programs=I32)
+    buffers = dict(flags=P64, fps=P64, state=P64, send_slot=P32, token_rows=P32,
+                   recv_count=P32, max_tokens=I32, cap=I32, send_programs=I32)
     dispatch = dict(x=PBF16, stride_x=I32, topk_idx=P64, stride_it=I32, stride_ik=I32,
                     topk_weights=PF32, stride_wt=I32, stride_wk=I32, num_tokens=I32,
                     tokens=PBF16, meta=P32, dweights=PF32, slot_counter=P32,

@@ -161,7 +161,7 @@ class ExpertParallelAcrossNodes:
         else:
             self._node_d, self._node_pending = res._result, res
 
-    def _dispatch_recv(self, fp8: bool = False) -> None:
+    def _dispatch_recv(self, fp8: bool = False, has_weights: bool = False) -> None:
         if self._side is not None:
             torch.cuda.current_stream(self.ctx.node.device).wait_stream(self._side)
         self._node_pending.wait()

@@ -11,6 +11,8 @@ by the parity of the op's epoch:
     partial  [2, world, M, H]   combine: sum over this rank's experts of w * expert_y,
                                  written by expert rank s at [par, s, slot of the token on s]
     flags    [3, 2, world]      int64, one per (kind, parity, source rank)
+    fps      [3, 2, world]      int64: the call fingerprint the source stored beside the
+                                 flag of the same index, before it (see "Calls" below)
     chunk_flags [2, world, NC]  int64, high-throughput path only (high_throughput.py):
                                  one per (dispatch/combine, source rank, chunk of CHUNK
                                  tokens), value = epoch of the op (monotone: no reset,
@@ -23,6 +25,19 @@ rank has signalled e+1, which this rank does only after it has finished reading 
 rank signals every rank in every op, also with nothing to send). So flags never need a
 reset: a flag carries its epoch (dispatch flags: epoch << 32 | token count).
 
+Calls. Ranks that meet in one dispatch or combine must have made the same call (the same
+hidden dim, dtype, experts, top-k, max tokens, path, fp8, weights at dispatch); heaps of
+the same size do not say so (bf16 rows of 64 take the bytes of fp32 rows of 32). A
+rank stores its call's fingerprint (ccl/device.py "Call fingerprints", made once per
+plan) in the peer's `fps` beside each flag it signals (`signal_call`), and a rank that
+waits for a flag compares it with its own (`wait_call`): a difference is CallMismatch.
+A wait that fails -- a timeout, a peer that failed, another call -- leaves the rank
+touching no peer's memory in that launch from then on, and the launch's last receiver
+poisons the outputs this rank owns (`poison_outputs`): expert_x (and its fp8 scales) or
+combine's out all bits set (NaN), expert_num_tokens -1. The high-throughput path's
+chunk flags carry no fingerprint: its dispatch flag and weights flag do, and its combine
+follows a dispatch that matched.
+
 Local buffers (not on the heap): epochs and per-kernel "programs done" counters in
 `state`, the slot counters, where each of our tokens went (`send_slot`), where each
 received token's rows are (`token_rows`), and the outputs expert_x / expert_num_tokens.
@@ -34,6 +49,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 import torch
+
+from .. import language as tdl
+from ..ccl.device import poison_blocks, same_call
+from ..errors import OP_CODES
+from ..language.sync import CTRL_ERROR
 
 # words of `state` (int64)
 DISPATCH_SEND_EPOCH = tl.constexpr(0)
@@ -51,6 +71,10 @@ STATE_WORDS = 16
 FLAG_DISPATCH = tl.constexpr(0)
 FLAG_WEIGHTS = tl.constexpr(1)
 FLAG_COMBINE = tl.constexpr(2)
+
+# op codes a failed wait records (trident/errors.py)
+OP_DISPATCH = tl.constexpr(OP_CODES["moe_dispatch"])
+OP_COMBINE = tl.constexpr(OP_CODES["moe_combine"])
 
 COUNT_BITS = tl.constexpr(32)            # dispatch flag = epoch << 32 | tokens sent
 COUNT_MASK = tl.constexpr(0xFFFFFFFF)
@@ -84,6 +108,40 @@ def senders(send_programs, PART: tl.constexpr):
 
 
 
+@triton.jit
+def signal_call(flags, fps, kind: tl.constexpr, par, world, rank, peer, value, fp,
+                heap_bases):
+    """Set `peer`'s flag (kind, par, this rank) to `value`, with this call's fingerprint
+    `fp` stored beside it first (see "Calls")."""
+    slot = (kind * 2 + par) * world + rank
+    tdl.store(fps + slot, tl.cast(fp, tl.int64), rank, peer, heap_bases)
+    tdl.signal(flags + slot, value, rank, peer, heap_bases)
+
+
+@triton.jit
+def wait_call(flags, fps, kind: tl.constexpr, par, world, src, value, fp, ctrl, rank,
+              op: tl.constexpr):
+    """Wait until flag (kind, par, src) >= `value`; True if it came, from the same call
+    (else CallMismatch is recorded)."""
+    slot = (kind * 2 + par) * world + src
+    ok = tdl.wait(flags + slot, value, ctrl, rank, src, op)
+    return same_call(tl.load(fps + slot, volatile=True), fp, ok, ctrl, rank, src, op)
+
+
+@triton.jit
+def launch_failed(ctrl):
+    """Whether a wait of this rank has failed (its error word is set): read by a launch's
+    last program, after every other program's waits (tdl.last_program_out orders them)."""
+    return tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
+
+
+@triton.jit
+def poison_outputs(out, n, BLOCK: tl.constexpr):
+    """All n elements of `out` (an output of this rank) set to all bits: what the last
+    program of a failed launch leaves (one program, so it is slow: an error path)."""
+    poison_blocks(out, n, 0, 1, BLOCK)
+
+
 def block_h(hidden: int, largest: int = 2048) -> int:
     """Columns per step over a row: the power of two (64..largest) wasting the fewest lanes
     on the masked tail, the largest among equals (7168 -> 1024, 2880 -> 1024, 4096 -> 2048)."""
@@ -114,8 +172,9 @@ class Buffers:
         self.partial = ctx.empty(2, world, M, H, dtype=dtype)
         self.flags = ctx.zeros(3, 2, world, dtype=torch.int64)
         self.chunk_flags = ctx.zeros(2, world, chunks(M), dtype=torch.int64)
+        self.fps = ctx.zeros(3, 2, world, dtype=torch.int64)
         self._heap = [self.tokens, self.meta, self.weights, self.dweights, self.partial,
-                      self.flags, self.chunk_flags]
+                      self.flags, self.chunk_flags, self.fps]
         self.state = torch.zeros(STATE_WORDS, dtype=torch.int64, device=dev)
         self.slot_counter = torch.zeros(self.wp, dtype=torch.int32, device=dev)
         self.expert_counter = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
@@ -151,14 +210,14 @@ class Buffers:
         kp = triton.next_power_of_2(experts_per_token)
         esize = torch.empty((), dtype=dtype).element_size()
         rows = 2 * world * max_num_tokens
-        return (rows * hidden * esize * 2 + rows * kp * 12 + 3 * 2 * world * 8
+        return (rows * hidden * esize * 2 + rows * kp * 12 + 2 * 3 * 2 * world * 8
                 + 2 * world * chunks(max_num_tokens) * 8)
 
     def reset(self) -> None:
         """Back to the state of a fresh object (epochs, flags, counters): used by
         ctx.reset() after a failure, on every rank at once."""
-        for t in (self.flags, self.chunk_flags, self.state, self.slot_counter, self.expert_counter,
-                  self.recv_count, self.expert_num_tokens):
+        for t in (self.flags, self.chunk_flags, self.fps, self.state, self.slot_counter,
+                  self.expert_counter, self.recv_count, self.expert_num_tokens):
             t.zero_()
         self.send_slot.fill_(-1)
         self.token_rows.fill_(-1)

@@ -13,7 +13,9 @@ Send (`combine_send`), two kinds of programs:
   next to the tokens: there are no weight programs and the send half waits for nothing.
 
 Receive (`combine_recv`): wait for every rank's "partials" flag, then each token sums its
-(at most world) partials in fp32 and writes y[t].
+(at most world) partials in fp32 and writes y[t]. Every flag carries the call's
+fingerprint, and a rank whose wait failed pushes and signals nothing more; its last
+receiver leaves y all NaN (buffers.py "Calls").
 
 `combine_kernel` runs one half (PART = SEND or RECV: split mode) or both in one launch
 (PART = BOTH): weight programs first, then expert programs, then receivers. A program
@@ -31,8 +33,8 @@ from . import buffers as B
 
 @triton.jit
 def push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot, weights,
-                 flags, state, heap_bases, rank, world, max_tokens, num_weight_programs,
-                 epoch, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                 flags, fps, state, heap_bases, rank, world, max_tokens, num_weight_programs,
+                 epoch, fp, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                  BLOCK_T: tl.constexpr):
     """A weight program: push the top-k weights of a tile of this rank's tokens at a time
     next to their copies on each rank they went to (row: send_slot); the last weight
@@ -52,8 +54,8 @@ def push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
                       mask=(slot >= 0)[:, None] & (ks[None, :] < KP))
     if tdl.last_program_out(state + B.WEIGHTS_DONE, num_weight_programs):
         for r in range(world):
-            tdl.signal(flags + (B.FLAG_WEIGHTS * 2 + par) * world + rank, epoch, rank, r,
-                       heap_bases)
+            B.signal_call(flags, fps, B.FLAG_WEIGHTS, par, world, rank, r, epoch, fp,
+                          heap_bases)
 
 
 @triton.jit
@@ -104,8 +106,8 @@ def sum_partials(t, out, send_slot, partial, world, max_tokens, par, H: tl.const
 @triton.jit
 def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
                  stride_wk, num_tokens, send_slot, token_rows, recv_count, weights, partial,
-                 flags, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
-                 num_weight_programs, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                 flags, fps, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
+                 num_weight_programs, fp, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                  WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
                  BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.COMBINE_SEND_EPOCH)
@@ -118,59 +120,74 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
     t0 = trd.begin(TRACE)
     if pid < num_weight_programs:
         push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
-                     weights, flags, state, heap_bases, rank, world, max_tokens,
-                     num_weight_programs, epoch, K, KP, WP, BLOCK_T)
+                     weights, flags, fps, state, heap_bases, rank, world, max_tokens,
+                     num_weight_programs, epoch, fp, K, KP, WP, BLOCK_T)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     else:
         q = pid - num_weight_programs
         nq = npid - num_weight_programs
         start = 0
+        ok = tl.cast(1, tl.int1)      # no wait of this program failed: it may push
         for s in range(world):
             n = tl.load(recv_count + s)
             i0 = (q - start % nq + nq) % nq
             if not WEIGHTS_AT_DISPATCH:
-                if i0 < n:
+                if ok & (i0 < n):
                     tw = trd.begin(TRACE)
-                    tdl.wait(flags + (B.FLAG_WEIGHTS * 2 + par) * world + s, epoch, ctrl, rank,
-                             s, 11)  # moe_combine
+                    ok = B.wait_call(flags, fps, B.FLAG_WEIGHTS, par, world, s, epoch, fp,
+                                     ctrl, rank, B.OP_COMBINE)
                     trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
-            for i in range(i0, n, nq):
-                push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
-                             partial, heap_bases, rank, world, max_tokens, cap, par, wpar,
-                             H, KP, BLOCK_H)
+            if ok:
+                for i in range(i0, n, nq):
+                    push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
+                                 partial, heap_bases, rank, world, max_tokens, cap, par, wpar,
+                                 H, KP, BLOCK_H)
             start += n
         trd.end(trace_buf, t0, tags.COMBINE, rank, TRACE)
     if tdl.last_program_out(state + B.COMBINE_SEND_DONE, npid):
-        for r in range(world):
-            tdl.signal(flags + (B.FLAG_COMBINE * 2 + par) * world + rank, epoch, rank, r,
-                       heap_bases)
+        # a rank whose wait failed signals no peer: their waits stop on its error word
+        if not B.launch_failed(ctrl):
+            for r in range(world):
+                B.signal_call(flags, fps, B.FLAG_COMBINE, par, world, rank, r, epoch, fp,
+                              heap_bases)
         tl.store(state + B.COMBINE_SEND_EPOCH, epoch)
 
 
 @triton.jit
-def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, state, ctrl,
-                 heap_bases, trace_buf, rank, world, max_tokens,
+def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, fps, state, ctrl,
+                 heap_bases, trace_buf, rank, world, max_tokens, fp,
                  H: tl.constexpr, WP: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
     par = epoch % 2
     t0 = trd.begin(TRACE)
+    ok = tl.cast(1, tl.int1)
     for s in range(world):
-        tdl.wait(flags + (B.FLAG_COMBINE * 2 + par) * world + s, epoch, ctrl, rank, s,
-                 11)  # moe_combine
+        ok = ok & B.wait_call(flags, fps, B.FLAG_COMBINE, par, world, s, epoch, fp, ctrl,
+                              rank, B.OP_COMBINE)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
-    for t in range(pid, num_tokens, npid):
-        sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP, BLOCK_H)
+    if ok:
+        for t in range(pid, num_tokens, npid):
+            sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP, BLOCK_H)
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
     if tdl.last_program_out(state + B.COMBINE_RECV_DONE, npid):
+        finish_combine(out, num_tokens, ctrl, H, BLOCK_H)
         tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
+
+
+@triton.jit
+def finish_combine(out, num_tokens, ctrl, H: tl.constexpr, BLOCK_H: tl.constexpr):
+    """The last receiver of a combine whose waits failed (buffers.py "Calls"): out [T, H]
+    all bits set (NaN)."""
+    if B.launch_failed(ctrl):
+        B.poison_outputs(out, tl.cast(num_tokens, tl.int64) * H, BLOCK_H)
 
 
 @triton.jit
 def combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stride_wk, out,
                    num_tokens, send_slot, token_rows, recv_count, weights, partial, flags,
-                   state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
-                   num_weight_programs, send_programs,
+                   fps, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
+                   num_weight_programs, send_programs, fp,
                    PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                    WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
                    BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
@@ -180,11 +197,11 @@ def combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stri
         if PART != B.RECV:
             combine_send(pid, n_send, expert_y, stride_ye, stride_yr, topk_weights,
                          stride_wt, stride_wk, num_tokens, send_slot, token_rows, recv_count,
-                         weights, partial, flags, state, ctrl, heap_bases, trace_buf, rank,
-                         world, max_tokens, cap, num_weight_programs, H, K, KP, WP,
+                         weights, partial, flags, fps, state, ctrl, heap_bases, trace_buf,
+                         rank, world, max_tokens, cap, num_weight_programs, fp, H, K, KP, WP,
                          WEIGHTS_AT_DISPATCH, BLOCK_T, BLOCK_H, TRACE)
     else:
         if PART != B.SEND:
             combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, num_tokens,
-                         send_slot, partial, flags, state, ctrl, heap_bases, trace_buf, rank,
-                         world, max_tokens, H, WP, BLOCK_H, TRACE)
+                         send_slot, partial, flags, fps, state, ctrl, heap_bases, trace_buf,
+                         rank, world, max_tokens, fp, H, WP, BLOCK_H, TRACE)

@@ -10,7 +10,8 @@ destination's receive buffer -- once per rank, however many of its experts live 
 The program that finishes last signals every rank `epoch << 32 | tokens sent to it` (a
 rank that got nothing is signalled too). Nothing here waits.
 
-Receive (`dispatch_recv`): wait for every rank's flag, then spread the received tokens
+Receive (`dispatch_recv`): wait for every rank's flag (and check that its call is this
+rank's: buffers.py "Calls"), then spread the received tokens
 evenly over the programs (flattened over source ranks, however unequal they are); each
 token is copied from the receive buffer into one row of each of its local experts, the
 row claimed from a per-expert counter. The last program publishes the counts and zeroes
@@ -132,10 +133,15 @@ def copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world, max_tok
 
 
 @triton.jit
-def publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, world,
-                   experts_per_rank, cap, WP: tl.constexpr, BLOCK_L: tl.constexpr):
+def publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, expert_x,
+                   expert_x_scale, ctrl, world, experts_per_rank, cap, H: tl.constexpr,
+                   WP: tl.constexpr, FP8: tl.constexpr, BLOCK_L: tl.constexpr,
+                   BLOCK_H: tl.constexpr):
     """The last receiver: tokens received per source (from the dispatch flags) and rows
-    per local expert (zeroing the counters for the next epoch)."""
+    per local expert (zeroing the counters for the next epoch). If a wait of this rank
+    failed, the outputs are poisoned instead (buffers.py "Calls"): every row of expert_x
+    (and its fp8 scales) all bits set, every count -1."""
+    failed = B.launch_failed(ctrl)
     rs = tl.arange(0, WP)
     counts = tl.load(my_flags + rs, mask=rs < world, other=0, volatile=True) & B.COUNT_MASK
     tl.store(recv_count + rs, counts.to(tl.int32))
@@ -143,15 +149,22 @@ def publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, worl
         ls = l0 + tl.arange(0, BLOCK_L)
         lm = ls < experts_per_rank
         got = tl.atomic_xchg(expert_counter + ls, 0, mask=lm, sem="relaxed", scope="gpu")
-        tl.store(expert_num_tokens + ls, tl.minimum(got, cap), mask=lm)
+        tl.store(expert_num_tokens + ls, tl.where(failed, -1, tl.minimum(got, cap)), mask=lm)
+    if failed:
+        rows = tl.cast(experts_per_rank, tl.int64) * cap
+        if FP8:     # the e4m3 bytes as int32 words (0xFF: NaN), then the fp32 scales
+            B.poison_outputs(expert_x, rows * (H // 4), BLOCK_H)
+            B.poison_outputs(expert_x_scale, rows * (H // fp8.GROUP), BLOCK_H)
+        else:
+            B.poison_outputs(expert_x, rows * H, BLOCK_H)
 
 
 
 @triton.jit
 def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_weights,
-                  stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags, state,
+                  stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags, fps, state,
                   slot_counter, send_slot, ctrl, heap_bases, trace_buf, rank, world,
-                  max_tokens, experts_per_rank, num_experts, check_ids,
+                  max_tokens, experts_per_rank, num_experts, check_ids, fp,
                   H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                   HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr, BLOCK_H: tl.constexpr,
                   TRACE: tl.constexpr):
@@ -183,30 +196,33 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
         for r in range(world):
             sent = tl.atomic_xchg(slot_counter + r, 0, sem="relaxed", scope="gpu")
             value = (epoch << B.COUNT_BITS) | sent.to(tl.int64)
-            tdl.signal(flags + (B.FLAG_DISPATCH * 2 + par) * world + rank, value, rank, r,
-                       heap_bases)
+            B.signal_call(flags, fps, B.FLAG_DISPATCH, par, world, rank, r, value, fp,
+                          heap_bases)
         tl.store(state + B.DISPATCH_SEND_EPOCH, epoch)
 
 
 @triton.jit
-def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_rows,
+def dispatch_recv(pid, npid, tokens, meta, flags, fps, state, expert_counter, token_rows,
                   recv_count, expert_x, expert_x_scale, expert_num_tokens, ctrl, heap_bases,
-                  trace_buf, rank, world, max_tokens, experts_per_rank, cap,
+                  trace_buf, rank, world, max_tokens, experts_per_rank, cap, fp,
                   H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
     par = epoch % 2
     my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
     t0 = trd.begin(TRACE)
+    ok = tl.cast(1, tl.int1)
     for s in range(world):
-        tdl.wait(my_flags + s, epoch << B.COUNT_BITS, ctrl, rank, s, 10)  # moe_dispatch
+        ok = ok & B.wait_call(flags, fps, B.FLAG_DISPATCH, par, world, s,
+                              epoch << B.COUNT_BITS, fp, ctrl, rank, B.OP_DISPATCH)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
     ks = tl.arange(0, KP)
     first_expert = rank * experts_per_rank
     start = 0
     for s in range(world):
-        n = (tl.load(my_flags + s, volatile=True) & B.COUNT_MASK).to(tl.int32)
+        # nothing from a failed call: the last receiver poisons the outputs instead
+        n = tl.where(ok, tl.load(my_flags + s, volatile=True) & B.COUNT_MASK, 0).to(tl.int32)
         # the tokens of all sources form one list; program pid takes every npid-th of it
         i0 = (pid - start % npid + npid) % npid
         for i in range(i0, n, npid):
@@ -223,18 +239,19 @@ def dispatch_recv(pid, npid, tokens, meta, flags, state, expert_counter, token_r
         start += n
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
     if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
-        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, world,
-                       experts_per_rank, cap, WP, BLOCK_L)
+        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, expert_x,
+                       expert_x_scale, ctrl, world, experts_per_rank, cap, H, WP, FP8,
+                       BLOCK_L, BLOCK_H)
         tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
 
 
 @triton.jit
 def dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, stride_wt,
-                    stride_wk, num_tokens, tokens, meta, dweights, flags, state, slot_counter,
-                    send_slot, expert_counter, token_rows, recv_count, expert_x,
+                    stride_wk, num_tokens, tokens, meta, dweights, flags, fps, state,
+                    slot_counter, send_slot, expert_counter, token_rows, recv_count, expert_x,
                     expert_x_scale, expert_num_tokens, ctrl, heap_bases, trace_buf, rank,
                     world, max_tokens, experts_per_rank, num_experts, cap, check_ids,
-                    send_programs, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                    send_programs, fp, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                     KP: tl.constexpr, WP: tl.constexpr, HAS_WEIGHTS: tl.constexpr,
                     FP8: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr,
                     TRACE: tl.constexpr):
@@ -244,13 +261,14 @@ def dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, s
         if PART != B.RECV:
             dispatch_send(pid, n_send, x, stride_x, topk_idx, stride_it, stride_ik,
                           topk_weights, stride_wt, stride_wk, num_tokens, tokens, meta,
-                          dweights, flags, state, slot_counter, send_slot, ctrl, heap_bases,
-                          trace_buf, rank, world, max_tokens, experts_per_rank, num_experts,
-                          check_ids, H, K, KP, WP, HAS_WEIGHTS, FP8, BLOCK_H, TRACE)
+                          dweights, flags, fps, state, slot_counter, send_slot, ctrl,
+                          heap_bases, trace_buf, rank, world, max_tokens, experts_per_rank,
+                          num_experts, check_ids, fp, H, K, KP, WP, HAS_WEIGHTS, FP8,
+                          BLOCK_H, TRACE)
     else:
         if PART != B.SEND:
             dispatch_recv(pid - n_send, tl.num_programs(0) - n_send, tokens, meta, flags,
-                          state, expert_counter, token_rows, recv_count, expert_x,
+                          fps, state, expert_counter, token_rows, recv_count, expert_x,
                           expert_x_scale, expert_num_tokens, ctrl, heap_bases, trace_buf,
-                          rank, world, max_tokens, experts_per_rank, cap, H, KP, WP, FP8,
+                          rank, world, max_tokens, experts_per_rank, cap, fp, H, KP, WP, FP8,
                           BLOCK_L, BLOCK_H, TRACE)

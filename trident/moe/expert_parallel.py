@@ -17,7 +17,10 @@ the data is in flight.
 Lifetime: expert_x and expert_num_tokens are this object's buffers, overwritten by the
 next dispatch; one dispatch/combine round may be in flight per ExpertParallel (use one
 object per micro-batch to overlap two). Every rank must make the same calls in the same
-order (T may differ).
+order (T may differ). A call that differs on a rank (another ExpertParallel shape or path,
+fp8, weights at dispatch on some ranks only), a peer that never comes or one that failed
+raises CallMismatch, CommTimeout or PeerFailed at the next call, and the call's outputs
+are poisoned (NaN rows, counts of -1: buffers.py "Calls").
 """
 from __future__ import annotations
 
@@ -63,7 +66,8 @@ class PendingDispatch:
 
     def wait(self) -> Dispatched:
         if not self._done:
-            self._ep._dispatch_recv(self._result.expert_x_scale is not None)
+            self._ep._dispatch_recv(self._result.expert_x_scale is not None,
+                                    self._result.has_weights)
             self._done = True
         return self._result
 
@@ -221,10 +225,10 @@ class ExpertParallel:
         ctx.after_op()
         return self._result
 
-    def _dispatch_recv(self, fp8: bool = False) -> None:
+    def _dispatch_recv(self, fp8: bool = False, has_weights: bool = False) -> None:
         ctx = self.ctx
-        self._plan(("moe_dispatch_recv", self._id, ctx.capturing(), fp8), plans.dispatch_recv,
-                   fp8)()
+        self._plan(("moe_dispatch_recv", self._id, ctx.capturing(), fp8, has_weights),
+                   plans.dispatch_recv, fp8, has_weights)()
         ctx.after_op()
 
     # ------------------------------------------------------------------ combine

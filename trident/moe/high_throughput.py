@@ -70,7 +70,7 @@ from .. import language as tdl
 from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
-from .combine import push_partial, push_weights, sum_partials
+from .combine import finish_combine, push_partial, push_weights, sum_partials
 from .dispatch import copy_token, publish_counts, push_payload
 from .routing import expert_ids
 
@@ -88,9 +88,9 @@ def _chunk_flag(chunk_flags, kind: tl.constexpr, source, c, world, max_tokens,
 
 @triton.jit
 def ht_dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_weights,
-                     stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags,
+                     stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags, fps,
                      chunk_flags, state, send_slot, ctrl, heap_bases, trace_buf, rank,
-                     world, max_tokens, experts_per_rank, num_experts, check_ids,
+                     world, max_tokens, experts_per_rank, num_experts, check_ids, fp,
                      H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                      HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr, CHUNK: tl.constexpr,
                      BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
@@ -99,9 +99,9 @@ def ht_dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, top
     par = epoch % 2
     if pid == 0:    # the count first: it says how many chunks every rank must wait for
         for r in range(world):
-            tdl.signal(flags + (B.FLAG_DISPATCH * 2 + par) * world + rank,
-                       (epoch << B.COUNT_BITS) | tl.cast(num_tokens, tl.int64), rank, r,
-                       heap_bases)
+            B.signal_call(flags, fps, B.FLAG_DISPATCH, par, world, rank, r,
+                          (epoch << B.COUNT_BITS) | tl.cast(num_tokens, tl.int64), fp,
+                          heap_bases)
     ks = tl.arange(0, KP)
     rs = tl.arange(0, WP)
     for c in range(pid, tl.cdiv(num_tokens, CHUNK), npid):
@@ -130,22 +130,25 @@ def ht_dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, top
 
 
 @triton.jit
-def ht_dispatch_recv(pid, npid, tokens, meta, flags, chunk_flags, state, expert_counter,
+def ht_dispatch_recv(pid, npid, tokens, meta, flags, fps, chunk_flags, state, expert_counter,
                      token_rows, recv_count, expert_x, expert_x_scale, expert_num_tokens,
                      ctrl, heap_bases, trace_buf, rank, world, max_tokens, experts_per_rank,
-                     cap, H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                     cap, fp, H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                      FP8: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr,
                      BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
     par = epoch % 2
     my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
     t0 = trd.begin(TRACE)
+    ok = tl.cast(1, tl.int1)
     for s in range(world):
-        tdl.wait(my_flags + s, epoch << B.COUNT_BITS, ctrl, rank, s, 10)  # moe_dispatch
+        ok = ok & B.wait_call(flags, fps, B.FLAG_DISPATCH, par, world, s,
+                              epoch << B.COUNT_BITS, fp, ctrl, rank, B.OP_DISPATCH)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
     rs = tl.arange(0, WP)
-    counts = (tl.load(my_flags + rs, mask=rs < world, other=0, volatile=True)
+    # nothing from a failed call: the last receiver poisons the outputs instead
+    counts = (tl.load(my_flags + rs, mask=(rs < world) & ok, other=0, volatile=True)
               & B.COUNT_MASK).to(tl.int32)
     most = tl.cdiv(tl.max(counts), CHUNK)
     first_expert = rank * experts_per_rank
@@ -155,9 +158,10 @@ def ht_dispatch_recv(pid, npid, tokens, meta, flags, chunk_flags, state, expert_
         c = item // world                 # chunk-major: the order senders produce them
         s = item % world
         n = tl.sum(tl.where(rs == s, counts, 0))
-        if c * CHUNK < n:
-            tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_DISPATCH, s, c, world, max_tokens,
-                                 CHUNK), epoch, ctrl, rank, s, 10)  # moe_dispatch
+        if ok & (c * CHUNK < n):
+            ok = tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_DISPATCH, s, c, world, max_tokens,
+                                      CHUNK), epoch, ctrl, rank, s, B.OP_DISPATCH)
+        if ok & (c * CHUNK < n):
             tj = c * CHUNK + js // KP
             valid = tj < n
             base_row = (par * world + s) * max_tokens
@@ -175,8 +179,8 @@ def ht_dispatch_recv(pid, npid, tokens, meta, flags, chunk_flags, state, expert_
                                  scope="gpu")
             base = tl.where(lead, base, 0)
             slot = tl.sum(tl.where(same & lead[:, None], base[:, None], 0), axis=0) + before
-            ok = local & (slot < cap)
-            dst = tl.where(ok, le * cap + slot, -1)
+            kept = local & (slot < cap)
+            dst = tl.where(kept, le * cap + slot, -1)
             tl.store(token_rows + (s * max_tokens + tj) * KP + js % KP, dst, mask=valid)
             dst2 = tl.reshape(dst, [CHUNK, KP])
             ci = tl.arange(0, CHUNK)
@@ -186,18 +190,19 @@ def ht_dispatch_recv(pid, npid, tokens, meta, flags, chunk_flags, state, expert_
                            expert_x_scale, world, max_tokens, H, KP, FP8, BLOCK_H)
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
     if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
-        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, world,
-                       experts_per_rank, cap, WP, BLOCK_L)
+        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, expert_x,
+                       expert_x_scale, ctrl, world, experts_per_rank, cap, H, WP, FP8,
+                       BLOCK_L, BLOCK_H)
         tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
 
 
 @triton.jit
 def ht_dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, stride_wt,
-                       stride_wk, num_tokens, tokens, meta, dweights, flags, chunk_flags,
-                       state, send_slot, expert_counter, token_rows, recv_count, expert_x,
-                       expert_x_scale, expert_num_tokens, ctrl, heap_bases, trace_buf, rank,
-                       world, max_tokens, experts_per_rank, num_experts, cap, check_ids,
-                       send_programs, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                       stride_wk, num_tokens, tokens, meta, dweights, flags, fps,
+                       chunk_flags, state, send_slot, expert_counter, token_rows, recv_count,
+                       expert_x, expert_x_scale, expert_num_tokens, ctrl, heap_bases,
+                       trace_buf, rank, world, max_tokens, experts_per_rank, num_experts, cap,
+                       check_ids, send_programs, fp, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                        KP: tl.constexpr, WP: tl.constexpr, HAS_WEIGHTS: tl.constexpr,
                        FP8: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr,
                        BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
@@ -207,24 +212,24 @@ def ht_dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights
         if PART != B.RECV:
             ht_dispatch_send(pid, n_send, x, stride_x, topk_idx, stride_it, stride_ik,
                              topk_weights, stride_wt, stride_wk, num_tokens, tokens, meta,
-                             dweights, flags, chunk_flags, state, send_slot, ctrl,
+                             dweights, flags, fps, chunk_flags, state, send_slot, ctrl,
                              heap_bases, trace_buf, rank, world, max_tokens,
-                             experts_per_rank, num_experts, check_ids, H, K, KP, WP,
+                             experts_per_rank, num_experts, check_ids, fp, H, K, KP, WP,
                              HAS_WEIGHTS, FP8, CHUNK, BLOCK_H, TRACE)
     else:
         if PART != B.SEND:
             ht_dispatch_recv(pid - n_send, tl.num_programs(0) - n_send, tokens, meta, flags,
-                             chunk_flags, state, expert_counter, token_rows, recv_count,
+                             fps, chunk_flags, state, expert_counter, token_rows, recv_count,
                              expert_x, expert_x_scale, expert_num_tokens, ctrl, heap_bases,
-                             trace_buf, rank, world, max_tokens, experts_per_rank, cap, H,
+                             trace_buf, rank, world, max_tokens, experts_per_rank, cap, fp, H,
                              KP, WP, FP8, CHUNK, BLOCK_L, BLOCK_H, TRACE)
 
 
 @triton.jit
 def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
                     stride_wk, num_tokens, send_slot, token_rows, recv_count, weights,
-                    partial, flags, chunk_flags, state, ctrl, heap_bases, trace_buf, rank,
-                    world, max_tokens, cap, num_weight_programs, H: tl.constexpr,
+                    partial, flags, fps, chunk_flags, state, ctrl, heap_bases, trace_buf, rank,
+                    world, max_tokens, cap, num_weight_programs, fp, H: tl.constexpr,
                     K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                     WEIGHTS_AT_DISPATCH: tl.constexpr, CHUNK: tl.constexpr,
                     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
@@ -237,8 +242,8 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
     t0 = trd.begin(TRACE)
     if pid < num_weight_programs:
         push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
-                     weights, flags, state, heap_bases, rank, world, max_tokens,
-                     num_weight_programs, epoch, K, KP, WP, BLOCK_T)
+                     weights, flags, fps, state, heap_bases, rank, world, max_tokens,
+                     num_weight_programs, epoch, fp, K, KP, WP, BLOCK_T)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     else:
         q = pid - num_weight_programs
@@ -246,14 +251,16 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
         rs = tl.arange(0, WP)
         counts = tl.load(recv_count + rs, mask=rs < world, other=0)
         most = tl.cdiv(tl.max(counts), CHUNK)
+        ok = tl.cast(1, tl.int1)      # no wait of this program failed: it may push
         for item in range(q, most * world, nq):
             c = item // world
             s = item % world
             n = tl.sum(tl.where(rs == s, counts, 0))
-            if c * CHUNK < n:
-                if not WEIGHTS_AT_DISPATCH:
-                    tdl.wait(flags + (B.FLAG_WEIGHTS * 2 + par) * world + s, epoch, ctrl,
-                             rank, s, 11)  # moe_combine
+            if not WEIGHTS_AT_DISPATCH:
+                if ok & (c * CHUNK < n):
+                    ok = B.wait_call(flags, fps, B.FLAG_WEIGHTS, par, world, s, epoch, fp,
+                                     ctrl, rank, B.OP_COMBINE)
+            if ok & (c * CHUNK < n):
                 for i in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n)):
                     push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
                                  partial, heap_bases, rank, world, max_tokens, cap, par,
@@ -272,22 +279,27 @@ def ht_combine_recv(pid, npid, out, num_tokens, send_slot, partial, chunk_flags,
     epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
     par = epoch % 2
     t0 = trd.begin(TRACE)
+    ok = tl.cast(1, tl.int1)
     for c in range(pid, tl.cdiv(num_tokens, CHUNK), npid):
         for r in range(world):
-            tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world, max_tokens,
-                                 CHUNK), epoch, ctrl, rank, r, 11)  # moe_combine
-        for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens)):
-            sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP, BLOCK_H)
+            ok = ok & tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world,
+                                           max_tokens, CHUNK), epoch, ctrl, rank, r,
+                               B.OP_COMBINE)
+        if ok:
+            for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens)):
+                sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP,
+                             BLOCK_H)
     trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
     if tdl.last_program_out(state + B.COMBINE_RECV_DONE, npid):
+        finish_combine(out, num_tokens, ctrl, H, BLOCK_H)
         tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
 
 
 @triton.jit
 def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stride_wk, out,
                       num_tokens, send_slot, token_rows, recv_count, weights, partial, flags,
-                      chunk_flags, state, ctrl, heap_bases, trace_buf, rank, world,
-                      max_tokens, cap, num_weight_programs, send_programs,
+                      fps, chunk_flags, state, ctrl, heap_bases, trace_buf, rank, world,
+                      max_tokens, cap, num_weight_programs, send_programs, fp,
                       PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                       WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
@@ -298,9 +310,9 @@ def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, s
         if PART != B.RECV:
             ht_combine_send(pid, n_send, expert_y, stride_ye, stride_yr, topk_weights,
                             stride_wt, stride_wk, num_tokens, send_slot, token_rows,
-                            recv_count, weights, partial, flags, chunk_flags, state, ctrl,
+                            recv_count, weights, partial, flags, fps, chunk_flags, state, ctrl,
                             heap_bases, trace_buf, rank, world, max_tokens, cap,
-                            num_weight_programs, H, K, KP, WP, WEIGHTS_AT_DISPATCH, CHUNK,
+                            num_weight_programs, fp, H, K, KP, WP, WEIGHTS_AT_DISPATCH, CHUNK,
                             BLOCK_T, BLOCK_H, TRACE)
     else:
         if PART != B.SEND:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ..ccl.device import fingerprint
 from ..plans import Live, Plan
 from ..trace import kernel_args
 from . import buffers as B
@@ -117,7 +118,7 @@ def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, arg
     trace_buf, trace = kernel_args(ctx)
     named = dict(
         tokens=b.tokens, meta=b.meta, dweights=b.dweights, partial=b.partial, flags=b.flags,
-        chunk_flags=b.chunk_flags, CHUNK=B.CHUNK_TOKENS,
+        fps=b.fps, chunk_flags=b.chunk_flags, CHUNK=B.CHUNK_TOKENS,
         state=b.state, slot_counter=b.slot_counter, send_slot=b.send_slot,
         expert_counter=b.expert_counter, token_rows=b.token_rows, recv_count=b.recv_count,
         expert_x=b.expert_x, expert_x_scale=b.recv_count,    # the latter read by fp8 only
@@ -150,6 +151,13 @@ def _kernels(ep):
     if ep.high_throughput:
         return ht_dispatch_kernel, ht_combine_kernel
     return dispatch_kernel, combine_kernel
+
+
+def _call(ep, kernel, *more) -> int:
+    """The call's fingerprint (buffers.py "Calls"), once per plan: the kernel (the path,
+    and dispatch or combine) and what every rank's ExpertParallel and call must share."""
+    return fingerprint(kernel, ep.hidden_dim, str(ep.dtype), ep.num_experts,
+                       ep.experts_per_token, ep.max_num_tokens, *more)
 
 
 def _fp8_args(ep) -> dict:
@@ -185,7 +193,8 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
     args = dict(x=x, stride_x=x.stride(0), topk_idx=topk_idx, stride_it=topk_idx.stride(0),
                 stride_ik=topk_idx.stride(1), topk_weights=w,
                 stride_wt=w.stride(0) if has_w else 0, stride_wk=w.stride(1) if has_w else 0,
-                num_tokens=T, check_ids=check_code(ep, check))
+                num_tokens=T, check_ids=check_code(ep, check),
+                fp=_call(ep, _kernels(ep)[0], use_fp8, has_w))
     if use_fp8:
         args.update(_fp8_args(ep))
     part, programs = (B.BOTH, senders + _receivers(ep)) if wait else (B.SEND, senders)
@@ -194,12 +203,14 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
     return plan
 
 
-def dispatch_recv(ep, use_fp8: bool) -> Plan:
-    """The receive half alone (split mode); the send half's tensors are not read."""
+def dispatch_recv(ep, use_fp8: bool, has_w: bool) -> Plan:
+    """The receive half alone (split mode); the send half's tensors are not read (`has_w`:
+    whether the send half had weights, for the fingerprint)."""
     b = ep.buf
     plan = Plan((), "moe_dispatch_recv")
     args = dict(x=b.tokens, stride_x=0, topk_idx=b.meta, stride_it=0, stride_ik=0,
-                topk_weights=b.dweights, stride_wt=0, stride_wk=0, num_tokens=0, check_ids=0)
+                topk_weights=b.dweights, stride_wt=0, stride_wk=0, num_tokens=0, check_ids=0,
+                fp=_call(ep, _kernels(ep)[0], use_fp8, has_w))
     if use_fp8:
         args.update(_fp8_args(ep))
     _launch(ep, plan, _kernels(ep)[0], B.RECV, 0, _receivers(ep), args, HAS_WEIGHTS=False,
@@ -220,7 +231,7 @@ def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
                 topk_weights=w, stride_wt=0 if at_dispatch else w.stride(0),
                 stride_wk=0 if at_dispatch else w.stride(1), out=Live(0), num_tokens=T,
                 weights=ep.buf.dweights if at_dispatch else ep.buf.weights,
-                num_weight_programs=weight_programs)
+                num_weight_programs=weight_programs, fp=_call(ep, _kernels(ep)[1]))
     part, programs = (B.BOTH, senders + _programs(ep, T)) if wait else (B.SEND, senders)
     _launch(ep, plan, _kernels(ep)[1], part, senders, programs, args,
             WEIGHTS_AT_DISPATCH=at_dispatch)
@@ -233,7 +244,7 @@ def combine_recv(ep, T: int, out) -> Plan:
     plan = Plan((out,), "moe_combine_recv")
     args = dict(expert_y=b.expert_x, stride_ye=0, stride_yr=0, topk_weights=b.dweights,
                 stride_wt=0, stride_wk=0, out=Live(0), num_tokens=T, weights=b.weights,
-                num_weight_programs=0)
+                num_weight_programs=0, fp=_call(ep, _kernels(ep)[1]))
     _launch(ep, plan, _kernels(ep)[1], B.RECV, 0, _programs(ep, T), args,
             WEIGHTS_AT_DISPATCH=False)
     return plan
