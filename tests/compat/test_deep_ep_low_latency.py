@@ -14,7 +14,9 @@ from collections import Counter
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from trident import torch_backend
 from trident.compat import deep_ep
 from trident.moe import fp8
 
@@ -202,3 +204,29 @@ def _refusals(buf, x, idx, w, handle, M, E):
 
 def test_low_latency_like_deepep(pool2):
     pool2.run(_low_latency)
+
+
+def _on_trident_group(ctx):
+    """Buffer over a process group of backend "trident" (trident.torch_backend) runs on
+    that group's own context (no second heap); one BF16 round, checked."""
+    R, rank, dev = ctx.world_size, ctx.rank, ctx.device
+    E = 2 * R
+    g = dist.new_group(list(range(R)), backend="trident",
+                       pg_options=torch_backend.Options(heap_size=64 << 20))
+    buf = deep_ep.Buffer(g, 0, deep_ep.Buffer.get_low_latency_rdma_size_hint(M, H, R, E),
+                         low_latency_mode=True)
+    try:
+        assert buf.ctx is g.context() and buf.ctx is not ctx
+        ranks = _inputs(9, R, E)
+        x, idx, w = (t.to(dev) for t in ranks[rank])
+        recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, M, E, use_fp8=False)
+        _check_dispatch(rank, recv_x, count, ranks, 2, E, False)
+        out, _, _ = buf.low_latency_combine(_experts(rank, recv_x, count, 2, False), idx, w,
+                                            handle)
+        _check_combine(out, *ranks[rank], False)
+    finally:
+        buf.destroy()
+
+
+def test_low_latency_on_a_trident_process_group(pool2):
+    pool2.run(_on_trident_group)

@@ -3,10 +3,11 @@
     buffer = deep_ep.Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode=True,
                             num_qps_per_rank=num_experts // group.size())
 
-The Buffer uses the open trident Context of `group` if this process has one (trident.init
-or trident.launch made it, or the torch.distributed backend "trident"), else it makes one
-(collective) with a heap of num_nvl_bytes + num_rdma_bytes + 64 MiB, or trident's default
-if that is larger, and closes it in destroy(). What DeepEP offers that trident cannot do
+The Buffer runs on the trident Context of `group`: a "trident" process group's own
+(trident.torch_backend.context), else the open Context of `group` in this process
+(trident.init or trident.launch made it), else one it makes (collective) with a heap of
+num_nvl_bytes + num_rdma_bytes + 64 MiB, or trident's default if that is larger, and
+closes in destroy(). What DeepEP offers that trident cannot do
 the same raises NotImplementedError naming DeepEP's argument (see docs/deep-ep.md).
 """
 from __future__ import annotations
@@ -23,8 +24,27 @@ _SLACK = 64 << 20            # heap bytes beyond the Buffer's for the context's 
 _OWNERS: dict = {}           # id(Context) -> Buffers that use a Context they made
 
 
+def _backend_group(group):
+    """The TridentProcessGroup behind `group` (backend "trident", also in a device map such
+    as "cuda:trident,cpu:gloo"), or None."""
+    from ... import torch_backend
+    if not torch_backend.registered():
+        return None
+    if isinstance(group, torch_backend.TridentProcessGroup):
+        return group
+    try:
+        pg = group._get_backend(torch_backend.device())
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+    return pg if isinstance(pg, torch_backend.TridentProcessGroup) else None
+
+
 def _context(group, heap_bytes: int):
-    """(ctx, made): the open Context of `group` in this process, else a new one."""
+    """(ctx, made): the Context of a "trident" process group (made now if new), or the
+    open Context of `group` in this process, else a new one (None across nodes)."""
+    pg = _backend_group(group)
+    if pg is not None:
+        return pg.context(), False
     for ctx in list(torch_ops._CONTEXTS.values()):
         if getattr(ctx, "group", None) is group and not getattr(ctx, "_closed", False):
             return ctx, False
@@ -86,9 +106,10 @@ class Buffer(LowLatencyMethods, NormalMethods):
         self.low_latency_mode = bool(low_latency_mode)
         self.explicitly_destroy, self.enable_shrink = explicitly_destroy, enable_shrink
         self.ctx, made = _context(group, num_nvl_bytes + num_rdma_bytes)
-        if getattr(self.ctx, "spans_nodes", False):
+        if self.ctx is None or getattr(self.ctx, "spans_nodes", False):
             if made:
                 self.ctx.close()
+            self.ctx = None
             refuse("a group across nodes", "internode dispatch/combine; "
                    "trident.compat.deep_ep is intranode")
         if made or id(self.ctx) in _OWNERS:     # a context a Buffer made: closed by the last
