@@ -62,10 +62,11 @@ class SyncMethods:
     Errors and the state they leave (README "Reliability"):
     - a device wait that gave up (timeout, a peer that failed, a call that differs)
       records a code in the rank's error word; the host reads it without a device sync
-      (`_error_view`: the control block on the CPU emulation, its pinned mirror on GPUs),
-      so the next call on the rank raises it at once (PlanCache.get), as do sync() and
-      barrier(). That failure is sticky (`_failure`) until reset(): the rank's device state
-      (epochs, flags) is out of step with its peers';
+      (`_error_view`: the word's host mirror, written by the wait that records the first
+      error: pinned memory on GPUs, plain memory on the CPU emulation), so the next call
+      on the rank raises it at once (PlanCache.get), as do sync() and barrier(). That
+      failure is sticky (`_failure`) until reset(): the rank's device state (epochs,
+      flags) is out of step with its peers';
     - an error that leaves this rank out of step with its peers -- a plan build that
       raised (the rank skips the launch its peers make), a failed wait -- is published
       (`_publish`): a count of errors and the message in the rank's control block (bad
@@ -78,14 +79,14 @@ class SyncMethods:
         """The control block's error plumbing (called by Context.__init__ once `ctrl`
         exists): every rank's heap base (so a wait can read its peer's error words), the
         word the host reads without a sync, and the hot path's check of it."""
-        self._host_error = None
-        if self.backend == "cuda":
-            # pinned host memory is mapped into the device's address space (UVA): waits
-            # store their error code there too, and the host reads it with no sync
-            self._host_error = torch.zeros(1, dtype=torch.int64, pin_memory=True)
-            words = self._host_error.numpy()
-        else:       # the interpreter runs kernels on the host: the block itself
-            words = self.ctrl.numpy()
+        # pinned host memory is mapped into the device's address space (UVA): waits
+        # store their error code there too, and the host reads it with no sync. The CPU
+        # emulation keeps the same separate word (plain memory: the interpreter's kernels
+        # run in this process), so that it reads errors the way GPUs do (it read the
+        # control block itself, which hid a mirror that named the wrong error: issue 29)
+        self._host_error = torch.zeros(1, dtype=torch.int64,
+                                       pin_memory=self.backend == "cuda")
+        words = self._host_error.numpy()
         # a memoryview of int64: an element read costs ~50 ns (a numpy element ~300)
         self._error_view = memoryview(words).cast("B").cast("q")
         self._failure = None
@@ -94,11 +95,10 @@ class SyncMethods:
 
     def _link_ctrl(self) -> None:
         """Write what waits read besides the error words into the control block (at init
-        and after reset zeroes it): every rank's heap base and the pinned word's address."""
+        and after reset zeroes it): every rank's heap base and the host mirror's address."""
         self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
         self.ctrl[CTRL_BASES:CTRL_BASES + self.world_size] = self.heap_bases
-        if self._host_error is not None:
-            self.ctrl[CTRL_HOST_WORD] = self._host_error.data_ptr()
+        self.ctrl[CTRL_HOST_WORD] = self._host_error.data_ptr()
 
     def _raise_failure(self, word: int | None = None):
         """Raise this rank's device failure: the first one (sticky until reset) or the one
@@ -349,7 +349,7 @@ class SyncMethods:
             raise self._failure
         self.plans.clear()
         self.ctrl.zero_()
-        self._error_view[CTRL_ERROR] = 0        # the pinned word on GPUs (ctrl on the CPU)
+        self._error_view[CTRL_ERROR] = 0        # the host's mirror of the error word
         self._failure = None
         self._link_ctrl()
         self.allocator.restart_log()      # the heaps agree: compare from here on

@@ -8,6 +8,7 @@ import triton.language as tl
 
 import trident as td
 import trident.language as tdl
+from trident.errors import CallMismatch
 
 
 @triton.jit
@@ -107,6 +108,35 @@ def _silent_peer(ctx):
 def test_silent_peer_gives_comm_timeout(pool):
     elapsed = pool.run(_silent_peer)
     assert max(elapsed) < 20, elapsed
+
+
+@triton.jit
+def _mismatch_then_wait_kernel(flag, ok, ctrl, rank, peer):
+    """A launch whose first exchange found another call (CallMismatch), then waits again
+    (a later phase) for a signal that has not come: that wait returns at once, since the
+    error word is set, and records again (a timeout)."""
+    tdl.record_error(ctrl, rank, peer, 12, tdl.KIND_MISMATCH)
+    tl.store(ok, tdl.wait(flag, 1, ctrl, rank, peer, 12).to(tl.int32))
+
+
+def _first_error_is_raised(ctx):
+    flag = ctx.zeros(1, dtype=torch.int32)
+    ok = ctx.full(1, -1, dtype=torch.int32)
+    peer = (ctx.rank + 1) % ctx.world_size
+    start = time.monotonic()
+    _mismatch_then_wait_kernel[(1,)](flag, ok, ctx.ctrl, ctx.rank, peer)
+    # the next call raises what the host word holds (no sync; on GPUs, pinned memory):
+    # the first error, as the control block's word does -- not the wait recorded after it
+    with pytest.raises(CallMismatch, match=f"rank {ctx.rank}: test: rank {peer} made a "):
+        ctx.all_reduce(torch.ones(8, device=ctx.device))
+    with pytest.raises(CallMismatch):
+        ctx.sync()
+    assert ok.item() == 0 and time.monotonic() - start < 5
+    ctx.reset()
+
+
+def test_the_first_error_is_raised_not_the_last(pool):
+    pool.run(_first_error_is_raised)
 
 
 def _timeout_at_barrier(ctx):

@@ -20,9 +20,9 @@ each other. The peer's control block is found through CTRL_BASES (heap bases, co
 the block by the host), so `wait` needs nothing but `ctrl`. The peer is polled once every
 PEER_POLL rounds of backoff, so that a healthy wait adds no traffic to the link.
 
-On GPUs the host reads the error word without a device sync: a failing wait also stores
-its code into a word of pinned host memory whose address is CTRL_HOST_WORD (0 on the CPU
-emulation, where the host reads the control block itself).
+The host reads the error word without a device sync: the wait that records the first
+error also stores its code into a host word whose address is CTRL_HOST_WORD (pinned
+memory on GPUs; plain memory on the CPU emulation, whose kernels run in the host process).
 """
 import triton
 import triton.language as tl
@@ -48,7 +48,7 @@ MAX_RANKS = tl.constexpr(64)
 CTRL_VALUE_ERROR = tl.constexpr(8 + 64)
 CTRL_VALUE_ARGS = tl.constexpr(8 + 64 + 1)
 CTRL_FAILED = tl.constexpr(8 + 64 + 5)      # errors this rank raised on the host since reset
-CTRL_HOST_WORD = tl.constexpr(8 + 64 + 6)   # address of the pinned mirror of CTRL_ERROR, or 0
+CTRL_HOST_WORD = tl.constexpr(8 + 64 + 6)   # address of the host's mirror of CTRL_ERROR
 CTRL_BASES = tl.constexpr(8 + 64 + 8)       # heap base of every rank, in this process
 CTRL_TEXT = tl.constexpr(8 + 64 + 8 + 64)   # the last host error's message (512 bytes)
 CTRL_TEXT_WORDS = tl.constexpr(64)
@@ -77,15 +77,20 @@ def peer_failed(ctrl, peer):
 @triton.jit
 def record_error(ctrl, rank, peer, op: tl.constexpr, kind):
     """Record the first error of this rank (the error word, by CAS from 0, and the host's
-    pinned mirror of it on GPUs). Later waits see it and return at once."""
+    mirror of it). Later waits see it and return at once.
+
+    Only the call whose CAS set the word writes the mirror: a failed wait records again
+    after the first error (a later wait of the launch returns at once, labelled a
+    timeout), and a mirror that took every record named the last one -- a CallMismatch
+    found at ARRIVE was raised as a CommTimeout of the DONE wait after it (issue 29)."""
     code = ((tl.cast(kind, tl.int64) << 48) + (tl.cast(op, tl.int64) << 32)
             + (tl.cast(rank, tl.int64) << 16) + peer + _ERROR_FLAG)
     # cmp spelled as int64: the interpreter sizes the CAS by cmp's type. Scalars are
     # made with tl.cast, not tl.full([]): Gluon's full needs a layout (see gluon.py)
-    tl.atomic_cas(ctrl + CTRL_ERROR, tl.cast(0, tl.int64), code.to(tl.int64),
-                  sem="relaxed", scope="gpu")
+    old = tl.atomic_cas(ctrl + CTRL_ERROR, tl.cast(0, tl.int64), code.to(tl.int64),
+                        sem="relaxed", scope="gpu")
     host = tl.load(ctrl + CTRL_HOST_WORD)
-    if host != 0:
+    if (host != 0) & (old == 0):
         tl.store(host.to(tl.pointer_type(tl.int64)), code.to(tl.int64), cache_modifier=".wt")
 
 
