@@ -74,7 +74,7 @@ class Context(HeapMethods, SyncMethods, OpMethods):
             self.device = torch.device("cuda", placement.device_index(
                 _env_int("LOCAL_RANK", dist.get_rank()), gpus))     # the job's rank
             torch.cuda.set_device(self.device)
-            self.ranks_per_device = self._count_ranks_on_device()
+            self.ranks_per_device, self._gpu_per_rank = self._count_ranks_on_device()
             placement.set_ranks_per_device(self.ranks_per_device)
             if self.ranks_per_device > 1:
                 # torch symmetric memory refuses peers on one device unless told
@@ -89,7 +89,7 @@ class Context(HeapMethods, SyncMethods, OpMethods):
             if sanitize.requested():    # TRIDENT_SANITIZE=1: on from init's last barrier
                 sanitize.install_auto(type(self))
             self.device = torch.device("cpu")
-            self.ranks_per_device = 1
+            self.ranks_per_device, self._gpu_per_rank = 1, True
             self._heap = CpuHeap(self.heap_size, self.rank, self.world_size, self.group,
                                  self._job_id())
         self._closed = False
@@ -118,13 +118,15 @@ class Context(HeapMethods, SyncMethods, OpMethods):
         self.barrier()
         self._register_name()
 
-    def _count_ranks_on_device(self) -> int:
-        """How many ranks of the group use this rank's GPU (same host, same GPU UUID). Over
-        an NCCL group they are 1 by construction (NCCL refuses two ranks on one device, so
-        a group that works has none), checked up front through LOCAL_WORLD_SIZE where
-        torchrun sets it, since NCCL's own error comes late and says less. Ranks that share
-        a GPU must run under MPS with their share of it as the cap (placement.ensure_share
-        raises otherwise, naming what to export)."""
+    def _count_ranks_on_device(self) -> tuple[int, bool]:
+        """How many ranks of the group use this rank's GPU (same host, same GPU UUID), and
+        whether every rank of the group has a GPU of its own (the same on every rank:
+        placement.gpu_sharing; nccl_available is it). Over an NCCL group they are 1 and
+        True by construction (NCCL refuses two ranks on one device, so a group that works
+        has none), checked up front through LOCAL_WORLD_SIZE where torchrun sets it, since
+        NCCL's own error comes late and says less. Ranks that share a GPU must run under
+        MPS with their share of it as the cap (placement.ensure_share raises otherwise,
+        naming what to export)."""
         gpus = torch.cuda.device_count()
         if dist.get_backend(self.group) != "gloo":
             local = _env_int("LOCAL_WORLD_SIZE", 0)
@@ -134,15 +136,15 @@ class Context(HeapMethods, SyncMethods, OpMethods):
                     f"NCCL cannot serve; initialise the process group with backend 'gloo' "
                     f"(trident.init does under torchrun when ranks outnumber GPUs) and run an "
                     f"MPS daemon (nvidia-cuda-mps-control -d)")
-            return 1
+            return 1, True
         me = (socket.gethostname(), str(torch.cuda.get_device_properties(self.device).uuid))
         everyone = [None] * self.world_size
         dist.all_gather_object(everyone, me, group=self.group)
         # ranks on one GPU must each be held to their share of it (trident/placement.py);
         # CUDA is initialised by now, so a missing cap can only be refused here
-        count = everyone.count(me)
+        count, alone = placement.gpu_sharing(everyone, me)
         placement.ensure_share(count)
-        return count
+        return count, alone
 
     @property
     def shares_device(self) -> bool:
@@ -152,8 +154,10 @@ class Context(HeapMethods, SyncMethods, OpMethods):
     @property
     def nccl_available(self) -> bool:
         """Whether the "nccl" algorithm (torch.distributed collectives on this context's
-        tensors) can run: not on GPUs whose ranks share a GPU, where the group is gloo."""
-        return self.backend == "cpu" or not self.shares_device
+        tensors) can run: not on GPUs where any ranks of the group share a GPU (the group
+        is gloo then, also for a rank alone on its GPU). The same on every rank, so that
+        every reader (the selectors, add_rmsnorm, the host group's device) decides alike."""
+        return self.backend == "cpu" or self._gpu_per_rank
 
     @property
     def usable_sms(self) -> int | None:

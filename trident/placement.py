@@ -85,6 +85,15 @@ def ranks_on_my_gpu(local_world_size: int, gpus: int, local_rank: int) -> int:
     return ranks_on_each_gpu(local_world_size, gpus)[device_index(local_rank, gpus)]
 
 
+def gpu_sharing(everyone: list, me) -> tuple[int, bool]:
+    """From every rank's GPU (`everyone`: one (host, GPU uuid) per rank, the same list on
+    every rank) and this rank's (`me`): (ranks on this rank's GPU, whether every rank has a
+    GPU of its own). The second is the same on every rank, as whatever decides the
+    protocol must be: NCCL can serve the group only if no rank shares a GPU (a rank alone
+    on its GPU beside ranks that share one is in a gloo group too)."""
+    return everyone.count(me), len(set(everyone)) == len(everyone)
+
+
 def fair_share(ranks_per_gpu: int) -> int:
     """The MPS active-thread percentage of one of `ranks_per_gpu` ranks on a GPU."""
     return 100 // max(1, ranks_per_gpu)

@@ -190,3 +190,46 @@ def test_facts_agreed_at_the_first_collective(pool):
     if pool.world_size == 1:
         pytest.skip("one rank: nothing to agree on")
     assert all(pool.run(_agreed_once))
+
+
+def _gluon_grid(ctx):
+    """Gluon all_gather's grid on GPUs, where the SMs each rank may use can differ (3
+    ranks on 2 GPUs: two share one, the third has the other alone; MPS caps are per
+    process): a view of this rank as a GPU rank with its own share (rank 0 a whole H100,
+    the others half of one), the facts agreed over the real group (common.Agreed), then
+    the launch size every rank computes."""
+    import types
+    from trident.ccl.all_gather.gluon import launch_size
+    view = types.SimpleNamespace(backend="cuda", world_size=ctx.world_size, rank=ctx.rank,
+                                 usable_sms=132 if ctx.rank == 0 else 66, debug=False,
+                                 heap_size=ctx.heap_size, host_exchange=ctx.host_exchange)
+    facts = common.Agreed(view)
+    facts.exchange(view)
+    real = common.agreed
+    common.agreed = lambda c: facts
+    try:
+        return launch_size(view, 1 << 20, 4)
+    finally:
+        common.agreed = real
+
+
+def test_gluon_grid_is_agreed(pool):
+    if pool.world_size == 1:
+        pytest.skip("one rank: nothing to agree on")
+    everyone = pool.run(_gluon_grid)
+    assert all(size == everyone[0] for size in everyone), everyone
+    assert everyone[0][1] == 66, everyone          # the smallest share: resident everywhere
+
+
+def test_nccl_availability_is_the_groups():
+    """Whether NCCL can serve the group is the same on every rank: 3 ranks on 2 GPUs (two
+    share one, the third has the other alone) are a gloo group, which the third rank must
+    know as well as the others (it alone would pick the "nccl" algorithm, or put a host
+    exchange's tensor on its GPU, where its peers cannot)."""
+    from trident import placement
+    gpus = [("node", "gpu-0"), ("node", "gpu-0"), ("node", "gpu-1")]
+    views = [placement.gpu_sharing(gpus, me) for me in gpus]
+    assert [count for count, _ in views] == [2, 2, 1]
+    assert [alone for _, alone in views] == [False] * 3
+    gpus = [("node", "gpu-0"), ("node", "gpu-1"), ("other", "gpu-0")]
+    assert [placement.gpu_sharing(gpus, me) for me in gpus] == [(1, True)] * 3

@@ -203,7 +203,7 @@ def _ccl() -> list[Kernel]:
                copies, aligned=("n", "stride", "half")),
         # Gluon (issue 22): one 16-byte load and WORLD 16-byte stores per vector a thread
         # holds (BLOCK // (warps * 32 * 4) of them), then the copy out of the slots. int16
-        # words come from an odd size: only compiled.
+        # words (bf16/fp16 data: common.word_type) keep them too.
         Kernel("trident.ccl.all_gather.gluon", "_gluon_kernel", dict(out=P32, inp=P32, **push),
                [V("all", nw, v4=(vecs * world, vecs * (2 * world - 1)), BLOCK=blk, VEC=4,
                   WARPS=nw, WORLD=world, TRACE=t)
@@ -211,14 +211,14 @@ def _ccl() -> list[Kernel]:
                                           (2, False, word_block, w), (8, False, word_block, w),
                                           (4, False, word_block // 4, 2))
                 for vecs in [blk // (nw * 32 * 4)]]
-               + [V("", w, types=dict(out=P16, inp=P16, scratch=P16), BLOCK=word_block * 2,
-                    VEC=8, WARPS=w, WORLD=4, TRACE=False)],
+               + [V("all", w, v4=(16, 28), types=dict(out=P16, inp=P16, scratch=P16),
+                    BLOCK=word_block * 2, VEC=8, WARPS=w, WORLD=4, TRACE=False)],
                aligned=("n", "stride", "half")),
         Kernel("trident.ccl.all_gather.pull", "_pull_kernel", dict(out=P32, inp=P32, **pull),
                [V("ld+st", w, v4=(8, 16), BLOCK=pull_ag_block, WORD=4, WORLD=world, TRACE=t)
                 for world, t in ((4, False), (4, True), (2, False), (8, False))]
-               + [V("", w, types=dict(out=P16, inp=P16), BLOCK=2 * pull_ag_block, WORD=2,
-                    WORLD=4, TRACE=False)],     # int16 words: an odd size, never 16-byte
+               + [V("ld+st", w, v4=(8, 16), types=dict(out=P16, inp=P16),
+                    BLOCK=2 * pull_ag_block, WORD=2, WORLD=4, TRACE=False)],  # bf16/fp16
                aligned=("n", "my_offset")),
         # knobs (bench/sweep.py): pull order="block" (every rank's load of a block in
         # flight at once), push_direct (stores into every rank's output), at the warps
@@ -242,19 +242,21 @@ def _ccl() -> list[Kernel]:
                                           (4, False, word_block, 4), (2, False, word_block, w),
                                           (8, False, word_block, w))
                 for vecs in [blk // (nw * 32 * 4)]]
-               + [V("", w, types=dict(out=P16, inp=P16), BLOCK=2 * word_block, WORD=2,
-                    WORLD=4, TRACE=False)],
+               + [V("ld+st", w, v4=(4, 16), types=dict(out=P16, inp=P16),
+                    BLOCK=2 * word_block, WORD=2, WORLD=4, TRACE=False)],
                aligned=("n", "my_offset")),
         Kernel("trident.ccl.broadcast.push", "_push_kernel", dict(t=P32, src=I32, **push),
                copies, aligned=("n", "stride", "half")),
         # relay: a vector branch and a scalar one (peers' copies at any heap offset).
-        # int16/int8 words come from an odd size, never 16-byte: only compiled.
+        # int16 words (bf16/fp16 data) keep 16-byte accesses; int8 ones come from an odd
+        # size: only compiled.
         Kernel("trident.ccl.broadcast.relay", "_relay_kernel",
                dict(t=P32, src=I32, chunk_flags=P64, chunk=I32, **pull),
                [V("ld+st", w, v4=(16, 8), BLOCK=word_block, WORD=4, TRACE=t)
                 for t in (False, True)]
-               + [V("", w, types=dict(t=ty), BLOCK=GPU_BLOCK_BYTES // size, WORD=size,
-                    TRACE=False) for ty, size in ((P16, 2), (P8, 1))],
+               + [V("ld+st", w, v4=(16, 8), types=dict(t=P16), BLOCK=GPU_BLOCK_BYTES // 2,
+                    WORD=2, TRACE=False),
+                  V("", w, types=dict(t=P8), BLOCK=GPU_BLOCK_BYTES, WORD=1, TRACE=False)],
                aligned=("n", "my_offset", "chunk")),
         Kernel("trident.ccl.reduce_scatter.push", "_push_kernel", dict(out=P32, inp=P32, **push),
                reductions("out", "inp", "scratch"), aligned=("n", "stride", "half")),

@@ -6,8 +6,8 @@ once -- one 16-byte vector per thread per layout repetition, from a 1-D BlockedL
 16 // WORD words per thread -- and stores it `world` times: into its own output and into
 its slot of every peer's scratch. The writes are staggered: the i-th store of every tile
 goes to rank (rank + i) % world, so at any moment the ranks write to different peers.
-Programs are persistent: grid = min(tiles, the SMs the rank may use), each striding over
-the tiles. Iris recovers 2-D (row, column) indices of a BLOCK_M x BLOCK_N tile from a flat
+Programs are persistent: grid = min(tiles, the SMs every rank may use: common.Agreed.sms),
+each striding over the tiles. Iris recovers 2-D (row, column) indices of a BLOCK_M x BLOCK_N tile from a flat
 1-D range by div/mod because it gathers columns of a 2-D tensor; here each rank's part is
 one contiguous run of words (all_gather is along dim 0 of contiguous tensors), so the flat
 tile is a run of BLOCK words and needs no div/mod.
@@ -31,7 +31,7 @@ from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
 from ..device import (DATA, MAX_PROGRAMS, OP_ALL_GATHER, begin_epoch, exchange, fingerprint,
-                      scratch_half)
+                      poison, scratch_half)
 
 
 @jit
@@ -60,31 +60,34 @@ def _gluon_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, r
         for i in gl.static_range(WORLD):
             gl.store(dsts[i] + offs, x, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    # the fingerprint is checked (a call that differs raises CallMismatch); the copy-out
-    # below is not poisoned on failure yet (this kernel is never chosen by "auto")
-    exchange(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases, OP_ALL_GATHER, fp, trace_buf,
-             TRACE)
+    # a peer that never came, or made another call (CallMismatch), leaves its part of the
+    # output poisoned (all bits set: NaN), as push does
+    ok = exchange(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases, OP_ALL_GATHER, fp,
+                  trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for tile in range(pid, tiles, nprog):
         offs = tile * BLOCK + gl.arange(0, BLOCK, layout)
         mask = offs < n
         for i in gl.static_range(1, WORLD):
             src = (rank + i) % WORLD
-            gl.store(out + src * n + offs, gl.load(slots + src * stride + offs, mask=mask),
-                     mask=mask)
+            x = gl.load(slots + src * stride + offs, mask=mask)
+            gl.store(out + src * n + offs, poison(x, ok), mask=mask)
     trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
 
 
 def launch_size(ctx, n: int, word: int, block=None, programs=None, warps=None):
-    """(BLOCK words, programs, warps): persistent programs, min(tiles, the rank's SMs) on
-    GPUs (common.launch_size's CPU limit on the emulation). On GPUs the warps shrink until
-    one layout repetition (16 bytes x 32 threads x warps) fits in the block."""
+    """(BLOCK words, programs, warps): persistent programs, min(tiles, the SMs a grid may
+    fill) on GPUs (common.launch_size's CPU limit on the emulation). The SMs are the
+    ranks' agreed count (common.Agreed.sms, the smallest share of any rank), not this
+    rank's own: program p waits for program p of every peer, so every rank launches the
+    same grid. On GPUs the warps shrink until one layout repetition (16 bytes x 32
+    threads x warps) fits in the block."""
     block = common.block_size(ctx, word, block)
     common.check_launch(block, programs)
     common.check_warps(warps)
     warps = warps or common.GPU_NUM_WARPS
     if ctx.backend == "cuda":
-        limit = programs or min(ctx.usable_sms, MAX_PROGRAMS.value)
+        limit = programs or min(common.agreed(ctx).sms, MAX_PROGRAMS.value)
         warps = max(1, min(warps, block * word // (16 * 32)))
     else:
         limit = programs or common.CPU_MAX_PROGRAMS
