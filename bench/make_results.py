@@ -114,7 +114,8 @@ def setup(run: dict, link_prefix: str, where: bool = True) -> str:
     parts.append(f"world size {run.get('world_size', '?')}")
     if run.get("dtype"):
         parts.append(str(run["dtype"]).replace("torch.", ""))
-    parts.append(f"torch {run.get('torch', '?')}, triton {run.get('triton', '?')}")
+    parts.append(f"torch {run.get('torch', '?')}, triton {run.get('triton', '?')}"
+                 + (f", NCCL {run['nccl']}" if run.get("nccl") else ""))
     if run.get("trident_gemm"):
         parts.append(f"TRIDENT_GEMM={run['trident_gemm']}")
     line = " · ".join(parts) + f" · [{run['_file']}]({link_prefix}{run['_file']})"

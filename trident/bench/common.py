@@ -351,6 +351,10 @@ def metadata(ctx, suite: str) -> dict:
     if topo is not None and topo.spans_nodes:     # a WorldContext: say so in the results
         meta["nodes"] = f"{topo.num_nodes}x{topo.node_size} ({topo.source})"
     if ctx.backend == "cuda":
+        try:                  # the baselines' version (docs/results.md prints it)
+            meta["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+        except Exception:
+            pass
         try:
             meta["nvidia_smi_topo"] = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True,
                                                      text=True, timeout=20).stdout
