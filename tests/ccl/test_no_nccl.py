@@ -153,11 +153,13 @@ def _fused_ops(ctx):
                 text = _expect_no_nccl(
                     lambda: getattr(ctx, op)(a_all[r], wt_all[r], algorithm=name), op)
                 assert "cuBLAS + NCCL" in text and "'fused'" in text, text
-        got = ctx.matmul_all_reduce(a_all[r], wt_all[r])       # auto: fused
+        got = ctx.matmul_all_reduce(a_all[r], wt_all[r])       # auto: one of trident's
         names = {key[0]: plan.name for key, plan in ctx.plans._plans.items()}
     ref = sum(a.float() @ wt.float().t() for a, wt in zip(a_all, wt_all))
     assert_close(got, ref, "matmul_all_reduce auto without NCCL")
-    assert names.get("matmul_all_reduce") == "fused", names
+    from trident.ops import schedules
+    mine = {n for n, s in schedules.registered().items() if not s.needs_nccl}
+    assert names.get("matmul_all_reduce") in mine, names
     dist.barrier(ctx.group)
 
 

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from trident.ccl import ALGORITHMS as CCL_ALGORITHMS
+from trident.ops import schedules
 
 from ..ops.reference import assert_close, make
 
@@ -153,8 +154,9 @@ FAMILIES = {
     "swab_split": dict(gemm="tma", config={"SWAP_AB": True}, split_k=2),
     "classic_swab_split": dict(gemm="classic", config={"SWAP_AB": True}, split_k=2),
 }
-# the fused ops' other schedules (trident/ops/schedules.py), with their defaults
-SCHEDULES = ["sequential", "epilogue"]
+# the fused ops' other schedules (trident/ops/schedules.py: every registered one but
+# "fused", whose families are above, and "plain"), with their defaults
+SCHEDULES = [n for n in schedules.registered() if n not in ("fused", "plain")]
 FUSED_VARIANTS = ["fused/" + f for f in FAMILIES] + SCHEDULES + ["auto", "plain"]
 
 

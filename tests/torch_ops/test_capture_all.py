@@ -2,7 +2,7 @@
 inputs and checked against plain torch (each collective with each of its algorithms, the
 three fused ops with each config family of their GEMM core -- classic, persistent TMA,
 swap-AB, split-K, both, split-K with swap-AB on the classic core -- with each of their
-other schedules ("sequential", "epilogue": capture_cases.SCHEDULES), and "auto" and
+other schedules ("sequential", "epilogue", "pipelined": capture_cases.SCHEDULES), and "auto" and
 "plain", all_reduce_add_rmsnorm, MoE dispatch/combine); and every op through
 torch.compile(mode="reduce-overhead"), whose CUDA graphs (cudagraph trees) capture on a
 stream of their own, from a pool of their own, after one warm-up run -- the fused ops
@@ -82,7 +82,7 @@ FAMILIES = {
               ("matmul_all_reduce", "auto"), ("all_reduce_add_rmsnorm", "auto")],
     **{f"{op}-{fam}": [(op, f"fused/{fam}")] for op in FUSED for fam in C.FAMILIES},
     "fused-plain": [(op, "plain") for op in FUSED],
-    **{f"fused-{name}": [(op, name) for op in FUSED] for name in C.SCHEDULES},
+    **{f"fused_matmul-{name}": [(op, name) for op in FUSED] for name in C.SCHEDULES},
     "moe": [("moe", "low_latency"), ("moe", "high_throughput")],
 }
 
