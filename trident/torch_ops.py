@@ -496,11 +496,7 @@ def broadcast(ctx, t, src: int = 0, algorithm: str | None = None) -> torch.Tenso
     return torch.ops.trident.broadcast(t, src, ctx.name, algorithm)
 
 
-def _schedule(name: str, schedule, algorithm) -> str:
-    """The schedule a fused-op call names (`algorithm=` is its older alias), as the custom
-    op's string argument; checked when the op runs (trident/ops/schedules.py)."""
-    from .ops import schedules
-    return schedules.normalize(name, schedule, algorithm)
+_schedule = _ops.schedules.normalize     # schedule= (or its older alias algorithm=) by name
 
 
 def all_gather_matmul(ctx, a, w, bias=None, schedule: str = "auto",
