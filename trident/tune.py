@@ -31,7 +31,7 @@ every schedule of all_gather_matmul, matmul_reduce_scatter and matmul_all_reduce
 M bucket and size class, eagerly and from CUDA graphs, and writes the table that
 schedule="auto" reads (trident/ops/auto.py) to ops-<gpu>-w<world>-<topology>.json in the
 same cache folder. A cell never names a schedule measured slower than another in the same
-run. About 3 minutes per world size on GPUs (--quick: 1).
+run. Not yet run on a GPU: expect several minutes per world size (--quick: a third).
 
     trident tune                          # every visible GPU
     trident tune --world-size 2 --quick

@@ -365,10 +365,15 @@ def _ops() -> list[Kernel]:
     # decode configs the GEMM table gives small M (swap-AB, TMA or pointers) and the
     # classic tiles; the gathered-rows kernel at its GPU tiles (BM 16..64), split or not
     epi_rs, epi_ag = [], []
-    for i, (cfg, tma) in enumerate(((swab, True), (swab, False), (GEMM_CONFIGS[-1], False))):
+    # (config, TMA, the column extent after epilogue's shrinking, or None: the config's)
+    for i, (cfg, tma, cols) in enumerate(((swab, True, None), (swab, False, None),
+                                          (GEMM_CONFIGS[-1], False, None), (swab, True, 32),
+                                          (swab, False, 64))):
         cfg = gemm.resolve(cfg)
         opts = dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         bm, bn = tile_shape(cfg)
+        bn = cols or bn
+        i %= 3
         dt = PBF16 if i != 1 else PF16
         for all_reduce in (False, True):
             op = OP_CODES["matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"]

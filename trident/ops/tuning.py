@@ -14,7 +14,8 @@ times of a cell are always of the same shapes, and "auto" takes the smallest: it
 pick a schedule measured slower than another of this run.
 
 The table goes to the tune cache under this machine's key (auto.tuned_path: GPU model,
-world size, topology), or --out. About 3 minutes per world size on GPUs (--quick: 1).
+world size, topology), or --out. Not yet run on a GPU: expect several minutes per world
+size (Triton compiles each kernel variant on its first call; --quick times a third).
 On the CPU emulation it runs two tiny shapes eagerly: a check of the round trip only (the
 interpreter's times say nothing, and auto ignores tables there).
 """
