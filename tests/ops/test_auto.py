@@ -109,3 +109,29 @@ def test_tune_writes_a_table_auto_can_read(tmp_path):
     assert cell["m_bucket"] == "2-16" and cell["class"] == "<=4096"
     assert set(cell["times_us"]) == {"sequential", "epilogue"}
     assert cell["times_us"][cell["best"]] == min(cell["times_us"].values())
+
+
+def test_builtin_table_is_what_the_committed_runs_give(tmp_path):
+    """trident/ops/schedule_table.json is bench/schedule_table.py's output for the runs it
+    names (no cell typed by hand), and on an H100 pair auto takes each cell's fastest."""
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+    from trident.ops import auto
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(auto.TABLE_PATH) as f:
+        doc = json.load(f)
+    runs = [os.path.join(root, "bench", "results", name)
+            for name in re.findall(r"(ops-[\w.-]+\.json)", doc["about"])]
+    assert runs, doc["about"]
+    out = tmp_path / "table.json"
+    subprocess.run([sys.executable, os.path.join(root, "bench", "schedule_table.py"), *runs,
+                    "--out", str(out)], check=True, capture_output=True)
+    assert json.loads(out.read_text())["entries"] == doc["entries"]
+    for e in doc["entries"]:
+        got = auto._from_cell(doc["entries"], e["op"], "NVIDIA " + e["device"] + " 80GB HBM3",
+                              e["world_size"], e["m_bucket"], e["class"], e["mode"],
+                              set(e["times_us"]))
+        assert got == min(e["times_us"], key=lambda s: (e["times_us"][s], s)) == e["best"]

@@ -1,0 +1,78 @@
+"""Write the fused ops' built-in schedule table (trident/ops/schedule_table.json, what
+schedule="auto" reads after a machine's own `trident tune --ops` table) from committed
+`trident bench ops` runs on GPUs with one rank per GPU.
+
+    python bench/schedule_table.py bench/results/ops-2xh100-2026-11-25.json [more.json ...]
+
+Each run's rows that passed their value check become tuning rows (op, M, N, K, schedule,
+eager_us, graph_us: trident_<name> is schedule <name>, plain is "plain"; auto's own rows
+and torch's are left out), and trident/ops/tuning.table turns them into auto's cells: per
+op, world size, M bucket, class of the shared size and mode, every schedule's geometric
+mean over the cell's shapes, a schedule missing on one of them left out. So "auto" never
+picks a schedule that the same run measured slower than another. Runs where ranks share a
+GPU are refused: their times are HBM copies, not NVLink.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from trident.ops import auto, tuning  # noqa: E402
+
+
+def rows_of(run: dict) -> list[dict]:
+    out = []
+    for r in run["rows"]:
+        impl = r["impl"]
+        if impl == "plain":
+            name = "plain"
+        elif impl.startswith("trident_") and impl != "trident_auto":
+            name = impl[len("trident_"):]
+        else:
+            continue
+        if r.get("status") != "ok":
+            continue
+        out.append(dict(op=r["op"], M=r["M"], N=r["N"], K=r["K"], schedule=name,
+                        eager_us=r.get("eager_us"), graph_us=r.get("graph_us")))
+    return out
+
+
+def device_key(run: dict) -> str:
+    """'H100' of '2x NVIDIA H100 80GB HBM3': auto matches it as a substring of the GPU's name."""
+    found = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", run["device"])
+    if not found:
+        raise ValueError(f"no GPU model in {run['device']!r}")
+    return found.group(1)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("runs", nargs="+")
+    p.add_argument("--out", default=auto.TABLE_PATH)
+    args = p.parse_args(argv)
+    entries, sources = [], []
+    for path in args.runs:
+        with open(path) as f:
+            run = json.load(f)
+        if run.get("backend") != "cuda" or run.get("ranks_per_gpu", 1) != 1:
+            raise SystemExit(f"{path}: not a run with one rank per GPU")
+        new = tuning.table(rows_of(run), device_key(run), run["world_size"])
+        entries = [e for e in entries if (e["device"], e["world_size"]) !=
+                   (new[0]["device"], new[0]["world_size"])] + new if new else entries
+        sources.append(f"{os.path.basename(path)} ({run['device']}, {run['date']})")
+    with open(args.out, "w") as f:
+        json.dump({"about": "built by bench/schedule_table.py from " + "; ".join(sources)
+                   + ": see trident/ops/auto.py", "entries": entries}, f, indent=1)
+        f.write("\n")
+    print(f"{args.out}: {len(entries)} cells from {len(sources)} run(s)")
+    for e in entries:
+        print(f"  {e['device']} w{e['world_size']} {e['op']:22} M {e['m_bucket']:>9} "
+              f"{e['class']:>7} {e['mode']:5} best {e['best']:10} "
+              + " ".join(f"{s}={t}" for s, t in e["times_us"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
