@@ -31,7 +31,7 @@ GPU_M = (1, 16, 64, 256, 1024, 4096)
 GPU_S = (4096, 8192, 16384)
 QUICK_S = (8192,)
 CPU_M, CPU_S = (1, 16), (64,)
-EPILOGUE_MAX_M = 1024
+EPILOGUE_MAX_M = auto.EPILOGUE_MAX_M
 
 
 def _inputs(ctx, op: str, M: int, S: int):
