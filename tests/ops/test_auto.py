@@ -105,6 +105,12 @@ def test_tune_writes_a_table_auto_can_read(tmp_path):
     assert path == out and got[1] is None
     doc = json.loads(open(out).read())
     assert doc["entries"] == json.loads(json.dumps(entries))
+    # a second world size's run keeps the first one's cells in the same file
+    other = json.loads(json.dumps(dict(entries[0], world_size=99)))
+    doc["entries"].append(other)
+    open(out, "w").write(json.dumps(doc))
+    _, again = get_pool(2).run(_tune, out)[0]
+    assert json.loads(open(out).read())["entries"] == [other] + json.loads(json.dumps(again))
     (cell,) = [e for e in entries if e["mode"] == "eager"]      # CPU: no graph times
     assert cell["m_bucket"] == "2-16" and cell["class"] == "<=4096"
     assert set(cell["times_us"]) == {"sequential", "epilogue"}

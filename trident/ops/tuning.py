@@ -127,10 +127,13 @@ def tune_rank(ctx, quick: bool, timing: dict, out: str | None, ops=schedules.OPS
     key = tune_cache.machine_key(ctx.world_size)
     path = out or auto.tuned_path(ctx.world_size, key)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    # a file that holds other GPUs' or world sizes' cells keeps them (e.g. --out
+    # trident/ops/schedule_table.json, the built-in table, tuned once per world size)
+    others = [e for e in auto._read(path) if (e.get("device"), e.get("world_size"))
+              != (selector.device_name(ctx), ctx.world_size)]
     with open(path, "w") as f:
-        json.dump({"about": "measured by `trident tune --ops` on this machine; see "
-                            "trident/ops/auto.py", "key": key, "rows": rows,
-                   "entries": entries}, f, indent=1)
+        json.dump({"about": "measured by `trident tune --ops`; see trident/ops/auto.py",
+                   "key": key, "rows": rows, "entries": others + entries}, f, indent=1)
         f.write("\n")
     auto.forget()
     return path, entries
