@@ -122,11 +122,22 @@ class SyncMethods:
         self.ctrl[CTRL_FAILED:CTRL_FAILED + 1].add_(1)     # after the text, in stream order
 
     def _peer_message(self, peer: int) -> str:
-        """The message of the last error rank `peer` published (read from its control
-        block; a copy over the link on GPUs: an error path only)."""
+        """Why rank `peer` failed: the message of the last error it published (read from
+        its control block; a copy over the link on GPUs: an error path only), else what
+        its error word records. A wait stops on a peer whose error word is set as soon as
+        it sees it, but the peer publishes its message only when its host raises (its next
+        call, sync or barrier), which may come after this rank's: the word names the
+        cause meanwhile (a CallMismatch the peer found, quoted by this PeerFailed)."""
         try:
             words = self._heap.peer_view(peer, self.ctrl, CTRL_TEXT, CTRL_TEXT_WORDS).cpu()
-            return bytes(words.numpy().tobytes()).rstrip(b"\0").decode(errors="replace")
+            text = bytes(words.numpy().tobytes()).rstrip(b"\0").decode(errors="replace")
+            if text:
+                return text
+            word = int(self._heap.peer_view(peer, self.ctrl, CTRL_ERROR, 1).item())
+            if not word or word == ERROR_MARK:
+                return ""
+            exc = device_error(word, self.timeout_s)       # one level: no peer's peer
+            return f"{type(exc).__name__} on rank {peer}: {exc}"
         except Exception:         # the message is a courtesy: never hide the failure
             return ""
 

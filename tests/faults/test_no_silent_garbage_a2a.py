@@ -93,8 +93,14 @@ def _last_rank_skips(ctx, algorithm):
         ctx.sync()
         if ctx.rank != last:
             out = _call(ctx, algorithm, 2, torch.float32)
+            # reading the rows waits for the launch, whose wait times out after SHORT s: the
+            # call after it must raise at once. (Not before: on a GPU the launch is
+            # asynchronous, and a call made while it still waits cannot know that it will
+            # fail; that call's own launch then returns at once, poisoned, and the call
+            # after it raises. The CPU emulation runs the launch inside the call.)
+            poisoned = bool(out[2 * last:].isnan().all())
             kind, text, took = _raises_at_once(lambda: _call(ctx, algorithm, 2, torch.float32))
-            result = (bool(out[2 * last:].isnan().all()), kind, text, took)
+            result = (poisoned, kind, text, took)
         _right_after_reset(ctx, algorithm)
         return result
     finally:

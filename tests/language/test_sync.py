@@ -1,14 +1,16 @@
 """signal/wait, the device barrier, and bounded waits that become CommTimeout."""
+import re
 import time
 
 import pytest
 import torch
+import torch.distributed as dist
 import triton
 import triton.language as tl
 
 import trident as td
 import trident.language as tdl
-from trident.errors import CallMismatch
+from trident.errors import CallMismatch, PeerFailed
 
 
 @triton.jit
@@ -137,6 +139,50 @@ def _first_error_is_raised(ctx):
 
 def test_the_first_error_is_raised_not_the_last(pool):
     pool.run(_first_error_is_raised)
+
+
+@triton.jit
+def _mismatch_kernel(ctrl, rank, peer):
+    tdl.record_error(ctrl, rank, peer, 12, tdl.KIND_MISMATCH)
+
+
+@triton.jit
+def _wait_for_kernel(flag, ok, ctrl, rank, peer):
+    tl.store(ok, tdl.wait(flag, 1, ctrl, rank, peer, 12).to(tl.int32))
+
+
+def _peer_failed_before_it_published(ctx):
+    """Rank 0 finds a different call (its error word); rank 1's wait for it then stops
+    (PeerFailed) and rank 1 raises before rank 0's host has raised, so before rank 0
+    published its message: as on GPUs, where both raise at one barrier and the peer's
+    message is read before the peer has written it. The cause is still quoted."""
+    flag = ctx.zeros(1, dtype=torch.int32)
+    ok = ctx.full(1, -1, dtype=torch.int32)
+    ctx.sync()
+    if ctx.rank == 0:
+        _mismatch_kernel[(1,)](ctx.ctrl, 0, 1)
+    dist.barrier(group=ctx.group)                  # rank 0's error word is set
+    raised = None
+    if ctx.rank == 1:
+        _wait_for_kernel[(1,)](flag, ok, ctx.ctrl, 1, 0)
+        try:
+            ctx.all_reduce(torch.ones(8, device=ctx.device))
+        except PeerFailed as exc:
+            raised = str(exc)
+        assert ok.item() == 0
+    dist.barrier(group=ctx.group)                  # rank 1 raised: now rank 0 does
+    if ctx.rank == 0:
+        with pytest.raises(CallMismatch):
+            ctx.all_reduce(torch.ones(8, device=ctx.device))
+    ctx.reset()
+    if ctx.rank == 1:
+        assert raised is not None and re.search(
+            "stopped: rank 0, .*CallMismatch on rank 0: rank 0: test: rank 1 made a "
+            "different call", raised), raised
+
+
+def test_a_peer_failed_quotes_a_cause_not_yet_published(pool):
+    pool.run(_peer_failed_before_it_published)
 
 
 def _timeout_at_barrier(ctx):
