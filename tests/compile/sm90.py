@@ -380,15 +380,15 @@ def _ops() -> list[Kernel]:
             epi_rs.append(V(**opts, types=dict(a=dt, w=dt, out=dt, scratch=dt,
                                                bias=PF32 if i == 2 else dt),
                             BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=i != 2, TMA=tma,
-                            SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=i != 0, ALL_REDUCE=all_reduce,
-                            OP=op, TRACE=i == 1))
+                            SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=i != 0, OP=op, TRACE=i == 1))
     for i, bm in enumerate((16, 32, 64)):
         dt = PBF16 if i != 1 else PF16
         epi_ag.append(V(num_warps=4, num_stages=3, types=dict(a=dt, w=dt, out=dt, bias=dt),
                         BM=bm, BN=128, BK=64, EVEN_K=i != 2, HAS_BIAS=i != 0, SPLIT=i != 1,
                         OP=OP_CODES["all_gather_matmul"], TRACE=i == 1))
-    epi_ints = dict.fromkeys(("M", "N", "K", "m_local", "stride_am", "stride_wn",
-                              "stride_om", "half", "slot", "num_units", "num_tiles"), I32)
+    epi_ints = dict.fromkeys(("M", "N", "K", "m_local", "owner_rows", "stride_am",
+                              "stride_wn", "stride_om", "half", "slot", "num_units",
+                              "num_tiles"), I32)
     return [
         Kernel("trident.ops.epilogue", "_push_reduce_kernel",
                dict(flags=P64, sync=P64, **epi_ints), epi_rs,

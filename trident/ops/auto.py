@@ -39,7 +39,7 @@ M_BUCKETS = ((1, "1"), (16, "2-16"), (64, "17-64"), (256, "65-256"), (1024, "257
              (math.inf, ">1024"))
 SIZE_CLASSES = ((4096, "<=4096"), (8192, "<=8192"), (math.inf, ">8192"))
 MODES = ("eager", "graph")
-EPILOGUE_MAX_M = 1024      # the cost model and `trident tune --ops` leave "epilogue" out above
+EPILOGUE_MAX_M = 1024      # `trident tune --ops` times "epilogue" up to this many rows
 
 # Hopper-class floors for the cost model: usable HBM and NVLink (one way per GPU) bytes/s,
 # dense bf16 flop/s, and the fixed latencies it adds (us). Starting points, not measured.
@@ -229,14 +229,10 @@ def estimate(name: str, op: str, M: int, S: int, world: int, graph: bool,
         gpu = gemm + hw["sync_us"] + wire + copy
         return max(gpu, host * 3) + host
     if name == "epilogue":
-        if M > EPILOGUE_MAX_M:                     # its small-M role (tuning.py times it so)
-            return None
-        if op == "all_gather_matmul":              # every column tile pulls the remote rows
-            wire *= max(1, math.ceil(N / 128))
-            gpu = max(gemm, wire) + hw["sync_us"] + hw["launch_us"] + 2e6 * full / hw["hbm"]
-        else:                                      # pushes overlap only other programs' GEMM
-            gpu = gemm + 0.5 * wire + hw["sync_us"]
-        return max(gpu, host * 2) + host
+        # measured on 2x H100 (2026-11-25, docs/fused-ops.md): 0.23-0.9x of the best
+        # schedule at M <= 1024, short of the 1.1x over "sequential" it exists for; so no
+        # guess picks it: only a table that timed it fastest
+        return None
     if name == "fused":
         return 1.1 * max(gemm, wire) + 3 * hw["sync_us"] + host
     if name == "plain":

@@ -2,11 +2,11 @@
 programs, one launch, no second kernel, no producer/consumer hand-off.
 
 matmul_all_reduce / matmul_reduce_scatter (`_push_reduce_kernel`). Program p owns the same
-tiles of out on every rank (units p, p + grid, ...; tiles from M and N, which the ranks
-share). For each, it computes this rank's partial [BM, BN] tile and stores it, in the
-input dtype, into slot `rank` of the heap scratch of every rank that needs it -- all of
-them for all_reduce, including itself (one-shot), the owner of the rows for reduce_scatter
--- then tells the peers' program p (release) and waits for theirs (acquire): one DATA
+tiles of out on every rank (units p, p + grid, ...; tiles of all M rows, from M and N,
+which the ranks share). For each, it computes this rank's partial [BM, BN] tile once (the
+weights are read once) and stores it, in the input dtype, into slot `rank` of the heap
+scratch of every rank that needs it -- all of them for all_reduce, including itself
+(one-shot); each owner its rows of the tile for reduce_scatter -- then tells the peers' program p (release) and waits for theirs (acquire): one DATA
 exchange, the collectives' (ccl/device.py: call fingerprint compared, bounded, failure
 recorded). Then it sums the world's copies of its tiles from its own scratch, in rank
 order, adds the bias and stores out: every rank adds the same values in the same order,
@@ -32,9 +32,12 @@ tiles the program owns (NaN) and the kernel touches no peer memory afterwards.
 
 When it should win: at M <= 64 the GEMM streams the weights from HBM and the product is
 small, so a launch and a synchronisation saved (vs. "sequential": GEMM, then the
-collective) are worth more than the overlap "fused" buys. all_gather_matmul pays for
-simplicity in link traffic: every column tile reads the remote rows again (A_remote *
-column tiles), hidden under the weight stream only at small M. Not measured yet.
+collective) could be worth more than the overlap "fused" buys. all_gather_matmul pays in
+link traffic: every column tile reads the remote rows again (A_remote * column tiles).
+Measured on 2x H100 (2026-11-25, docs/fused-ops.md): 0.23-0.9x of the best schedule, worst
+at large K per rank -- without split-K each program streams its whole K alone -- so auto
+takes it only where a table measured it fastest. (matmul_reduce_scatter then computed a
+tile per owner, reading the weights world times: fixed since, not re-measured.)
 """
 from __future__ import annotations
 
@@ -61,62 +64,55 @@ STAGE_KEY = "ops.epilogue.a"
 @triton.jit
 def _push_reduce_kernel(
         a, w, bias, out, scratch, flags, sync, ctrl, heap_bases, trace_buf,
-        rank, world_size, M, N, K, m_local, stride_am, stride_wn, stride_om, half, slot,
-        num_units, fp,
+        rank, world_size, M, N, K, m_local, owner_rows, stride_am, stride_wn, stride_om,
+        half, slot, num_units, fp,
         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
         TMA: tl.constexpr, SWAP_AB: tl.constexpr, HAS_BIAS: tl.constexpr,
-        ALL_REDUCE: tl.constexpr, OP: tl.constexpr, TRACE: tl.constexpr):
-    """Units u = (row block, column block) of the rows this rank keeps: all M rows
-    (ALL_REDUCE) or its m_local (reduce_scatter, which computes the unit's tile for every
-    owner). Scratch slot s ([m_local or M, N] row-major) holds rank s's partial."""
+        OP: tl.constexpr, TRACE: tl.constexpr):
+    """Units u = (row block, column block) of out's M x N, the same on every rank. Scratch
+    slot s ([m_local, N] row-major; m_local = M for all_reduce) holds rank s's partial of
+    this rank's rows, which start at row rank * owner_rows (0 for all_reduce). One GEMM
+    tile per unit (the weights are read once): all of it to every rank (all_reduce), or
+    each owner's rows of it to that owner (reduce_scatter)."""
     pid = tl.program_id(0)
     epoch = begin_epoch(sync)
     slots = scratch_half(scratch, epoch, half)
-    rows_kept = m_local                      # M for all_reduce
     a = operand(a, M, K, stride_am, BM, BK, TMA)    # host-made descriptors pass as they are
     w = operand(w, N, K, stride_wn, BN, BK, TMA)
     num_nb = tl.cdiv(N, BN)
-    r = tl.arange(0, BM)[:, None]
-    c = tl.arange(0, BN)[None, :]
+    rows = tl.arange(0, BM)[:, None]
+    cols = tl.arange(0, BN)[None, :]
     for u in range(pid, num_units, tl.num_programs(0)):
         m0 = (u // num_nb) * BM
         n0 = (u % num_nb) * BN
-        mask = (m0 + r < rows_kept) & (n0 + c < N)
-        offs = (m0 + r).to(tl.int64) * N + n0 + c + rank * slot
-        if ALL_REDUCE:          # one partial tile, to every rank (this one included)
-            t0 = trd.begin(TRACE)
-            acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
-                          EVEN_K, TMA, SWAP_AB, False)
-            trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
-            t0 = trd.begin(TRACE)
-            for j in range(world_size):
-                tdl.store(slots + offs, acc.to(slots.dtype.element_ty), rank,
-                          (rank + 1 + j) % world_size, heap_bases, mask=mask)
-            trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-        else:                   # the unit's tile of every owner's rows, to that owner
-            for i in range(world_size):
-                dst = (rank + 1 + i) % world_size       # this rank's own tile last
-                t0 = trd.begin(TRACE)
-                acc = op_tile(a, stride_am, w, stride_wn, dst * m_local + m0, n0, M, N, K,
-                              0, 1, BM, BN, BK, EVEN_K, TMA, SWAP_AB, False)
-                trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
-                t0 = trd.begin(TRACE)
-                tdl.store(slots + offs, acc.to(slots.dtype.element_ty), rank, dst,
-                          heap_bases, mask=mask)
-                trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+        t0 = trd.begin(TRACE)
+        acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
+                      EVEN_K, TMA, SWAP_AB, False)
+        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+        t0 = trd.begin(TRACE)
+        part = acc.to(slots.dtype.element_ty)
+        for j in range(world_size):             # this rank's own slot last
+            dst = (rank + 1 + j) % world_size
+            lo = dst * owner_rows
+            mine = (m0 + rows >= lo) & (m0 + rows < lo + m_local) & (n0 + cols < N)
+            offs = (m0 + rows - lo).to(tl.int64) * N + n0 + cols + rank * slot
+            tdl.store(slots + offs, part, rank, dst, heap_bases, mask=mine)
+        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, OP, fp,
                   trace_buf, TRACE)
+    lo = rank * owner_rows
     for u in range(pid, num_units, tl.num_programs(0)):
         t0 = trd.begin(TRACE)
         m0 = (u // num_nb) * BM
         n0 = (u % num_nb) * BN
-        mask = (m0 + r < rows_kept) & (n0 + c < N)
-        offs = (m0 + r).to(tl.int64) * N + n0 + c
+        mine = (m0 + rows >= lo) & (m0 + rows < lo + m_local) & (n0 + cols < N)
+        offs = (m0 + rows - lo).to(tl.int64) * N + n0 + cols
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for s in range(world_size):             # rank order: the same sum everywhere
-            acc += tl.load(slots + s * slot + offs, mask=mask, other=0.0).to(tl.float32)
-        acc = add_bias(acc, bias, n0, N, BN, HAS_BIAS)
-        store_tile(out, stride_om, poison(acc, ok), m0, n0, rows_kept, N, BM, BN)
+            acc += tl.load(slots + s * slot + offs, mask=mine, other=0.0).to(tl.float32)
+        acc = poison(add_bias(acc, bias, n0, N, BN, HAS_BIAS), ok)
+        dst = out + (m0 + rows - lo).to(tl.int64) * stride_om + n0 + cols
+        tl.store(dst, acc.to(out.dtype.element_ty), mask=mine)
         trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
@@ -130,9 +126,9 @@ def _row_parallel(ctx, plan, op, a, w, bias, out, config=None) -> None:
     bm, bn = tile_shape(cfg)
     sms = _sms(ctx)
     if not config:              # enough tiles to fill the GPU, from shared sizes only
-        while triton.cdiv(m_local, bm) * triton.cdiv(N, bn) < sms and bn > MIN_COLUMNS:
+        while triton.cdiv(M, bm) * triton.cdiv(N, bn) < sms and bn > MIN_COLUMNS:
             bn //= 2
-    num_units = triton.cdiv(m_local, bm) * triton.cdiv(N, bn)
+    num_units = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     grid = max(1, min(num_units, sms))
     slot = ccl_common.round_up(m_local * N)
     scratch = ccl_common.scratch(ctx, 2 * world * slot * a.element_size(), a.dtype)
@@ -145,10 +141,10 @@ def _row_parallel(ctx, plan, op, a, w, bias, out, config=None) -> None:
         _push_reduce_kernel, (grid,),
         a_op, w_op, bias if bias is not None else a, _live_out(), scratch, st.flags, st.sync,
         ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
-        a.stride(0), w.stride(0), out.stride(0), scratch.numel() // 2, slot, num_units, fp,
+        0 if all_reduce else m_local, a.stride(0), w.stride(0), out.stride(0),
+        scratch.numel() // 2, slot, num_units, fp,
         BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, TMA=tma,
-        SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=bias is not None, ALL_REDUCE=all_reduce,
-        OP=OP_CODES[op], TRACE=trace, **_launch_options(ctx, cfg))
+        SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=bias is not None, OP=OP_CODES[op], TRACE=trace, **_launch_options(ctx, cfg))
     if tma:
         addresses_only(plan.steps[-1], (a_op, w_op))
 
