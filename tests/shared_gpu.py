@@ -6,7 +6,11 @@ Inside a rank function: `with as_shared_gpu(ctx): ...`. An attribute that Contex
 defines as a property is replaced on the class for the duration (the rank process runs
 one function at a time), a plain one on the instance; both are put back after, and the
 context's plans are dropped on the way in and out, so that no plan built in one mode is
-reused in the other.
+reused in the other. The facts the ranks agreed at their first collective
+(trident.ccl.common.Agreed) say NCCL cannot run for the duration, then what they said
+before: the first collective may come inside (the facts are made once per context), and
+a context that agreed "no NCCL" there would refuse it for good. Every rank must enter and
+leave together (entering agrees the facts if no collective has yet).
 """
 import contextlib
 
@@ -18,8 +22,11 @@ _MISSING = object()
 def as_shared_gpu(ctx, ranks_per_gpu: int = RANKS_PER_GPU):
     forced = {"ranks_per_device": ranks_per_gpu, "shares_device": True,
               "nccl_available": False}
+    from trident.ccl import common
     saved = []
     ctx.plans.clear()
+    facts = common.agreed(ctx)
+    was_nccl, facts.nccl = facts.nccl, False
     try:
         for name, value in forced.items():
             owner = next((k for k in type(ctx).__mro__ if name in k.__dict__), None)
@@ -31,6 +38,7 @@ def as_shared_gpu(ctx, ranks_per_gpu: int = RANKS_PER_GPU):
                 setattr(ctx, name, value)
         yield ctx
     finally:
+        facts.nccl = was_nccl
         for holder, name, value in reversed(saved):
             if value is _MISSING:
                 delattr(holder, name)
