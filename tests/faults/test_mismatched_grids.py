@@ -16,7 +16,8 @@ from trident.errors import CallMismatch, PeerFailed
 
 from ..conftest import WORLD_SIZES
 
-MULTI = [w for w in WORLD_SIZES if w >= 2] or [2]
+# worlds 2 and 4 (3 adds half a minute to CI and no case: the grids differ at any world)
+MULTI = [w for w in WORLD_SIZES if w >= 2 and w != 3] or [w for w in WORLD_SIZES if w >= 2] or [2]
 CASES = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("reduce_scatter", "push"),
          ("reduce_scatter", "pull"), ("all_gather", "push"), ("all_gather", "pull"),
          ("all_gather", "push_direct"), ("broadcast", "push"), ("broadcast", "relay")]
