@@ -15,11 +15,10 @@ GPU are refused: their times are HBM copies, not NVLink.
 import argparse
 import json
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trident.ops import auto, tuning  # noqa: E402
+from trident.ops import auto, gemm_tables, tuning  # noqa: E402
 
 
 def rows_of(run: dict) -> list[dict]:
@@ -41,10 +40,10 @@ def rows_of(run: dict) -> list[dict]:
 
 def device_key(run: dict) -> str:
     """'H100' of '2x NVIDIA H100 80GB HBM3': auto matches it as a substring of the GPU's name."""
-    found = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", run["device"])
-    if not found:
+    model = gemm_tables.family(run["device"])
+    if model == run["device"]:
         raise ValueError(f"no GPU model in {run['device']!r}")
-    return found.group(1)
+    return model
 
 
 def main(argv=None) -> int:
