@@ -29,6 +29,7 @@ import warnings
 import torch
 
 from ._env import INTERPRET
+from .graph_pools import outside_graph_pools
 
 
 class Live:
@@ -229,28 +230,13 @@ class Launch:
         return entry
 
 
-_alloc_streams: dict = {}          # device index -> the stream kept buffers are allocated on
-
-
 def kept_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
-    """A buffer kept past the call (by a Launch) for work on the current stream, from the
-    caching allocator's general pool.
-
-    Not allocated on the current stream itself: torch.compile's CUDA graphs
-    (mode="reduce-overhead", cudagraph trees) run their eager warm-up with the current
-    stream's allocations routed into the tree's private pool, whose blocks the tree may
-    free and hand out again when it records another graph (it resets the pool to a
-    checkpoint) -- a buffer kept from the warm-up would then be another tensor's memory. So it is allocated on a stream of trident's
-    own (no pool routes it) and the allocator is told that the current stream uses it
-    (record_stream: after the buffer dies, its memory is reused only once the work queued
-    there is done)."""
-    if device.type != "cuda":
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    user = torch.cuda.current_stream(device)
-    side = _alloc_streams.get(device.index)
-    if side is None:
-        side = _alloc_streams[device.index] = torch.cuda.Stream(device)
-    with torch.cuda.stream(side):
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    buf.record_stream(user)
-    return buf
+    """A buffer kept past the call (by a Launch) for work on the current stream, made
+    outside every CUDA-graph pool (graph_pools.outside_graph_pools: a thread of trident's
+    own, which no pool routing matches; the current stream recorded as its user). Made
+    once per Launch and stream, off the warm path. (A stream of trident's own on the
+    calling thread is not enough since torch 2.8: its allocations are routed too; seen on
+    one H100, torch 2.11, tests/torch_ops/test_capture_all.py, "Detected 1 tensor(s) in
+    the cudagraph pool not tracked as outputs".)"""
+    return outside_graph_pools(device, "a launch's global scratch",
+                               lambda: torch.empty(nbytes, dtype=torch.uint8, device=device))

@@ -71,6 +71,14 @@ def _outputs_poisoned(d) -> bool:
     return bool(d.expert_x.float().isnan().all()) and bool((d.expert_num_tokens == -1).all())
 
 
+def _poison_seen(d) -> str:
+    """What a failed call left, for a failing assertion: rows of expert_x that are not all
+    NaN per local expert, and the counts."""
+    rows = ~d.expert_x.float().isnan().flatten(2).all(-1)          # [L, cap]
+    return (f"rows not poisoned per local expert {rows.sum(1).tolist()} of "
+            f"{d.expert_x.shape[1]}, expert_num_tokens {d.expert_num_tokens.tolist()}")
+
+
 # what rank 0's ExpertParallel or call does differently from the others' (the heap tells
 # a different hidden dim or dtype: its allocations differ, HeapMismatchError at creation)
 DIFFERENCES = {
@@ -96,7 +104,7 @@ def _calls_differ(ctx, what):
                         fp8=what == "fp8" and ctx.rank == 0)
         d = h.wait() if what == "path" else h
         kind, text, took = _raises_at_once(ctx.barrier)
-        poisoned = _outputs_poisoned(d)
+        poisoned = _outputs_poisoned(d) or _poison_seen(d)
         _right_after_reset(ctx, [ep])
         return kind, text, took, poisoned
     finally:
@@ -109,7 +117,8 @@ def test_calls_that_differ_raise_on_every_rank(pool, what):
         assert kind in NAMED, (rank, kind, text)
         assert "moe_dispatch" in text and "different call" in text, text
         assert took < 5, f"rank {rank}: the barrier took {took:.1f} s to raise"
-        assert poisoned, f"rank {rank}: a mismatched dispatch left plausible outputs"
+        assert poisoned is True, f"rank {rank}: a mismatched dispatch left plausible " \
+                                 f"outputs: {poisoned} ({kind}: {text})"
 
 
 def _last_rank_skips(ctx, op, high_throughput):

@@ -96,6 +96,9 @@ def _compiled(ctx, family, variants=None, calls=REPLAYS + 2, compile_options=Non
     # a tensor left alive in the graphs' pool then names the line that allocated it
     inductor_config.triton.cudagraph_trees_history_recording = True
     case = C.combined([C.make_case(ctx, n, v) for n, v in variants or FAMILIES[family]])
+    # one rank process compiles every family in turn, each as case.fn (one code object):
+    # without a reset the ninth family hits Dynamo's recompile limit (8) under fullgraph
+    torch._dynamo.reset()
     compiled = torch.compile(case.fn, fullgraph=True,
                              **(compile_options or dict(mode="reduce-overhead")))
     skips = counters["inductor"]["cudagraph_skips"]
