@@ -1,5 +1,5 @@
 """trident.context stays out of import cycles (issue 23): Context is the facade over
-ccl/, ops/, trace/, torch_ops.py, emulation.py and sanitize.py, which take the context as
+ccl/, ops/, trace/, torch_ops.py, emulation.py and sanitize/, which take the context as
 an argument and never import trident.context (docs/design.md, Layout).
 
 The graph is read from the source with ast: imports at module level and inside functions
@@ -98,3 +98,13 @@ def test_context_is_in_no_import_cycle():
     bad = [c for c in _cycles(graph) if context & set(c)]
     assert not bad, "import cycles through trident.context: " + "; ".join(
         " ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in bad)
+
+
+MAX_LINES = 600
+
+
+def test_no_file_over_600_lines():
+    """Files small and single-purpose: none in trident/ over MAX_LINES lines (issue 32)."""
+    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"files in trident/ over {MAX_LINES} lines (split them): {long}"

@@ -121,7 +121,7 @@ def install() -> None:
     _interp._patch_lang = _patch_lang
     executor._init_args_hst = _init_args_hst
     executor._restore_args_dev = _restore_args_dev
-    # The race detector (TRIDENT_SANITIZE=1, trident/sanitize.py) hooks the interpreter's
+    # The race detector (TRIDENT_SANITIZE=1, trident/sanitize/) hooks the interpreter's
     # memory ops and grid loop when a Context switches it on; nothing of it is installed
     # here.
     _installed = True

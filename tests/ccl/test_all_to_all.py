@@ -94,7 +94,7 @@ def _race_free(ctx, seed):
 
 
 def test_all_to_all_race_free(pool):
-    """The pairs' flags order every access (the race detector, trident/sanitize.py, with
+    """The pairs' flags order every access (the race detector, trident/sanitize/, with
     programs of a launch run in a seeded order): several programs per pair, zero-row
     ranks, uneven splits."""
     if pool.backend != "cpu" or pool.world_size > 3:

@@ -1,4 +1,4 @@
-"""The race detector (TRIDENT_SANITIZE, trident/sanitize.py): it reports a planted race,
+"""The race detector (TRIDENT_SANITIZE, trident/sanitize/): it reports a planted race,
 and every shipped kernel runs clean under it at 2 and 3 ranks, small sizes.
 
 The pool's rank processes are reused: each test switches the sanitizer on in them for

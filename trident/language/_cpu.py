@@ -3,7 +3,7 @@
 Under the Triton interpreter a kernel is plain Python, so `timestamp` and `backoff` are
 ordinary functions; `load_acquire` is an atomic read on the shared mapping.
 
-`yield_hook` is set while the race detector runs (trident/sanitize.py): a program that
+`yield_hook` is set while the race detector runs (trident/sanitize/): a program that
 backs off in a wait hands the baton to another program of its launch.
 """
 import os
