@@ -48,46 +48,63 @@ def put(dst_ptr, src_ptr, rank, peer, heap_bases, mask=None):
 @triton.jit
 def atomic_add(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
                scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomically add `val` to `peer`'s copy of `ptr`; returns the old value.
+    `sem` and `scope` as in tl.atomic_add (defaults: acq_rel, system scope)."""
     return tl.atomic_add(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_cas(ptr, cmp, val, rank, peer, heap_bases, sem: tl.constexpr = tl.constexpr("acq_rel"),
                scope: tl.constexpr = tl.constexpr("sys")):
+    """Compare-and-swap on `peer`'s copy of `ptr`: store `val` where it equals `cmp`;
+    returns the old value.
+    `sem` and `scope` as in tl.atomic_cas (defaults: acq_rel, system scope)."""
     return tl.atomic_cas(translate(ptr, rank, peer, heap_bases), cmp, val, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_xchg(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
                 scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomically store `val` into `peer`'s copy of `ptr`; returns the old value.
+    `sem` and `scope` as in tl.atomic_xchg (defaults: acq_rel, system scope)."""
     return tl.atomic_xchg(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_max(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
                scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic maximum of `peer`'s copy of `ptr` and `val`; returns the old value.
+    `sem` and `scope` as in tl.atomic_max (defaults: acq_rel, system scope)."""
     return tl.atomic_max(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_min(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
                scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic minimum of `peer`'s copy of `ptr` and `val`; returns the old value.
+    `sem` and `scope` as in tl.atomic_min (defaults: acq_rel, system scope)."""
     return tl.atomic_min(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_and(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
                scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic bitwise and of `val` into `peer`'s copy of `ptr`; returns the old value.
+    `sem` and `scope` as in tl.atomic_and (defaults: acq_rel, system scope)."""
     return tl.atomic_and(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_or(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
               scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic bitwise or of `val` into `peer`'s copy of `ptr`; returns the old value.
+    `sem` and `scope` as in tl.atomic_or (defaults: acq_rel, system scope)."""
     return tl.atomic_or(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
 
 
 @triton.jit
 def atomic_xor(ptr, val, rank, peer, heap_bases, mask=None, sem: tl.constexpr = tl.constexpr("acq_rel"),
                scope: tl.constexpr = tl.constexpr("sys")):
+    """Atomic bitwise xor of `val` into `peer`'s copy of `ptr`; returns the old value.
+    `sem` and `scope` as in tl.atomic_xor (defaults: acq_rel, system scope)."""
     return tl.atomic_xor(translate(ptr, rank, peer, heap_bases), val, mask=mask, sem=sem, scope=scope)
