@@ -9,7 +9,8 @@ latest run of each device kind (the JSON's "device", plus its "nodes" across nod
 its date, device, versions and file, trident beside the baseline of the same run, eager and
 graph. The README's compact table of a family comes from that family's latest run on GPUs of
 their own (not shared, not across nodes); it sits between `<!-- results:FAMILY -->` and
-`<!-- /results:FAMILY -->` and is rewritten in place. bench/results/README.md lists every
+`<!-- /results:FAMILY -->` and is rewritten in place (the ops table ends with which schedule
+was fastest where, over the run's layers). bench/results/README.md lists every
 file of bench/results/ with what it is.
 
 Cells "a · b · c" are eager · graph · host in microseconds (bench/common.py: eager = calls
@@ -184,9 +185,9 @@ def ccl_compact(run: dict) -> list[str]:
 
 def ops_full(run: dict) -> list[str]:
     rows = []
-    for (op, layer, m), impls in _by(run["rows"], "op", "layer", "M").items():
+    for (op, model, layer, m), impls in _by(run["rows"], "op", "model", "layer", "M").items():
         fused, auto, plain = (impls.get(k) for k in ("trident_fused", "trident_auto", "plain"))
-        rows.append([op, layer, m, cells(fused),
+        rows.append([op, _layer(model, layer), m, cells(fused),
                      f"{cells(auto)} ({(auto or {}).get('choice') or DASH})", cells(plain),
                      speedups(plain, fused), speedups(plain, auto),
                      cells(impls.get("torch_symm_mem"), ("eager_us", "graph_us"))])
@@ -195,24 +196,95 @@ def ops_full(run: dict) -> list[str]:
                   "torch symm-mem (eager · graph)"], rows)
 
 
+def _layer(model, layer) -> str:
+    """'llama3-70b attn_out' (the model is part of a layer's name: two models' layers of
+    the same name have different shapes)."""
+    return f"{model} {layer}" if model else str(layer)
+
+
 def ops_compact(run: dict) -> list[str]:
-    """One row per op, on its first layer: the smallest and the largest M, auto (what a
-    call gets) against NCCL + cuBLAS."""
+    """One row per op, on its first layer (model and layer): the smallest and the largest
+    M, auto (what a call gets) against NCCL + cuBLAS."""
     rows = []
-    groups = _by(run["rows"], "op", "layer", "M")
+    groups = _by(run["rows"], "op", "model", "layer", "M")
     for op in dict.fromkeys(k[0] for k in groups):
-        layer = next(k[1] for k in groups if k[0] == op)
-        ms = sorted(k[2] for k in groups if k[:2] == (op, layer))
-        model = next(r.get("model") for r in groups[(op, layer, ms[0])].values())
-        row = [f"{op} ({model} {layer})" if model else f"{op} ({layer})"]
+        first = next(k[:3] for k in groups if k[0] == op)
+        ms = sorted(k[3] for k in groups if k[:3] == first)
+        row = [f"{op} ({_layer(*first[1:])})"]
         for m in (ms[0], ms[-1]):
-            auto, plain = (groups[(op, layer, m)].get(k) for k in ("trident_auto", "plain"))
+            auto, plain = (groups[(*first, m)].get(k) for k in ("trident_auto", "plain"))
             row += [m, f"{cells(auto, ('eager_us', 'graph_us'))} "
                        f"({(auto or {}).get('choice') or DASH})",
                     cells(plain, ("eager_us", "graph_us")), speedups(plain, auto)]
-        rows.append(row)
+        rows.append(row + [_winners_by_m(groups, op, "graph_us")])
     return table(["op (layer)", "M", "trident µs (auto's pick)", "NCCL + cuBLAS µs", "×",
-                  "M", "trident µs (auto's pick)", "NCCL + cuBLAS µs", "×"], rows)
+                  "M", "trident µs (auto's pick)", "NCCL + cuBLAS µs", "×",
+                  "fastest from graphs, by M (layers won, all of the run's)"], rows)
+
+
+OPS_RIVALS = ("plain", "torch_symm_mem")    # besides the trident_<schedule> rows
+
+
+def _fastest(impls: dict, key: str):
+    """(name, us) of the fastest schedule or baseline of one ops case in mode `key`
+    (trident_<name> as <name>; auto's own row left out), or None."""
+    times = {n[len("trident_"):] if n.startswith("trident_") else n: r.get(key)
+             for n, r in impls.items()
+             if (n.startswith("trident_") or n in OPS_RIVALS) and n != "trident_auto"
+             and r.get("status") == "ok" and r.get(key)}
+    return min(times.items(), key=lambda kv: kv[1]) if times else None
+
+
+def _wins(groups: dict, op: str, m: int, key: str) -> dict:
+    """{schedule or baseline: on how many of the run's layers it was fastest} at op, M."""
+    wins: dict = {}
+    for k, impls in groups.items():
+        best = _fastest(impls, key) if k[0] == op and k[3] == m else None
+        if best is not None:
+            wins[best[0]] = wins.get(best[0], 0) + 1
+    return wins
+
+
+def _winners_by_m(groups: dict, op: str, key: str) -> str:
+    """'1: plain 2/4 · 64-1024: sequential 4/4 · ...': per M the schedule fastest on the
+    most layers (ties: each), consecutive Ms of the same text merged."""
+    parts: list = []
+    for m in sorted({k[3] for k in groups if k[0] == op}):
+        wins = _wins(groups, op, m, key)
+        if not wins:
+            continue
+        top = max(wins.values())
+        text = ", ".join(f"{n} {c}/{sum(wins.values())}" for n, c in sorted(wins.items())
+                         if c == top)
+        if parts and parts[-1][2] == text:
+            parts[-1][1] = m
+        else:
+            parts.append([m, m, text])
+    return " · ".join(f"{a}{'' if a == b else f'-{b}'}: {t}" for a, b, t in parts) or DASH
+
+
+def ops_winners(run: dict) -> list[str]:
+    """Which schedule (or baseline) was fastest, per op and M, over the run's layers:
+    'sequential 3, plain 1' = fastest on 3 layers, plain on 1; graph and eager; and on
+    how many layers auto's own row was within 2 % of that fastest."""
+    groups = _by(run["rows"], "op", "model", "layer", "M")
+    rows = []
+    for op in dict.fromkeys(k[0] for k in groups):
+        for m in sorted({k[3] for k in groups if k[0] == op}):
+            cases = [impls for k, impls in groups.items() if k[0] == op and k[3] == m]
+            row = [op, m]
+            for key in ("graph_us", "eager_us"):
+                wins, near = _wins(groups, op, m, key), 0
+                for impls in cases:
+                    best = _fastest(impls, key)
+                    mine = (impls.get("trident_auto") or {}).get(key)
+                    near += bool(best and mine and mine <= 1.02 * best[1])
+                row += [", ".join(f"{n} {c}" for n, c in sorted(
+                    wins.items(), key=lambda kv: (-kv[1], kv[0]))) or DASH,
+                        f"{near} of {sum(wins.values())}"]
+            rows.append(row)
+    return table(["op", "M", "fastest from graphs (layers)", "auto within 2 %",
+                  "fastest eagerly (layers)", "auto within 2 %"], rows)
 
 
 def _moe_phase(impls_rows, impl, phase):
@@ -297,7 +369,7 @@ def tp_full(run: dict) -> list[str]:
                   "trident_fused rel_err"], rows)
 
 
-FULL = {"ccl": ccl_full, "ops": ops_full, "moe": moe_full, "gemm": gemm_full,
+FULL = {"ccl": ccl_full, "ops": lambda run: ops_full(run) + [""] + ops_winners(run), "moe": moe_full, "gemm": gemm_full,
         "p2p": p2p_full, "tp": tp_full}
 COMPACT = {"ccl": ccl_compact, "ops": ops_compact, "moe": moe_compact}
 
