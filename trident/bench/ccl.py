@@ -19,7 +19,7 @@ empty, and torch's symmetric-memory ops (which need the group's store, not NCCL)
 Size per rank: all_reduce/broadcast the tensor, all_gather the input block,
 reduce_scatter the output block, all_to_all the input. Data is bf16.
 
-trident's algorithms are every entry of ccl.ALGORITHMS, so the all_gather rows time the
+trident's algorithms are every entry of ccl/registry.py, so the all_gather rows time the
 Gluon kernel (trident_gluon, ccl/all_gather/gluon.py) beside push, pull and push_direct;
 it keeps push's scratch, so like push it stops at SCRATCH_LIMIT.
 
@@ -36,9 +36,7 @@ import torch
 from . import common
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
-SCRATCH_LIMIT = 64 << 20     # push/one-shot algorithms keep 2*world*size of scratch
-NO_SCRATCH = {"all_reduce": ("two_shot",), "all_gather": ("pull", "push_direct"),  # every size
-              "reduce_scatter": ("pull",), "broadcast": ("relay",)}
+SCRATCH_LIMIT = 64 << 20     # algorithms of scratch "message" keep 2*world*size of it
 DTYPE = torch.bfloat16
 
 
@@ -150,9 +148,10 @@ def _nccl_symm(ctx, op, plain):
 def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
     """name -> one call: trident's algorithms, NCCL, and with `full` the selector's choice
     and torch's symmetric-memory ops."""
-    from ..ccl import ALGORITHMS
-    impls = {f"trident_{name}": _call(ctx, op, sym, algorithm=name) for name in ALGORITHMS[op]
-             if size <= SCRATCH_LIMIT or name in NO_SCRATCH.get(op, ()) or op == "all_to_all"}
+    from ..ccl import registry
+    impls = {f"trident_{a.name}": _call(ctx, op, sym, algorithm=a.name)
+             for a in registry.ALGORITHMS
+             if a.op == op and (size <= SCRATCH_LIMIT or a.scratch != "message")}
     if full:
         impls["trident_auto"] = _call(ctx, op, sym)
     impls[common.baseline_name(ctx)] = _nccl(ctx, op, plain) if common.nccl_runs(ctx) else None

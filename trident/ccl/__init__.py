@@ -8,7 +8,7 @@ being captured; "nccl" = torch.distributed) and packs one kernel launch, stream-
 and CUDA-graph capturable. Later calls of that signature only launch. `block` and
 `programs` override the launch size (tests use them); further keyword options ("knobs":
 warps, an algorithm's own such as broadcast relay's chunk) go to the named algorithm,
-which must take them (`knobs`), and are part of the plan's key. In debug mode (ctx.debug) the ranks also check that they
+which must take them (`knobs`, as registry.py declares), and are part of the plan's key. In debug mode (ctx.debug) the ranks also check that they
 called with the same sizes, and every op is synchronised and checked for timeouts.
 """
 from __future__ import annotations
@@ -18,18 +18,15 @@ import math
 import torch
 import torch.distributed as dist
 
-from . import checks, common, nccl
+from . import checks, common, nccl, registry
 from .options import knobs
-from .all_gather import ALGORITHMS as ALL_GATHER
-from .all_reduce import ALGORITHMS as ALL_REDUCE
-from .all_to_all import ALGORITHMS as ALL_TO_ALL
-from .broadcast import ALGORITHMS as BROADCAST
-from .reduce_scatter import ALGORITHMS as REDUCE_SCATTER
 from ..plans import Plan, tensor_key
 from .selector import select
 
-ALGORITHMS = {"all_gather": ALL_GATHER, "reduce_scatter": REDUCE_SCATTER,
-              "all_reduce": ALL_REDUCE, "all_to_all": ALL_TO_ALL, "broadcast": BROADCAST}
+# {op: {name: run function}} of every algorithm that registry.py declares
+ALGORITHMS = registry.run_functions()
+ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, BROADCAST = (
+    ALGORITHMS[op] for op in registry.OPS)
 
 
 def _nccl_agreed(ctx) -> bool:
@@ -128,7 +125,7 @@ def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, pro
 def _plan_all_reduce(ctx, t, op, algorithm, block, programs, kw, graph) -> Plan:
     code = checks.all_reduce(ctx, t, op)
     name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size(), graph)
-    kw = knobs(ctx, "all_reduce", name, ALL_REDUCE.get(name), kw, block, programs)
+    kw = knobs(ctx, "all_reduce", name, kw, block, programs)
     plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op), graphable=False)
@@ -153,7 +150,7 @@ def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None
 def _plan_all_gather(ctx, out, inp, algorithm, block, programs, kw, graph) -> Plan:
     checks.all_gather(ctx, out, inp)
     name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size(), graph)
-    kw = knobs(ctx, "all_gather", name, ALL_GATHER.get(name), kw, block, programs)
+    kw = knobs(ctx, "all_gather", name, kw, block, programs)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]), graphable=False)
@@ -185,7 +182,7 @@ def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", bloc
 def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, kw, graph) -> Plan:
     code = checks.reduce_scatter(ctx, out, inp, op)
     name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size(), graph)
-    kw = knobs(ctx, "reduce_scatter", name, REDUCE_SCATTER.get(name), kw, block, programs)
+    kw = knobs(ctx, "reduce_scatter", name, kw, block, programs)
     plan = Plan((out, inp), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op), graphable=False)
@@ -225,7 +222,7 @@ def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, pro
     # every rank (debug mode checks the rows and the Nones with the sizes).
     nbytes = inp.numel() * inp.element_size() if even else 1 << 62
     name = _algorithm(ctx, "all_to_all", algorithm, nbytes, graph)
-    kw = knobs(ctx, "all_to_all", name, ALL_TO_ALL.get(name), kw, block, programs)
+    kw = knobs(ctx, "all_to_all", name, kw, block, programs)
     _check_own_rows(ctx.rank, out_splits, in_splits)      # the pair known here
     plan = Plan((out, inp), name)
     if name == "nccl":
@@ -299,7 +296,7 @@ def _plan_broadcast(ctx, t, src, algorithm, block, programs, kw, graph) -> Plan:
     checks.broadcast(ctx, t, src)
     name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size(), graph)
     word = common.word_type(t.element_size(), [t.numel() * t.element_size()])[1]  # as_words'
-    kw = knobs(ctx, "broadcast", name, BROADCAST.get(name), kw, block, programs, word)
+    kw = knobs(ctx, "broadcast", name, kw, block, programs, word)
     plan = Plan((t,), name)
     if name == "nccl":
         plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src), graphable=False)

@@ -29,14 +29,13 @@ import os
 import re
 
 from .. import _env
-from . import tune_cache
+from . import registry, tune_cache
 
 TABLES_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tables.json")
 MODES = ("eager", "graph")
-# Algorithms a caller must ask for by name: never in a table, so "auto" never picks them.
-# gluon (all_gather/gluon.py): one 2x H200 run (2026-11-23) so far, where it tied push
-# within noise; it stays opt-in until it is measured on more machines and sizes.
-EXPLICIT_ONLY = frozenset({"gluon"})
+# Algorithms a caller must ask for by name: never in a table, so "auto" never picks them
+# (registry.py declares them with auto=False and says why).
+EXPLICIT_ONLY = registry.explicit_only()
 
 
 class Tables:

@@ -130,6 +130,11 @@ def check_knobs(order="peer") -> None:
         raise ValueError(f"all_gather pull: order must be one of {ORDERS}, got {order!r}")
 
 
+def check_options(ctx, word: int, block, warps=None, order="peer") -> None:
+    """The knobs' values, for ccl/registry.py (before anything is launched)."""
+    check_knobs(order)
+
+
 def pull(ctx, plan, out, inp, block=None, programs=None, warps=None, order="peer"):
     """out, inp: flat word views (checked by the caller); out has world * inp.numel().
     warps, order: knobs (module docstring)."""

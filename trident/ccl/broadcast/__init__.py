@@ -1,5 +1,1 @@
-"""Broadcast algorithms, one per file; `ALGORITHMS` maps their names to them."""
-from .push import push
-from .relay import relay
-
-ALGORITHMS = {"push": push, "relay": relay}
+"""Broadcast algorithms, one per file, each declared in trident/ccl/registry.py."""

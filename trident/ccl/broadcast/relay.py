@@ -169,6 +169,11 @@ def check_knobs(ctx, word: int, block=None, chunk=None, depth=None) -> None:
                          f"({block} elements), got {chunk}")
 
 
+def check_options(ctx, word: int, block, chunk=None, depth=None, warps=None) -> None:
+    """The knobs' values, for ccl/registry.py (before anything is launched)."""
+    check_knobs(ctx, word, block, chunk, depth)
+
+
 def relay(ctx, plan, t, src: int, block=None, programs=None, chunk=None, depth=None,
           warps=None):
     """t: a flat word view (checked by the caller). Knobs: chunk, elements per chunk (a

@@ -1,5 +1,1 @@
-"""Reduce-scatter algorithms, one per file; `ALGORITHMS` maps their names to them."""
-from .pull import pull
-from .push import push
-
-ALGORITHMS = {"push": push, "pull": pull}
+"""Reduce-scatter algorithms, one per file, each declared in trident/ccl/registry.py."""

@@ -1,0 +1,72 @@
+"""ccl/registry.py: every algorithm is declared once, and the call path, the options
+check, the selector and the bench read that declaration (no process group needed)."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from trident import ccl
+from trident.bench import ccl as bench_ccl
+from trident.ccl import options, registry, selector
+
+
+def _signature_knobs(fn) -> tuple:
+    """What ccl/options.py inferred before the registry: keyword options besides block
+    and programs, in the signature's order."""
+    params = inspect.signature(fn).parameters
+    return tuple(p for p, v in params.items() if p not in ("ctx", "plan", "block", "programs")
+                 and (v.kind == v.KEYWORD_ONLY or v.default is not v.empty))
+
+
+@pytest.mark.parametrize("algorithm", registry.ALGORITHMS, ids=lambda a: f"{a.op}-{a.name}")
+def test_declared_knobs_are_the_run_function_s(algorithm):
+    fn = algorithm.run()
+    assert fn.__module__ == f"trident.ccl.{algorithm.module}"
+    assert _signature_knobs(fn) == algorithm.knobs
+
+
+def test_call_path_reads_the_registry():
+    assert list(ccl.ALGORITHMS) == list(registry.OPS)
+    for op in registry.OPS:
+        assert list(ccl.ALGORITHMS[op]) == registry.names(op)
+        for name, fn in ccl.ALGORITHMS[op].items():
+            assert fn is registry.get(op, name).run()
+
+
+def test_options_check_reads_the_registry():
+    class Ctx:                      # what knobs() reads of a context: nothing for these
+        backend = "cpu"
+    with pytest.raises(ValueError, match=r"all_gather pull: unknown option\(s\) \['chunk'\]; "
+                                         r"it takes \['warps', 'order'\]"):
+        options.knobs(Ctx(), "all_gather", "pull", (("chunk", 8),))
+    with pytest.raises(ValueError, match="order must be one of"):
+        options.knobs(Ctx(), "all_gather", "pull", (("order", "sideways"),))
+    assert options.knobs(Ctx(), "all_reduce", "two_shot", (("warps", 4),)) == {"warps": 4}
+
+
+def test_selector_reads_the_registry():
+    assert selector.EXPLICIT_ONLY == {a.name for a in registry.ALGORITHMS if not a.auto}
+    doc = selector.builtin()
+    tables = [doc["cost_model"]] + list(doc.get("world_sizes", {}).values())
+    for entry in tables:
+        for mode in selector.MODES:
+            for op, rows in entry.get(mode, {}).items():
+                for _, name in rows:
+                    a = registry.get(op, name)
+                    assert name == "nccl" or (a is not None and a.auto), (op, name)
+
+
+def test_bench_reads_the_registry(monkeypatch):
+    seen = []
+    monkeypatch.setattr(bench_ccl, "_call", lambda ctx, op, sym, algorithm=None: seen.append(
+        (op, algorithm)))
+    monkeypatch.setattr(bench_ccl.common, "baseline_name", lambda ctx: "gloo")
+    monkeypatch.setattr(bench_ccl.common, "nccl_runs", lambda ctx: False)
+    for op in registry.OPS:
+        for size, limited in ((1 << 10, False), (bench_ccl.SCRATCH_LIMIT * 2, True)):
+            seen.clear()
+            bench_ccl._impls(None, op, size, None, None, full=False)
+            want = [(op, a.name) for a in registry.ALGORITHMS if a.op == op
+                    and not (limited and a.scratch == "message")]
+            assert seen == want, (op, size)

@@ -1,0 +1,107 @@
+"""Every collective algorithm, declared once: its op, name, run function, knobs, scratch use
+and whether "auto" may pick it. The options check (options.py), the call path
+(ccl/__init__.py), the selector (selector.py) and the bench (bench/ccl.py) read this table
+and nothing else, so adding an algorithm touches its own file and one line here
+(docs/design.md, "Adding an algorithm", has a worked example).
+
+An algorithm's file (e.g. all_gather/push.py) holds its kernel and its run function,
+`fn(ctx, plan, <the op's arguments>, block=None, programs=None, <knobs>)`, which adds the
+kernel's launch to the plan (the op's arguments: ccl/__init__.py's `_OPS` says which).
+If some knob values are invalid, it also defines `check_options(ctx, word, block,
+**knobs)`, which raises ValueError for them before anything is launched (so that a call
+that launches nothing -- one rank, an empty tensor -- rejects them alike).
+
+"nccl" (torch.distributed) is not here: it is every op's, and can run only where every
+rank has a GPU of its own (ccl/nccl.py).
+
+This module imports no kernel: the run functions are imported on first use (`run`), so
+the selector and `trident info` stay light.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
+SCRATCH = ("message", "bounded")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm of one collective.
+
+    op, name: e.g. ("all_gather", "push"); `algorithm=name` asks for it.
+    module: its file under trident/ccl/ ("all_gather.push"); the run function is the
+      module's attribute `name`.
+    knobs: the keyword options it takes besides block and programs, in its signature's
+      order (tests/ccl/test_registry.py checks them against the signature).
+    scratch: "message" -- it keeps 2 * world * message bytes of heap scratch (the bench
+      stops it at bench.ccl.SCRATCH_LIMIT); "bounded" -- none, or a buffer whose size does
+      not grow with the message.
+    auto: whether "auto" may pick it (the selector's tables may name it). False keeps an
+      algorithm opt-in until it is measured.
+    """
+    op: str
+    name: str
+    module: str
+    knobs: tuple = ()
+    scratch: str = "message"
+    auto: bool = True
+
+    def __post_init__(self):
+        if self.op not in OPS or self.scratch not in SCRATCH:
+            raise AssertionError(f"bad declaration {self}")
+
+    def _module(self):
+        return importlib.import_module(f"trident.ccl.{self.module}")
+
+    def run(self):
+        """The run function (its module imported on first use)."""
+        return getattr(self._module(), self.name)
+
+    def check_options(self, ctx, word: int, block, knobs: dict) -> None:
+        """The algorithm's own check of its knob values (`word`: the bytes of the elements
+        it moves), where its file defines one."""
+        check = getattr(self._module(), "check_options", None)
+        if check is not None:
+            check(ctx, word, block, **knobs)
+
+
+# gluon (all_gather/gluon.py): one 2x H200 run (2026-11-23) so far, where it tied push
+# within noise; it stays opt-in until it is measured on more machines and sizes.
+ALGORITHMS = (
+    Algorithm("all_gather", "push", "all_gather.push"),
+    Algorithm("all_gather", "pull", "all_gather.pull", ("warps", "order"), "bounded"),
+    Algorithm("all_gather", "push_direct", "all_gather.push_direct", ("warps",), "bounded"),
+    Algorithm("all_gather", "gluon", "all_gather.gluon", ("warps",), auto=False),
+    Algorithm("reduce_scatter", "push", "reduce_scatter.push"),
+    Algorithm("reduce_scatter", "pull", "reduce_scatter.pull", ("warps",), "bounded"),
+    Algorithm("all_reduce", "one_shot", "all_reduce.one_shot"),
+    Algorithm("all_reduce", "two_shot", "all_reduce.two_shot", ("warps",), "bounded"),
+    Algorithm("all_to_all", "push", "all_to_all.push", ("warps",), "bounded"),
+    Algorithm("all_to_all", "one_shot", "all_to_all.one_shot", (), "bounded"),
+    Algorithm("broadcast", "push", "broadcast.push"),
+    Algorithm("broadcast", "relay", "broadcast.relay", ("chunk", "depth", "warps"), "bounded"),
+)
+
+_BY_KEY = {(a.op, a.name): a for a in ALGORITHMS}
+
+
+def get(op: str, name: str) -> Algorithm | None:
+    """The declaration of `op`'s algorithm `name`, or None."""
+    return _BY_KEY.get((op, name))
+
+
+def names(op: str) -> list[str]:
+    """`op`'s algorithms, in declaration order."""
+    return [a.name for a in ALGORITHMS if a.op == op]
+
+
+def explicit_only() -> frozenset:
+    """The names of algorithms that "auto" never picks (asked for by name only)."""
+    return frozenset(a.name for a in ALGORITHMS if not a.auto)
+
+
+def run_functions() -> dict:
+    """{op: {name: run function}} of every algorithm (imports every algorithm's file)."""
+    return {op: {a.name: a.run() for a in ALGORITHMS if a.op == op} for op in OPS}
