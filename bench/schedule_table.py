@@ -8,8 +8,10 @@ Each run's rows that passed their value check become tuning rows (op, M, N, K, s
 eager_us, graph_us: trident_<name> is schedule <name>, plain is "plain"; auto's own rows
 and torch's are left out), and trident/ops/tuning.table turns them into auto's cells: per
 op, world size, M bucket, class of the shared size and mode, every schedule's geometric
-mean over the cell's shapes, a schedule missing on one of them left out. So "auto" never
-picks a schedule that the same run measured slower than another. Runs where ranks share a
+mean over the cell's shapes, a schedule missing on one of them left out, and each shape's
+own times (`points`). So "auto" never picks a schedule that the same run measured slower
+than another. Of several runs of one GPU model and world size, the newest makes the cells
+(each cell says which: `run`): times of two runs are not compared. Runs where ranks share a
 GPU are refused: their times are HBM copies, not NVLink.
 """
 import argparse
@@ -51,18 +53,32 @@ def main(argv=None) -> int:
     p.add_argument("runs", nargs="+")
     p.add_argument("--out", default=auto.TABLE_PATH)
     args = p.parse_args(argv)
-    entries, sources = [], []
+    runs = []
     for path in args.runs:
         with open(path) as f:
             run = json.load(f)
+        if run.get("suite") != "ops":
+            raise SystemExit(f"{path}: not a full `trident bench ops` run (suite "
+                             f"{run.get('suite')!r})")
         if run.get("backend") != "cuda" or run.get("ranks_per_gpu", 1) != 1:
             raise SystemExit(f"{path}: not a run with one rank per GPU")
-        new = tuning.table(rows_of(run), device_key(run), run["world_size"])
-        entries = [e for e in entries if (e["device"], e["world_size"]) !=
-                   (new[0]["device"], new[0]["world_size"])] + new if new else entries
-        sources.append(f"{os.path.basename(path)} ({run['device']}, {run['date']})")
+        runs.append((run["date"], path, run))
+    # one run per GPU model and world size, the newest: a cell's times must all come from
+    # one run (the times of two runs differ by more than the schedules do, eagerly)
+    chosen: dict = {}
+    for _, path, run in sorted(runs, key=lambda r: r[0]):
+        chosen[(device_key(run), run["world_size"])] = (path, run)
+    entries, sources = [], []
+    for (model, world), (path, run) in chosen.items():
+        name = os.path.basename(path)
+        entries += [dict(e, run=name) for e in tuning.table(rows_of(run), model, world)]
+        sources.append(f"{name} ({run['device']}, {run['date']})")
+    used = {c[0] for c in chosen.values()}
+    skipped = [os.path.basename(path) for _, path, _ in runs if path not in used]
     with open(args.out, "w") as f:
         json.dump({"about": "built by bench/schedule_table.py from " + "; ".join(sources)
+                   + (f"; left out, older of the same GPU and world size: {', '.join(skipped)}"
+                      if skipped else "")
                    + ": see trident/ops/auto.py", "entries": entries}, f, indent=1)
         f.write("\n")
     print(f"{args.out}: {len(entries)} cells from {len(sources)} run(s)")

@@ -16,7 +16,12 @@ CUDA graph). It comes from the first of:
    not measured, a guess that ranks the schedules where nothing is known).
 A cell names the times of every schedule it measured; auto takes the fastest of those that
 can run here, so it never picks a schedule measured slower than another of the same run.
-A cell with none that can run here falls through to the next source.
+A cell with none that can run here falls through to the next source. At a shape the cell
+measured (its `points`: the same M and shared size), the fastest at that shape is taken
+instead; where two measured shapes differ only in the size each rank holds on its own
+(e.g. Llama-3-8B's attention-out and MLP-down, N = 4096 both) and their fastest differ,
+the ranks compare their own sizes in one host exchange (`_SameEverywhere`, the first time
+a call of those sizes chooses) and take that shape's fastest only if all hold the same.
 
 Every rank must take the same schedule: the inputs are sizes all ranks share, the mode
 (ranks capture the same calls), the GPU model and the tables read -- compared across ranks
@@ -77,6 +82,15 @@ def builtin() -> list[dict]:
     if _builtin is None:
         _builtin = _read(TABLE_PATH)
     return _builtin
+
+
+def builtin_about() -> str:
+    """What the built-in table says it was built from (its "about")."""
+    try:
+        with open(TABLE_PATH) as f:
+            return json.load(f).get("about", "")
+    except (OSError, ValueError):
+        return "(no built-in table)"
 
 
 def tuned_path(world_size: int, key: dict | None = None) -> str:
@@ -167,19 +181,48 @@ def _agreed(ctx, op: str) -> None:
         raise ValueError(f"{op}: {facts.error}")
 
 
-def _from_cell(entries, op, device, world, bucket, cls, mode, allowed) -> str | None:
+def _fastest(times: dict, allowed) -> str | None:
+    times = {s: t for s, t in times.items() if s in allowed and t is not None}
+    return min(times, key=lambda s: (times[s], s)) if times else None
+
+
+def _from_cell(entries, op, device, world, bucket, cls, mode, allowed,
+               M=None, S=None, own=None, same_everywhere=None) -> str | None:
+    """The schedule of the first cell that matches (this mode's, else the eager one): its
+    measured point at M rows and shared size S where it has one (`_from_points`), else the
+    fastest of the cell's times (geometric means over its shapes) that can run here."""
     for mode_ in (mode, "eager"):
         for e in entries:
             if (e.get("op") == op and e.get("world_size") == world
                     and e.get("m_bucket") == bucket and e.get("class") == cls
                     and e.get("mode") == mode_ and e.get("device", "") in device):
-                times = {s: t for s, t in e.get("times_us", {}).items()
-                         if s in allowed and t is not None}
-                if times:
-                    return min(times, key=lambda s: (times[s], s))
+                name = _from_points(e.get("points", ()), op, M, S, own, allowed,
+                                    same_everywhere) or _fastest(e.get("times_us", {}), allowed)
+                if name:
+                    return name
         if mode == "eager":
             break
     return None
+
+
+def _from_points(points, op, M, S, own, allowed, same_everywhere) -> str | None:
+    """The fastest schedule that can run here at the cell's measured shape(s) of M rows and
+    shared size S. Shapes that differ only in the size each rank has on its own (`own`: N
+    of all_gather_matmul, K of the row-parallel ops) and whose fastest differ are told
+    apart by `own` only if every rank's is the same (same_everywhere(): one host exchange,
+    made by every rank alike, since M, S and the tables are the same everywhere); else
+    None (the cell's time)."""
+    picks = {}
+    for p in points:
+        if p["M"] == M and shared_size(op, p["N"], p["K"]) == S:
+            name = _fastest(p.get("times_us", {}), allowed)
+            if name:
+                picks[p["N"] if op == "all_gather_matmul" else p["K"]] = name
+    if len(set(picks.values())) == 1:
+        return next(iter(picks.values()))
+    if not picks or own not in picks or same_everywhere is None or not same_everywhere():
+        return None
+    return picks[own]
 
 
 def _from_crossover(op, device, world, M, S, graph, allowed) -> str | None:
@@ -255,7 +298,8 @@ def choose(ctx, op: str, M: int, N: int, K: int, graph: bool | None = None) -> s
     S = shared_size(op, N, K)
     cpu = ctx.backend != "cuda"
     nccl = (not cpu) and _nccl_everywhere(ctx)
-    key = (op, world, M, S, graph, nccl)
+    own = N if op == "all_gather_matmul" else K       # this rank's own size
+    key = (op, world, M, S, own, graph, nccl)
     name = _choices.get(key)
     if name is not None:
         return name
@@ -265,8 +309,10 @@ def choose(ctx, op: str, M: int, N: int, K: int, graph: bool | None = None) -> s
     if not cpu:
         device = selector.device_name(ctx)
         bucket, cls, mode = m_bucket(M), size_class(S), MODES[graph]
+        agree = _SameEverywhere(ctx, op, own)
         for entries in (tuned(world)[1], builtin()):
-            name = name or _from_cell(entries, op, device, world, bucket, cls, mode, allowed)
+            name = name or _from_cell(entries, op, device, world, bucket, cls, mode, allowed,
+                                      M, S, own, agree)
         name = name or _from_crossover(op, device, world, M, S, graph, allowed)
     if name is None:
         costs = {}
@@ -278,6 +324,21 @@ def choose(ctx, op: str, M: int, N: int, K: int, graph: bool | None = None) -> s
         name = min(costs, key=lambda n: (costs[n], n)) if costs else "sequential"
     _choices[key] = name
     return name
+
+
+class _SameEverywhere:
+    """Whether every rank's own size (N of all_gather_matmul, K of the row-parallel ops) is
+    this one: one host exchange, at most once per choose() (asked only where a table's
+    measured shapes of the call's shared sizes differ in it and in their fastest)."""
+
+    def __init__(self, ctx, op: str, own: int):
+        self.ctx, self.op, self.own, self.answer = ctx, op, own, None
+
+    def __call__(self) -> bool:
+        if self.answer is None:
+            rows, _ = self.ctx.host_exchange(f"{self.op}.auto.own", [self.own])
+            self.answer = all(int(r[0]) == self.own for r in rows)
+        return self.answer
 
 
 def _nccl_everywhere(ctx) -> bool:

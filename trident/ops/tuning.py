@@ -11,7 +11,9 @@ rank, the row-parallel ops' K per rank) is taken equal to the shared one. A cell
 world, M bucket, class, mode) keeps every schedule's time, the geometric mean over the
 cell's shapes; a schedule that failed on one of them is left out of that cell, so the
 times of a cell are always of the same shapes, and "auto" takes the smallest: it can never
-pick a schedule measured slower than another of this run.
+pick a schedule measured slower than another of this run. Beside them, the cell's `points`:
+each measured shape's own times, which auto takes first for a call of that M and shared
+size (auto.py), so that at a measured shape it runs that shape's fastest schedule.
 
 The table goes to the tune cache under this machine's key (auto.tuned_path: GPU model,
 world size, topology), or --out. Not yet run on a GPU: expect several minutes per world
@@ -102,10 +104,14 @@ def table(rows: list[dict], device: str, world: int) -> list[dict]:
         if not times:
             continue
         best = min(times, key=lambda s: (times[s], s))
+        points = [dict(M=M, N=N, K=K, times_us={s: round(by[(M, N, K)], 2) for s, by in
+                                                sorted(cell["times"].items()) if (M, N, K) in by})
+                  for M, N, K in sorted(cell["shapes"])]
         entries.append(dict(op=op, device=device, world_size=world, m_bucket=bucket,
                             **{"class": cls}, mode=mode,
                             times_us={s: round(v, 2) for s, v in sorted(times.items())},
-                            best=best, shapes=sorted(cell["shapes"])))
+                            best=best, shapes=sorted(cell["shapes"]),
+                            points=[p for p in points if p["times_us"]]))
     return entries
 
 
