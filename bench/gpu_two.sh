@@ -20,7 +20,11 @@
 #   fused   issue 30's two-GPU targets: bench ops at 2 ranks (one per GPU), Llama-3-8B and
 #           -70B TP=2 layers, every schedule and auto against NCCL + cuBLAS, torch async-TP
 #           and sequential, M 1..8192, eager and graph, checked; prints the targets and
-#           each miss; JSON, PNGs and log in $OUT/fused.tar.gz (after `gemm` to use its table)
+#           each miss; then pass 2: trident/ops/schedule_table.json rebuilt from that run
+#           (bench/schedule_table.py) and auto + NCCL/cuBLAS measured again with it (suite
+#           ops-auto; FUSED_PASS2=0 skips it; step fused2 is pass 2 alone, on FUSED_RUN or the
+#           newest committed run); JSON, PNGs, table and logs in $OUT/fused.tar.gz (after
+#           `gemm` to use its table). Pass 1 + 2 fit one device call (380 + 150 s at most)
 #   ops     bench ops at 2 ranks, Llama-3-70B TP=2 layers at OPS_M
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -110,15 +114,32 @@ for step in ${STEPS:-env tests}; do
     # bench/gpu_one.sh's gemm step on GPU 0 (its log beside this one)
     CUDA_VISIBLE_DEVICES=0 STEPS=gemm OUT=$OUT bash bench/gpu_one.sh
     say "== gemm step: $(tail -1 $OUT/gpu-tests-1x${GPU:-gpu}-$(date +%F)${TAG:-}.log)" ;;
-  fused)
+  fused|fused2)
     mkdir -p /tmp/fused
-    $T ${FUSED_TIMEOUT:-400} python3 -m trident.bench.ops --world-size 2 \
-      --layers ${FUSED_LAYERS:-llama3-8b,llama3-70b} --m ${FUSED_M:-1,16,64,256,1024,4096,8192} \
-      --calls ${FUSED_CALLS:-20} --reps ${FUSED_REPS:-3} --budget-s ${FUSED_BUDGET:-300} \
-      --out-dir /tmp/fused > /tmp/fused/fused.log 2>&1
-    say "== bench ops, fused schedules at 2 GPUs rc=$?"
-    tr '\r' '\n' < /tmp/fused/fused.log | grep -v "^ops \[\|FutureWarning\|enable_symm_mem" \
-      | grep -E "^targets|^  miss|not run|skipped|results:|Error|error" | head -60 | tee -a $LOG
+    LAYERS=${FUSED_LAYERS:-llama3-8b,llama3-70b}; MS=${FUSED_M:-1,16,64,256,1024,4096,8192}
+    TIMES="--calls ${FUSED_CALLS:-20} --reps ${FUSED_REPS:-3}"
+    if [ $step = fused ]; then
+      $T ${FUSED_TIMEOUT:-380} python3 -m trident.bench.ops --world-size 2 --layers $LAYERS \
+        --m $MS $TIMES --budget-s ${FUSED_BUDGET:-300} --out-dir /tmp/fused > /tmp/fused/fused.log 2>&1
+      say "== bench ops, fused schedules at 2 GPUs rc=$?"
+      tr '\r' '\n' < /tmp/fused/fused.log | grep -v "^ops \[\|FutureWarning\|enable_symm_mem" \
+        | grep -E "^targets|^  miss|not run|skipped|results:|Error|error" | head -60 | tee -a $LOG
+    fi
+    # pass 2 (FUSED_PASS2=0: none): auto's table rebuilt from the full run (this step's, or
+    # FUSED_RUN, or the newest committed one of this GPU), then auto (and NCCL + cuBLAS, the
+    # reference) measured again with it, eager and graph: suite ops-auto
+    if [ "${FUSED_PASS2:-1}" = 1 ]; then
+      RUN=${FUSED_RUN:-$(ls -t /tmp/fused/ops-[0-9]*x*.json 2>/dev/null | head -1)}
+      RUN=${RUN:-$(ls bench/results/ops-2x${GPU:-h}*.json 2>/dev/null | sort | tail -1)}
+      python3 bench/schedule_table.py $RUN > /tmp/fused/schedule_table.log 2>&1
+      say "== auto's table from $RUN rc=$?: $(head -1 /tmp/fused/schedule_table.log)"
+      cp trident/ops/schedule_table.json /tmp/fused/
+      $T ${FUSED2_TIMEOUT:-150} python3 -m trident.bench.ops --world-size 2 --auto-only \
+        --layers $LAYERS --m $MS $TIMES --budget-s ${FUSED2_BUDGET:-100} --out-dir /tmp/fused \
+        > /tmp/fused/fused-auto.log 2>&1
+      say "== bench ops --auto-only with that table rc=$?"
+      tr '\r' '\n' < /tmp/fused/fused-auto.log | grep -E "results:|Error|error|not run" | head -20 | tee -a $LOG
+    fi
     tar czf $OUT/fused.tar.gz -C /tmp/fused . ;;
   ops)
     # the fused ops against NCCL + cuBLAS (OPS_M), after `gemm` so that they use its table

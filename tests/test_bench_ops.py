@@ -4,12 +4,13 @@ torch async-TP's row saying why it did not run; every trident row checked agains
 plain path before it is timed; the communication share of the plain path; the JSON's
 metadata (date, device, versions) and what it did not reach within its budget."""
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from trident.bench import ops
 from trident.launch import default_backend
-from trident.ops import schedules
+from trident.ops import auto, schedules
 
 from .conftest import get_pool
 
@@ -52,6 +53,11 @@ def test_rows_per_schedule_checked_then_timed(run):
             assert 0 < r["comm_share"] < 1 and r["gemm_us"] > 0 and r["comm_us"] > 0
         assert mine["trident_auto"]["choice"].count("/") == 1
         assert mine["trident_auto"]["choice"].split(" / ")[0] in schedules.registered(op)
+        # the schedule the auto row's calls ran is auto.choose's (the cost model on the CPU)
+        r = mine["trident_auto"]
+        cpu = SimpleNamespace(backend="cpu", world_size=2, capturing=lambda: False)
+        assert r["choice"] == " / ".join(auto.choose(cpu, op, r["M"], r["N"], r["K"], graph=g)
+                                         for g in (False, True)), r["choice"]
 
 
 def test_metadata_and_budget(run):

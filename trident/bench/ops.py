@@ -8,7 +8,8 @@ Mixtral 8x22B, Qwen2.5-72B) and each total M (tokens; default 1, 16, 64, 256, 10
   trident_<schedule>  each schedule the registry offers for the op at run time
                   (trident/ops/schedules.py: fused, sequential, epilogue, pipelined, ...;
                   "plain" is the baseline row below)
-  trident_auto    what schedule="auto" picks, and its choice (eager / graph: auto.choose)
+  trident_auto    schedule="auto", and its choice (eager / graph): the schedules of the
+                  plans its timed calls ran (auto.choose's pick), printed in the table
   plain           NCCL (torch.distributed) + cuBLAS (torch.matmul): the baseline
   torch_symm_mem  torch async-TP: torch.ops.symm_mem.fused_all_gather_matmul /
                   fused_matmul_reduce_scatter on the group's symmetric memory (no
@@ -47,7 +48,8 @@ or more, epilogue over sequential at M <= 64), each miss with its figure.
 is left is listed in the JSON's not_reached); JSON (date, device, torch/triton versions,
 rows) under --out-dir and a PNG per op (speedup over plain against M, graph time).
 --update-crossover merges the fused and plain times into trident/ops/crossover.json
-(selector.py).
+(selector.py). --auto-only times auto and plain alone (a second pass after rebuilding
+auto's table, bench/gpu_two.sh's fused step): suite "ops-auto", with the table it read.
 
     trident bench ops                                        # every GPU, default layers
     python3 -m trident.bench.ops --world-size 2 --layers llama3 --m 1,16,64,256,1024,4096,8192
@@ -206,8 +208,12 @@ def _checked(ctx, fn, ref) -> tuple[str, float | None]:
     return f"wrong: relative error {worst:.3g} against the reference", None
 
 
-def _impls(ctx, op, a, wt):
-    """name -> (callable or None, why not) of one case's rows, the plain baseline last."""
+AUTO_ONLY = ("trident_auto", "plain")      # --auto-only: auto and its baseline (reference)
+
+
+def _impls(ctx, op, a, wt, only=None):
+    """name -> (callable or None, why not) of one case's rows, the plain baseline last;
+    only: these rows alone (plain stays: the reference of the check)."""
     fn = getattr(ctx, op)
     out = {f"trident_{s}": ((lambda s=s: fn(a, wt, schedule=s)), None) for s in schedules_of(op)}
     out["trident_auto"] = (lambda: fn(a, wt, schedule="auto")), None
@@ -215,7 +221,7 @@ def _impls(ctx, op, a, wt):
     nccl = common.nccl_runs(ctx)
     out["plain"] = ((lambda: fn(a, wt, schedule="plain")), None) if nccl else \
         (None, common.NO_NCCL)
-    return out
+    return out if only is None else {k: v for k, v in out.items() if k in only or k == "plain"}
 
 
 def _recover(ctx) -> None:
@@ -228,18 +234,21 @@ def _recover(ctx) -> None:
             print(f"\n  ctx.reset() after a failed row: {type(exc).__name__}: {exc}")
 
 
-def _choice(ctx, op, m, n, k) -> str:
-    from ..ops import auto
-    return f"{auto.choose(ctx, op, m, n, k, graph=False)} / " \
-           f"{auto.choose(ctx, op, m, n, k, graph=True)}"
+def _choice(ctx, op, a, wt, m, n, k) -> str:
+    """'eager / graph': the schedules that the auto row's calls ran -- the plans its calls
+    built (schedule="auto" resolved by auto.choose, ops/_common.schedule_plan) -- or, for a
+    mode not run (graphs on the CPU), what auto.choose picks for it. Printed in the table."""
+    from ..ops import _common, auto
+    return " / ".join(_common.ran(ctx, op, a, wt, "auto", graph)
+                      or auto.choose(ctx, op, m, n, k, graph=graph) for graph in (False, True))
 
 
-def _case(ctx, op, model, layer, n_full, k_full, m, timing, link) -> list[dict]:
+def _case(ctx, op, model, layer, n_full, k_full, m, timing, link, only=None) -> list[dict]:
     """The rows of one (op, layer, M): checked, then timed, beside the same run's
     baselines (module docstring)."""
     from ..ops import gemm
     a, wt, n, k, flops, nbytes = _problem(ctx, op, n_full, k_full, m)
-    impls = _impls(ctx, op, a, wt)
+    impls = _impls(ctx, op, a, wt, only)
     plain = impls["plain"][0]
     ref, against = _reference(ctx, op, a, wt, plain)
     gemm_in = torch.empty(m, k, dtype=DTYPE, device=ctx.device).normal_() \
@@ -261,8 +270,7 @@ def _case(ctx, op, model, layer, n_full, k_full, m, timing, link) -> list[dict]:
                 checked_against=against)
     rows = []
     for name, (fn, why) in impls.items():
-        row = {**base, "impl": name,
-               "choice": _choice(ctx, op, m, n, k) if name == "trident_auto" else None}
+        row = {**base, "impl": name, "choice": None}
         if fn is None:
             if ctx.rank == 0 and name == "torch_symm_mem":
                 print(f"\n  {op} {model} {layer} M={m}: torch_symm_mem skipped: {why}")
@@ -279,6 +287,9 @@ def _case(ctx, op, model, layer, n_full, k_full, m, timing, link) -> list[dict]:
         rows.append({**row, **t, "status": "ok" if us else t.get("graph_note"),
                      "rel_err": err, "tflops": flops / us / 1e6 if us else None,
                      "vs_floor": common.ratio(base["floor_us"], us)})
+    for r in rows:                       # after its calls: the plans they ran
+        if r["impl"] == "trident_auto":
+            r["choice"] = _choice(ctx, op, a, wt, m, n, k)
     plain_row = next(r for r in rows if r["impl"] == "plain")
     for r in rows:
         r["eager_vs_plain"] = common.ratio(plain_row["eager_us"], r["eager_us"])
@@ -286,7 +297,7 @@ def _case(ctx, op, model, layer, n_full, k_full, m, timing, link) -> list[dict]:
     return rows
 
 
-def _bench(ctx, ops, ms, layer_names, timing, budget_s=None):
+def _bench(ctx, ops, ms, layer_names, timing, budget_s=None, only=None):
     """(rows, cases not reached within budget_s)."""
     rows, missed = [], []
     names = layer_names or (default_layers(ctx.world_size) if ctx.backend == "cuda" else [])
@@ -308,7 +319,7 @@ def _bench(ctx, ops, ms, layer_names, timing, budget_s=None):
             missed.append(dict(op=op, model=model, layer=layer, M=m,
                                why=f"M, N or K not divisible by the world size {w}"))
             continue
-        rows += _case(ctx, op, model, layer, n_full, k_full, m, timing, link)
+        rows += _case(ctx, op, model, layer, n_full, k_full, m, timing, link, only)
         ctx.barrier()
     return rows, missed
 
@@ -400,12 +411,13 @@ ABOUT = ("eager_us: calls queued back to back after a device barrier, device tim
          "ranks share one GPU)")
 
 
-def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None):
+def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None, auto_only=False):
     if update is not None and common.shares_gpu(ctx):
         raise ValueError("--update-crossover: ranks share one GPU here, so the plain path "
                          "(NCCL) cannot run and the times say nothing about NVLink; measure "
                          "the crossover with one GPU per rank")
-    rows, missed = _bench(ctx, ops, ms, layer_names, timing, budget_s)
+    only = AUTO_ONLY if auto_only else None
+    rows, missed = _bench(ctx, ops, ms, layer_names, timing, budget_s, only)
     if ctx.rank != 0:
         return None
     if common.headline(ctx):
@@ -418,12 +430,16 @@ def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None):
     for miss in missed:
         print(f"  not run: {miss['op']} {miss['model']} {miss['layer']} M={miss['M']}: "
               f"{miss['why']}")
-    found = targets(rows) if link == "NVLink" else None
+    found = targets(rows) if link == "NVLink" and not auto_only else None
     if found:
         _print_targets(found)
     extra = {"dtype": str(DTYPE), "link": link, "columns": ABOUT, "not_reached": missed,
              "tolerance": TOLERANCE, "budget_s": budget_s, "targets": found}
-    path = common.write_results(ctx, "ops", rows, extra, out_dir=out_dir)
+    if auto_only:              # a run of its own name: docs/results.md's ops are full runs
+        from ..ops import auto
+        extra["schedule_table"] = auto.builtin_about()
+    path = common.write_results(ctx, "ops-auto" if auto_only else "ops", rows, extra,
+                                out_dir=out_dir)
     stem = path[:-len(".json")]
     for op in ops:
         series: dict = {}
@@ -460,6 +476,9 @@ def main(argv=None) -> int:
     p.add_argument("--update-crossover", nargs="?", const="", default=None, metavar="PATH",
                    help="merge fused/plain times (eager and graph) into the selector's table "
                         "(default trident/ops/crossover.json, or PATH: a copy of it to bring back)")
+    p.add_argument("--auto-only", action="store_true",
+                   help="time only auto and NCCL + cuBLAS (e.g. after rebuilding auto's table "
+                        "from a full run); written as suite 'ops-auto', not a full ops run")
     args = p.parse_args(argv)
     backend = args.backend or default_backend()
     gpu = backend == "cuda"
@@ -471,7 +490,7 @@ def main(argv=None) -> int:
     heap = (12 << 30) if gpu else (64 << 20)
     os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
     launch(_run, world, ops, ms, layers, common.timing_options(args, gpu, iters=0), args.out_dir,
-           args.update_crossover, args.budget_s, backend=backend,
+           args.update_crossover, args.budget_s, args.auto_only, backend=backend,
            heap_size=int(os.environ["TRIDENT_HEAP_SIZE"]))
     return 0
 

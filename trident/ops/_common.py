@@ -113,9 +113,7 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
     if the signature is new; allocate `out` (shape from the plan) when not given.
     `algorithm`: the schedule the call asked for (schedules.normalize)."""
     capturing = ctx.capturing()
-    key = (op, tensor_key(a), tensor_key(w), None if bias is None else tensor_key(bias),
-           None if out is None else tensor_key(out), algorithm,
-           _options_key(options) if options else None, capturing)
+    key = plan_key(op, a, w, bias, out, algorithm, options, capturing)
     # debug mode's checks are a host collective and a synchronisation, which a CUDA-graph
     # capture cannot contain: skipped while capturing (a replay's errors still surface at
     # the next ctx.sync() / ctx.barrier())
@@ -135,6 +133,21 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
     if debug:
         ctx.after_op()        # every rank's errors, raised on every rank at this call
     return out
+
+
+def plan_key(op: str, a, w, bias, out, algorithm: str, options: dict, capturing: bool) -> tuple:
+    """The plan cache's key of a call (run): its tensors, the schedule it asked for, its
+    options, and whether it is being captured."""
+    return (op, tensor_key(a), tensor_key(w), None if bias is None else tensor_key(bias),
+            None if out is None else tensor_key(out), algorithm,
+            _options_key(options) if options else None, capturing)
+
+
+def ran(ctx, op: str, a, w, algorithm: str = "auto", capturing: bool = False) -> str | None:
+    """The schedule of the plan that a call of `op` on (a, w) -- no bias, out or options --
+    asking for `algorithm` runs (eagerly, or under a capture), if it was built; else None."""
+    plan = ctx.plans.get(plan_key(op, a, w, None, None, algorithm, {}, capturing))
+    return None if plan is None else plan.name
 
 
 def schedule_plan(ctx, op: str, a, w, bias, out, out_shape, name: str, options: dict,
