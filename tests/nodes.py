@@ -1,13 +1,13 @@
 """Rank pools whose ranks form nodes on one machine (TRIDENT_NODE_SIZE in the ranks'
-environment, trident/topology.py): for the tests of contexts across nodes. Pools made by
+environment, trident/nodes/topology.py): for the tests of contexts across nodes. Pools made by
 `nodes_pool` are shared by every test module of the session (rank start-up dominates on
 the CPU) and closed at its end (conftest.py)."""
 import os
 
 import torch
 
-from trident import topology
-from trident.topology import pool_in_nodes
+from trident.nodes import topology
+from trident.nodes.topology import pool_in_nodes
 from trident.launch import RankPool, default_backend
 
 _pools: dict[tuple[int, int], RankPool] = {}

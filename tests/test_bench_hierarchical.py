@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from trident.bench import hierarchical
-from trident.topology import pool_in_nodes
+from trident.nodes.topology import pool_in_nodes
 
 WORLD, NODE = 4, 2
 OPTS = dict(ops=list(hierarchical.OPS) + ["moe dispatch", "moe combine"], memory="heap",

@@ -1,13 +1,19 @@
-"""trident.context stays out of import cycles (issue 23): Context is the facade over
-ccl/, ops/, trace/, torch_ops.py, emulation.py and sanitize/, which take the context as
-an argument and never import trident.context (docs/design.md, Layout).
+"""The import graph of trident/ (issues 23 and 32): no import circle anywhere in the
+package, trident.context in none either (Context is the facade over ccl/, ops/, trace/,
+torch_ops.py, emulation.py and sanitize/, which take the context as an argument and never
+import trident.context: docs/design.md, Layout), every module importable on its own in a
+fresh interpreter, and no file over 600 lines.
 
 The graph is read from the source with ast: imports at module level and inside functions
-(the facade's lazy ones included), not those under `if TYPE_CHECKING:`. An import of
-a.b.c also imports the packages a.b (their __init__ runs), except the packages the
-importing module lies in (loaded before it) and the root package `trident`."""
+(the facade's lazy ones included; module_level=True: only the former), not those under
+`if TYPE_CHECKING:`; relative imports are resolved. An import of a.b.c also imports the
+packages a.b (their __init__ runs), except the packages the importing module lies in
+(loaded before it) and the root package `trident`."""
 import ast
+import os
 import pathlib
+import subprocess
+import sys
 
 import trident
 
@@ -24,13 +30,17 @@ def _modules() -> dict[str, pathlib.Path]:
     return files
 
 
-def _imports(mod: str, path: pathlib.Path, files) -> set[str]:
-    """The trident modules that `mod` imports (see the module docstring)."""
+def _imports(mod: str, path: pathlib.Path, files, module_level: bool = False) -> set[str]:
+    """The trident modules that `mod` imports (see the module docstring); module_level:
+    only the imports that run when mod is imported (none inside a function's body)."""
     out, stack = set(), [ast.parse(path.read_text())]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             stack.extend(node.orelse)
+            continue
+        if module_level and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                              ast.Lambda)):
             continue
         stack.extend(ast.iter_child_nodes(node))
         if isinstance(node, ast.Import):
@@ -87,8 +97,25 @@ def test_graph_sees_the_facade_imports():
     graph = {m: _imports(m, p, files) for m, p in files.items()}
     # the facade's lazy, function-level imports are edges (else the test below proves nothing)
     assert {"trident.ccl", "trident.ops"} <= graph["trident.context_ops"]
-    assert {"trident.emulation", "trident.sanitize", "trident.world"} <= graph["trident.context"]
+    assert {"trident.emulation", "trident.sanitize",
+            "trident.nodes.world"} <= graph["trident.context"]
     assert "trident.context" in graph["trident"]
+
+
+def _describe(graph, cycles) -> str:
+    return "; ".join(" ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in cycles)
+
+
+def test_no_import_cycle_in_trident():
+    """No circle anywhere in trident/, neither among the imports that run when a module is
+    imported nor once the lazy ones (inside functions) are counted (issue 32: a lazy
+    import that closes a circle hides which module needs which)."""
+    files = _modules()
+    for module_level in (True, False):
+        graph = {m: _imports(m, p, files, module_level) for m, p in files.items()}
+        found = _cycles(graph)
+        assert not found, (f"import cycles ({'module-level' if module_level else 'lazy'} "
+                           f"imports included): " + _describe(graph, found))
 
 
 def test_context_is_in_no_import_cycle():
@@ -96,8 +123,7 @@ def test_context_is_in_no_import_cycle():
     graph = {m: _imports(m, p, files) for m, p in files.items()}
     context = {m for m in files if m == "trident.context" or m.startswith("trident.context_")}
     bad = [c for c in _cycles(graph) if context & set(c)]
-    assert not bad, "import cycles through trident.context: " + "; ".join(
-        " ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in bad)
+    assert not bad, "import cycles through trident.context: " + _describe(graph, bad)
 
 
 MAX_LINES = 600
@@ -108,3 +134,43 @@ def test_no_file_over_600_lines():
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"files in trident/ over {MAX_LINES} lines (split them): {long}"
+
+
+# Imports each module named in argv in a process of its own, forked from one that has
+# loaded only the third-party packages: every module starts from no trident module loaded,
+# as in a fresh interpreter, without paying torch's import for each.
+_FRESH = r"""
+import importlib, os, sys, traceback
+import numpy, torch, triton  # noqa: F401,E401
+failed = []
+for name in sys.argv[1:]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            importlib.import_module(name)
+            os._exit(0)
+        except BaseException:
+            os.write(w, traceback.format_exc().encode())
+            os._exit(1)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode(errors="replace")
+    status = os.waitpid(pid, 0)[1]
+    if status:
+        failed.append(f"--- import {name} failed (status {status}):\n{err}")
+print("\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_every_module_imports_in_a_fresh_interpreter():
+    """Each module of trident/ imports alone, first of its package's modules (an import
+    that works only after another module was loaded fails here)."""
+    names = sorted(m for m in _modules() if not m.endswith("__main__"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT.parent)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+    proc = subprocess.run([sys.executable, "-c", _FRESH, *names], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-2000:]

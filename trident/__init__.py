@@ -16,8 +16,8 @@ def __getattr__(name):
     if name == "ExpertParallel":           # MoE dispatch/combine (trident/moe)
         from .moe import ExpertParallel
         return ExpertParallel
-    if name == "WorldContext":             # what init returns across nodes (trident/world.py)
-        from .world import WorldContext
+    if name == "WorldContext":             # what init returns across nodes (trident/nodes/world.py)
+        from .nodes.world import WorldContext
         return WorldContext
     raise AttributeError(f"module 'trident' has no attribute {name!r}")
 

@@ -45,7 +45,7 @@ class Context(HeapMethods, SyncMethods, OpMethods):
     """Created by `trident.init`; holds the heap and offers the collectives and ops.
 
     Attributes: rank, world_size, device, backend ("cuda" or "cpu"), heap_size,
-    topology (trident.topology.Topology: one node, set by trident.init; None otherwise),
+    topology (trident.nodes.topology.Topology: one node, set by trident.init; None otherwise),
     ranks_per_device (ranks of the group on this rank's GPU; 1 on the CPU emulation),
     heap_bases (int64 tensor on `device`: where each rank's heap lives in this process),
     ctrl (this rank's control block: error word, timeout, barrier epoch and flags),
@@ -54,7 +54,7 @@ class Context(HeapMethods, SyncMethods, OpMethods):
     """
 
     topology = None
-    spans_nodes = False          # trident.world.WorldContext: True
+    spans_nodes = False          # trident.WorldContext (trident/nodes/world.py): True
 
     def __init__(self, heap_size: int | None = None, group=None, timeout: float | None = None,
                  debug: bool | None = None):
@@ -280,7 +280,7 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
     device wait; debug=True checks for timed-out waits after every op.
 
     Ranks on several nodes (host names, LOCAL_WORLD_SIZE, or TRIDENT_NODE_SIZE=n on one
-    machine; trident/topology.py) get a trident.world.WorldContext: the same methods over
+    machine; trident/nodes/topology.py) get a trident.WorldContext: the same methods over
     the whole world, with a node-local Context inside (docs/nodes.md, "Beyond one node").
     """
     local = _env_int("LOCAL_WORLD_SIZE", 0)
@@ -299,11 +299,11 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
             if _env_int("LOCAL_WORLD_SIZE", 1) <= gpus:
                 backend = "nccl"
         dist.init_process_group(backend)
-    from . import topology
+    from .nodes import topology
     # the node and rail groups give up after the host timeout (a node that skips a call)
     layout = topology.discover(group, (DEFAULT_TIMEOUT_S if timeout is None else timeout) + 5.0)
     if layout.spans_nodes:          # a node-local context inside a world of nodes
-        from .world import WorldContext
+        from .nodes.world import WorldContext
         node = Context(heap_size=heap_size, group=layout.node_group, timeout=timeout,
                        debug=debug)
         node.topology = topology.Topology(layout.node_size, layout.local_rank,

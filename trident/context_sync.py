@@ -13,7 +13,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import topology
+from .nodes import topology
 from .errors import (ERROR_MARK, CallMismatchError, GroupUnusable, HeapMismatchError,
                      HostTimeout, device_error, value_error_message)
 from .language import sync as _sync

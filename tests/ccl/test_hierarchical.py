@@ -1,4 +1,4 @@
-"""Collectives across nodes (trident/world.py, trident/ccl/hierarchical): 4 ranks as 2
+"""Collectives across nodes (trident/nodes/world.py, trident/nodes/hierarchical): 4 ranks as 2
 nodes x 2 ranks and as 4 nodes x 1 (TRIDENT_NODE_SIZE in the ranks' environment), gloo
 between the nodes -- on the CPU, on one GPU (the 4 ranks share it) and on 4 or more GPUs;
 on 2 or 3 GPUs, 2 ranks as 2 nodes x 1, each on its own GPU, with NCCL between them. Every collective by both algorithms against plain torch on every
@@ -11,8 +11,7 @@ import os
 import pytest
 import torch
 
-from trident import topology
-from trident.ccl.hierarchical import cost
+from trident.nodes import cost, topology
 from trident.launch import RankPool, default_backend
 
 from ..nodes import NODE_SIZES, WORLD, Layout, in_nodes_of, nodes_pool

@@ -1,4 +1,4 @@
-"""ExpertParallel over nodes (trident/moe/across_nodes.py): the tests of one node's
+"""ExpertParallel over nodes (trident/nodes/expert_parallel.py): the tests of one node's
 ExpertParallel, run unchanged on contexts that span nodes, plus what only happens there.
 
 Layouts (tests/nodes.py): on the CPU 4 ranks as 2 nodes x 2 and 4 x 1, and 6 ranks as

@@ -155,7 +155,7 @@ def _graph_plans(ctx):
     that the capture finds their kernels compiled and their workspaces made: making a
     workspace synchronises, which a capture forbids. Eager warm-up does not do this when
     the graph table picks another algorithm than the eager one. A context across nodes
-    (trident.world.WorldContext) builds its plans on its node's Context."""
+    (trident.WorldContext) builds its plans on its node's Context."""
     contexts = (ctx, ctx.node) if getattr(ctx, "spans_nodes", False) else (ctx,)
     holders = [h for c in contexts for h in (c, getattr(c, "plans", None))
                if callable(getattr(h, "capturing", None))]

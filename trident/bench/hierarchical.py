@@ -4,7 +4,7 @@ op they are built from (`python -m trident.bench.hierarchical [--world 4 --node-
 per intra-node step beyond the single-node op".
 
 The ranks start as nodes of --node-size (TRIDENT_NODE_SIZE in their environment), so
-`trident.init` gives a trident.world.WorldContext. Cases, at 256 fp32 (1 KiB) per rank
+`trident.init` gives a trident.WorldContext. Cases, at 256 fp32 (1 KiB) per rank
 (all_reduce's and broadcast's tensor, all_gather's input, reduce_scatter's output,
 all_to_all's block per peer), tensors on the heap (--memory plain: torch tensors):
   - all_reduce, all_gather, reduce_scatter, all_to_all (even), broadcast, each with
@@ -67,7 +67,7 @@ def _items(ctx, memory: str, moe: tuple) -> tuple[dict, dict, list]:
     """({(op, path): Item}, {op: baseline Item}, [ExpertParallels to close, then heap
     tensors to free])."""
     import trident as td
-    from trident.ccl.hierarchical import rail
+    from trident.nodes import rail
     node, topo, dev = ctx.node, ctx.topology, ctx.device
     w, l, m = ctx.world_size, topo.node_size, topo.num_nodes
     gen = torch.Generator().manual_seed(1234 + ctx.rank)
@@ -233,7 +233,7 @@ def run(world: int, node_size: int, opts: dict, backend: str | None = None,
     if pool is not None:
         return pool.run(measure, opts)[0]
     from trident.launch import default_backend
-    from trident.topology import pool_in_nodes
+    from trident.nodes.topology import pool_in_nodes
     backend = backend or default_backend()
     pool = pool_in_nodes(world, node_size, backend=backend,
                          heap_size=(1 << 30) if backend == "cuda" else 64 << 20,
@@ -292,7 +292,7 @@ def _moe_shape(text: str, world: int) -> tuple:
 
 
 def main(argv=None) -> int:
-    from trident import topology
+    from trident.nodes import topology
     from trident.launch import default_backend
     p = argparse.ArgumentParser(prog="python -m trident.bench.hierarchical", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,5 +1,5 @@
 """The input checks of each collective, shared by the one-node collectives (ccl/__init__)
-and the ones across nodes (ccl/hierarchical): the same call is refused with the same
+and the ones across nodes (trident/nodes/hierarchical): the same call is refused with the same
 message on either. `ctx.world_size` is the world the call spans."""
 from __future__ import annotations
 

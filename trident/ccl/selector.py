@@ -121,11 +121,11 @@ def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
 def select_across_nodes(op: str, nbytes: int, nodes: int, node_size: int,
                         nccl: bool = True) -> str:
     """The algorithm for `op` at `nbytes` per rank on `nodes` nodes of `node_size` ranks
-    (a trident.world.WorldContext): "hierarchical" (trident inside each node,
+    (a trident.WorldContext): "hierarchical" (trident inside each node,
     torch.distributed on the rails) or "nccl" (one torch.distributed collective over the
-    world), by the cost model of hierarchical/cost.py until measured tables exist.
+    world), by the cost model of trident/nodes/cost.py until measured tables exist.
     nccl=False (GPU ranks sharing a GPU) always gives "hierarchical"."""
-    from .hierarchical import cost      # one way only: hierarchical does not import this
+    from ..nodes import cost      # one way only: trident.nodes does not import this
     return cost.select(op, nbytes, nodes, node_size, nccl)
 
 

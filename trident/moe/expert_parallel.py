@@ -87,7 +87,7 @@ class PendingCombine:
 
 def check_args(world: int, num_experts, experts_per_token, hidden_dim, max_num_tokens,
                dtype) -> None:
-    """The constructor's checks (shared with ExpertParallelAcrossNodes)."""
+    """The constructor's checks (shared with trident.nodes' ExpertParallelAcrossNodes)."""
     for name, v in (("num_experts", num_experts), ("experts_per_token", experts_per_token),
                     ("hidden_dim", hidden_dim), ("max_num_tokens", max_num_tokens)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -102,8 +102,24 @@ def check_args(world: int, num_experts, experts_per_token, hidden_dim, max_num_t
         raise TypeError(f"ExpertParallel: dtype must be one of {_DTYPES}, got {dtype}")
 
 
-class ExpertParallel:
+class _NamedByContext(type):
+    """ExpertParallel(ctx, ...) makes the class that the context names in its attribute
+    `expert_parallel_class`, where it has one: a trident.WorldContext names the two-stage
+    route across nodes (trident/nodes/expert_parallel.py). A Context of one node names
+    none: this module's ExpertParallel. So user code is the same on one node and across
+    nodes, and this package knows nothing of nodes (trident.nodes imports it, not back)."""
+
+    def __call__(cls, ctx, *args, **kwargs):
+        named = getattr(ctx, "expert_parallel_class", None) if cls is ExpertParallel else None
+        return type.__call__(named or cls, ctx, *args, **kwargs)
+
+
+class ExpertParallel(metaclass=_NamedByContext):
     """Expert-parallel dispatch/combine for `num_experts` experts spread over the ranks.
+
+    On a context across nodes (trident.WorldContext), ExpertParallel(ctx, ...) makes the
+    context's own kind, ctx.expert_parallel_class (trident/nodes/expert_parallel.py): the
+    same API and results, routed through one rank per node.
 
     Expert ids out of range or repeated within a token are always dropped by the kernel
     (never written out of bounds). validate=True (default; here or per call) also records
@@ -119,12 +135,6 @@ class ExpertParallel:
     allow_minus_one=True: an id of -1 selects no expert (DeepEP's convention): dropped
     like any bad id, but never recorded as an error (other bad ids still are).
     """
-
-    def __new__(cls, ctx, *args, **kwargs):
-        if cls is ExpertParallel and getattr(ctx, "spans_nodes", False):
-            from .across_nodes import ExpertParallelAcrossNodes
-            return ExpertParallelAcrossNodes(ctx, *args, **kwargs)
-        return super().__new__(cls)
 
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,

@@ -47,8 +47,7 @@ def info() -> int:
 def _nodes_info() -> None:
     """The layout of nodes and rails that TRIDENT_NODE_SIZE gives the default world, and
     the network parameters of the cost model across nodes."""
-    from .. import topology
-    from ..ccl.hierarchical import cost
+    from ..nodes import cost, topology
     world = 4 if _env.INTERPRET else max(torch.cuda.device_count(), 1)
     try:
         node_size = topology.node_size_from_env(world)

@@ -5,7 +5,7 @@ Predictions, not measurements (one machine has no network): the numbers docs/nod
 GPU one way, 10 us per trident step; a 400 Gb/s NIC per GPU = 50 GB/s, 10 us per network
 hop: the issue's figures, overridable with --nvlink-gbps / --net-gbps / --net-us).
 
-- all_reduce, 1 KiB - 1 GiB per rank: trident/ccl/hierarchical/cost.py's two paths (node
+- all_reduce, 1 KiB - 1 GiB per rank: trident/nodes/cost.py's two paths (node
   reduce-scatter + rail all-reduce + node all-gather, against one flat collective over
   the world), and the bus bandwidth the better one implies.
 - MoE dispatch + combine, DeepSeek-V3 (256 experts, top-8, hidden 7168), 128 and 4096
@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from math import comb
 
-from ..ccl.hierarchical import cost
+from ..nodes import cost
 
 H100 = dict(nvlink_gbps=450.0, nvlink_us=10.0, net_gbps=50.0, net_us=10.0, gpus=8)
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 26, 1 << 30]

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 def make_context(inner, options):
     """Collective over the inner group: (the Context, None), or (None, why there is none)."""
-    from .. import topology
+    from ..nodes import topology
     from ..context import Context
     size, rank = dist.get_world_size(inner), dist.get_rank(inner)
     source = "one rank"

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import common
-from . import rail
+from ...ccl import common
+from .. import rail
 
 
 def all_to_all(wctx, out: torch.Tensor, inp: torch.Tensor) -> None:

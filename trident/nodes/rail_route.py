@@ -1,6 +1,6 @@
 """The network stage of MoE across nodes: tokens packed per destination node into
-fixed-capacity rows, sent once over the rail (trident/ccl/hierarchical/rail.py), and the
-combined rows summed back into the sender's tokens (trident/moe/across_nodes.py).
+fixed-capacity rows, sent once over the rail (trident/nodes/rail.py), and the
+combined rows summed back into the sender's tokens (trident/nodes/expert_parallel.py).
 
 A rail row is one token for one destination node, as bytes:
 
@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from ..plans import Live, Plan
-from . import fp8 as F8
-from .routing import expert_ids
+from ..moe import fp8 as F8
+from ..moe.routing import expert_ids
 
 
 @triton.jit

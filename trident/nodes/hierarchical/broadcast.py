@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from . import rail
+from .. import rail
 
 
 def broadcast(wctx, t: torch.Tensor, src: int) -> None:

@@ -24,7 +24,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from . import _env, placement
+from .. import _env, placement
 
 NODE_SIZE_ENV = "TRIDENT_NODE_SIZE"
 
@@ -231,7 +231,7 @@ def pool_in_nodes(world_size: int, node_size: int, **pool_options):
     """A trident.launch.RankPool of world_size ranks in nodes of node_size consecutive
     ranks (TRIDENT_NODE_SIZE in the ranks' environment only; this process's own is left
     as it was): how the tests and benchmarks start a world of nodes on one machine."""
-    from .launch import RankPool
+    from ..launch import RankPool
     saved = os.environ.get(NODE_SIZE_ENV)
     os.environ[NODE_SIZE_ENV] = str(node_size)
     try:

@@ -1,5 +1,6 @@
 """ExpertParallel over a world of several nodes (what td.ExpertParallel(ctx, ...) makes
-when ctx spans nodes, trident/world.py): DeepEP's two-stage route with NCCL between nodes.
+when ctx spans nodes: WorldContext.expert_parallel_class, world.py): DeepEP's two-stage
+route with NCCL between nodes.
 
 dispatch: the sender checks the expert ids on the device and packs (one kernel,
 rail_route.pack_kernel) each token once per node that owns any of its experts into that node's block of
@@ -33,12 +34,14 @@ from __future__ import annotations
 
 import torch
 
-from ..ccl.hierarchical import rail
+from ..moe import fp8 as F8
+from ..moe import high_throughput as HT
+from ..moe.expert_parallel import (_IDS, Dispatched, ExpertParallel, PendingCombine,
+                                  PendingDispatch, check_args)
+from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached
 from ..plans import live_key, tensor_key
-from . import fp8 as F8
+from . import rail
 from . import rail_route as RR
-from .expert_parallel import _IDS, Dispatched, PendingCombine, PendingDispatch, check_args
-from .plans import _check_combine, _check_tokens, _check_weights, cached
 
 
 class ExpertParallelAcrossNodes:
@@ -49,7 +52,6 @@ class ExpertParallelAcrossNodes:
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
                  validate: bool = True, high_throughput: bool | None = None):
-        from .expert_parallel import ExpertParallel
         check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
                    max_num_tokens, dtype)
         topo = ctx.topology
@@ -61,8 +63,7 @@ class ExpertParallelAcrossNodes:
         self.validate = bool(validate)
         node = ctx.node
         if high_throughput is None:
-            from .high_throughput import HT_MIN_TOKENS
-            high_throughput = max_num_tokens >= HT_MIN_TOKENS
+            high_throughput = max_num_tokens >= HT.HT_MIN_TOKENS
         # the forwarding stage: rows from every node's rank of this local index
         self.node_ep = ExpertParallel(node, self.experts_per_node, experts_per_token,
                                       hidden_dim, topo.num_nodes * max_num_tokens, dtype,
@@ -85,7 +86,6 @@ class ExpertParallelAcrossNodes:
     def heap_bytes(num_nodes: int, node_size: int, experts_per_token: int, hidden_dim: int,
                    max_num_tokens: int, dtype: torch.dtype = torch.bfloat16) -> int:
         """Symmetric-heap bytes per rank (each node's heap) of one of this shape."""
-        from .expert_parallel import ExpertParallel
         return ExpertParallel.heap_bytes(node_size, experts_per_token, hidden_dim,
                                          num_nodes * max_num_tokens, dtype)
 

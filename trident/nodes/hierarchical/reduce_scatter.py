@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import common
-from . import rail
+from ...ccl import common
+from .. import rail
 
 
 def reduce_scatter(wctx, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:

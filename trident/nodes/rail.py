@@ -12,15 +12,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ... import errors, topology
-from .. import nccl
+from .. import errors
+from ..ccl import nccl
+from . import topology
 
 
 def guarded(ctx, group, what: str, fn, *args) -> None:
     """fn(*args), a torch.distributed collective over `group`: a transport error (the
     group's timeout, a peer's connection lost) becomes InterNodeError, named after `what`
     (the op), with this rank and the group's ranks. The group's timeout is the context's
-    host timeout at init (trident/topology.py), the one reported. A group that failed so
+    host timeout at init (topology.py), the one reported. A group that failed so
     is not used again: later calls over it raise errors.GroupUnusable at once."""
     earlier = topology.failed(group)
     if earlier is not None:

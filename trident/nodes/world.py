@@ -5,13 +5,14 @@ by rank within the heap's group. So a world of M nodes of L ranks holds a node-l
 trident Context (`ctx.node`: rank = local rank, world_size = L, group = the node's
 ranks), and this object offers the same public methods over the whole world: rank and
 world_size are the world's, the collectives are hierarchical (trident inside the node,
-torch.distributed on the rails between nodes: trident/ccl/hierarchical), and the tensor
+torch.distributed on the rails between nodes: trident/nodes/hierarchical), and the tensor
 factories, free, sync and timeouts are the node's (a tensor is symmetric within its
 node). What works on one node only -- kernels that address peers through the heap --
 is not offered here: the fused GEMM ops fall back to torch.matmul + torch.distributed
 over the world (the "plain" path), ExpertParallel takes the two-stage route across nodes
-(trident/moe/across_nodes.py), device_barrier is the node's then the rail's, and the rest (tracing, the fused
-all_reduce + RMSNorm, workspaces) raises AttributeError that points to `ctx.node`.
+(expert_parallel.py, named by expert_parallel_class), device_barrier is the node's then
+the rail's, and the rest (tracing, the fused all_reduce + RMSNorm, workspaces) raises
+AttributeError that points to `ctx.node`.
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ import pickle
 import torch
 import torch.distributed as dist
 
-from . import topology
-from .ccl import hierarchical, nccl
-from .ccl.hierarchical import rail
+from ..ccl import nccl
+from . import hierarchical, rail, topology
+from .expert_parallel import ExpertParallelAcrossNodes
 
 # what a WorldContext takes from its node's Context unchanged
 _FROM_NODE = frozenset((
@@ -44,11 +45,13 @@ def _portable(e: BaseException | None) -> BaseException | None:
 
 class WorldContext:
     """A context over M nodes of L ranks (see the module docstring). Attributes: rank and
-    world_size (the world's), group (the whole job), topology (trident.topology.Topology),
+    world_size (the world's), group (the whole job), topology (trident.nodes.topology.Topology),
     node (this rank's node-local Context), spans_nodes (True), and those of the node's
     Context listed in _FROM_NODE."""
 
     spans_nodes = True
+    # what td.ExpertParallel(ctx, ...) makes here (moe/expert_parallel.py, _NamedByContext)
+    expert_parallel_class = ExpertParallelAcrossNodes
 
     def __init__(self, node, topology):
         self.node, self.topology = node, topology
@@ -120,7 +123,7 @@ class WorldContext:
         """The fused ops' plain path over the whole world: the fused kernels need every
         rank on one heap. Checks as on one node; tensor parallelism belongs inside a node
         (ctx.node.<op>), where the fused kernels run."""
-        from .ops import _common, plain
+        from ..ops import _common, plain
         if algorithm not in ("auto", "plain", "nccl"):
             raise ValueError(f"{op}: a context across nodes runs the plain path only "
                              f"(torch.matmul + torch.distributed); algorithm must be 'auto', "

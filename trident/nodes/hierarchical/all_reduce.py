@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import common
-from . import rail
+from ...ccl import common
+from .. import rail
 
 
 def all_reduce(wctx, t: torch.Tensor, op: str) -> None:

@@ -1,10 +1,11 @@
-"""Collectives over a world of several nodes (trident.world.WorldContext), with the same
-meaning as on one node: inside a node trident's kernels on the node's heap, between nodes
-torch.distributed on the rails (one file per op). The inputs are checked as on one node,
-with the same messages; then `algorithm` ("auto", "hierarchical" or "nccl": one
-torch.distributed collective over the whole world) picks the path, "auto" through
-cost.select (the cost model; selector.select_across_nodes is its public name). all_to_all
-with uneven splits always takes the flat path (all_to_all.py says why).
+"""Collectives over a world of several nodes (trident.WorldContext, trident/nodes/world.py),
+with the same meaning as on one node: inside a node trident's kernels on the node's heap,
+between nodes torch.distributed on the rails (one file per op). The inputs are checked as
+on one node, with the same messages; then `algorithm` ("auto", "hierarchical" or "nccl":
+one torch.distributed collective over the whole world) picks the path, "auto" through
+cost.select (the cost model, trident/nodes/cost.py; selector.select_across_nodes is its
+public name). all_to_all with uneven splits always takes the flat path (all_to_all.py
+says why).
 
 No launch plans here: each call makes its checks and its selection again (a few us of
 host time) and then the node steps, which have their plans. CUDA graphs: the node steps
@@ -16,13 +17,13 @@ from __future__ import annotations
 
 import math
 
-from .. import _check_splits_agree, checks, nccl
+from ...ccl import _check_splits_agree, checks, nccl
 from .all_gather import all_gather as _all_gather
 from .all_reduce import all_reduce as _all_reduce
 from .all_to_all import all_to_all as _all_to_all, flat as _all_to_all_flat
 from .broadcast import broadcast as _broadcast
 from .reduce_scatter import reduce_scatter as _reduce_scatter
-from . import cost, rail
+from .. import cost, rail
 
 ALGORITHMS = ("hierarchical", "nccl")
 
