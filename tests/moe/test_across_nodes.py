@@ -49,6 +49,26 @@ def test_made_across_nodes(pool):
         assert cap == WORLD * 3         # every rank's max_num_tokens, as on one node
 
 
+def test_the_context_names_its_expert_parallel():
+    """td.ExpertParallel(ctx, ...) makes ctx.expert_parallel_class where the context names
+    one (a WorldContext: the route across nodes), with every argument; no ranks needed."""
+    from trident.nodes.expert_parallel import ExpertParallelAcrossNodes
+
+    class Made:
+        def __init__(self, ctx, *args, **kwargs):
+            self.ctx, self.args, self.kwargs = ctx, args, kwargs
+
+    class Named:                       # a context that names its own kind
+        expert_parallel_class = Made
+
+    ctx = Named()
+    ep = td.ExpertParallel(ctx, 8, 2, 32, 4, dtype=torch.float32)
+    assert type(ep) is Made and ep.ctx is ctx
+    assert (ep.args, ep.kwargs) == ((8, 2, 32, 4), {"dtype": torch.float32})
+    assert td.WorldContext.expert_parallel_class is ExpertParallelAcrossNodes
+    assert not hasattr(td.Context, "expert_parallel_class")   # one node: ExpertParallel
+
+
 @pytest.mark.parametrize("E,k,H,dtype", [
     (12, 3, 96, torch.bfloat16),      # several experts per rank, H not a power of two
     (8, 1, 80, torch.float16),        # top-1
