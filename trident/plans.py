@@ -154,6 +154,7 @@ class PlanCache:
         self._get, self._move_to_end = self._plans.get, self._plans.move_to_end
         self.builds = self.hits = 0
         self._error, self._raise = (0,), None
+        self._shortcuts: list[dict] = []
 
     def watch(self, error_word, raise_error) -> None:
         """Before every lookup, check `error_word[0]` (host memory the device writes when a
@@ -161,6 +162,27 @@ class PlanCache:
         after a failed one raises at once instead of running on state that is out of step
         (trident/context_sync.py). A memoryview element read: about 50 ns."""
         self._error, self._raise = error_word, raise_error
+
+    @property
+    def error_word(self):
+        """What get() checks before every lookup (set by watch): a layer that calls plans'
+        `run` from shortcuts() must check `error_word[0]` itself and take get()'s path,
+        which raises, when it is set."""
+        return self._error
+
+    def shortcuts(self) -> dict:
+        """A dict for a layer above trident's calls that keeps its own, cheaper keys to the
+        `run` of this cache's plans (the torch.distributed backend's all_reduce): emptied
+        whenever a plan leaves the cache (clear, eviction), so that it never runs a plan
+        the cache dropped (e.g. after ctx.free or ctx.reset). Its user checks error_word."""
+        d: dict = {}
+        self._shortcuts.append(d)
+        return d
+
+    def drop_shortcuts(self) -> None:
+        """Empty every shortcuts() dict (their users fill them again through get)."""
+        for d in self._shortcuts:
+            d.clear()
 
     def get(self, key):
         if self._error[0]:
@@ -181,10 +203,12 @@ class PlanCache:
         self._plans[key] = plan
         if len(self._plans) > self.capacity:
             self._plans.popitem(last=False)
+            self.drop_shortcuts()
         return plan
 
     def clear(self) -> None:
         self._plans.clear()
+        self.drop_shortcuts()
 
     def __contains__(self, key) -> bool:
         return key in self._plans

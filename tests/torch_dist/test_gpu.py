@@ -36,23 +36,32 @@ def _two_streams(ctx):
 
 
 def _graph(ctx):
+    """Eager calls (twice: the second by all_reduce's shortcut), then two captures of the
+    same calls (the second capture's all_reduce by the shortcut of captured plans), both
+    replayed, then eager calls again (the eager shortcut): right every time."""
     w, dev = ctx.world_size, ctx.device
     t = torch.zeros(1000, device=dev)
     out = torch.empty(w * 1000, device=dev)
     t.fill_(1.0)
-    dist.all_reduce(t)                          # eager first: plans, workspaces
-    dist.all_gather_into_tensor(out, t)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+    for _ in range(2):                          # eager first: plans, workspaces
         dist.all_reduce(t)
         dist.all_gather_into_tensor(out, t)
+    torch.cuda.synchronize()
+    graphs = [torch.cuda.CUDAGraph() for _ in range(2)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    for graph in graphs:
+        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+            dist.all_reduce(t)
+            dist.all_gather_into_tensor(out, t)
     torch.cuda.current_stream().wait_stream(side)
-    for step in range(3):
+    for step in range(4):
         t.fill_(float(ctx.rank + step))
-        graph.replay()
+        if step < 3:
+            graphs[step % 2].replay()
+        else:
+            dist.all_reduce(t)
+            dist.all_gather_into_tensor(out, t)
         torch.cuda.synchronize()
         want = float(sum(r + step for r in range(w)))
         assert torch.equal(t, torch.full_like(t, want)), (step, t[:4])

@@ -165,6 +165,7 @@ def _silence(ctx):
     saved_call = Launch.__call__
     Launch.__call__ = lambda self, tensors=(): None
     saved = []
+    ctx.plans.drop_shortcuts()      # shortcuts hold plans' runs: fill them again silenced
     for plan in list(ctx.plans._plans.values()):
         saved.append((plan, plan.steps, plan.run))
         plan.steps = tuple(s if isinstance(s, Launch) else _noop_step for s in plan.steps)
@@ -176,6 +177,7 @@ def _silence(ctx):
         Launch.__call__ = saved_call
         for plan, steps, run in saved:
             plan.steps, plan.run = steps, run
+        ctx.plans.drop_shortcuts()
     return undo
 
 

@@ -8,7 +8,8 @@
      ctx.all_reduce(t)          trident's own call
      group.allreduce([t], o)    + the backend's layer (what torch's dispatch calls)
      dist.all_reduce(t)         + torch.distributed's Python wrapper, which every backend
-                                  pays (NCCL too)
+                                  pays (NCCL too); with op=ReduceOp(ReduceOp.SUM) (an
+                                  object, not the enum) the wrapper skips a conversion
    on a heap tensor and a plain one. The launch left out is the same C call in all rows.
    On GPUs it also times the real thing: `calls` back-to-back calls on every rank, host
    wall time per call while queueing, then a sync (rows "eager").
@@ -49,6 +50,10 @@ def _host_rows(ctx, calls: int, batch: int) -> dict:
         rows[f"group.allreduce {name}"] = lambda t=t: group.allreduce([t], opts)
         rows[f"dist.all_reduce {name}"] = lambda t=t: dist.all_reduce(t)
     rows["dist.all_reduce heap async_op"] = lambda: dist.all_reduce(heap, async_op=True).wait()
+    # torch's wrapper converts the default op (an enum) to a ReduceOp: ~0.4 us of pybind
+    # that a caller passing a ReduceOp object does not pay (any backend)
+    sum_op = dist.ReduceOp(dist.ReduceOp.SUM)
+    rows["dist.all_reduce heap op=ReduceOp(SUM)"] = lambda: dist.all_reduce(heap, op=sum_op)
     for fn in rows.values():       # build every plan, run the kernels once for real
         fn()
     ctx.barrier()
@@ -148,6 +153,11 @@ def summary(rows: dict) -> str:
             lines.append(f"{kind}: dist.all_reduce - ctx.all_reduce = {(d - c) / 1e3:.2f} us "
                          f"(target <= 2): the backend's layer {(g - c) / 1e3:.2f} us, "
                          f"torch.distributed's wrapper {(d - g) / 1e3:.2f} us")
+    c, o = (rows.get(name, {}).get("ns") for name in
+            ("ctx.all_reduce heap", "dist.all_reduce heap op=ReduceOp(SUM)"))
+    if None not in (c, o):
+        lines.append(f"heap, op=ReduceOp(ReduceOp.SUM): dist.all_reduce - ctx.all_reduce = "
+                     f"{(o - c) / 1e3:.2f} us")
     return "\n".join(lines)
 
 

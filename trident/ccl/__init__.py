@@ -122,6 +122,14 @@ def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, pro
     return t
 
 
+def all_reduce_plan(ctx, t, op: str = "sum"):
+    """The plan a warm `all_reduce(ctx, t, op)` with the default options runs now, or None
+    (not built, or dropped): for a layer above that keeps a shortcut to it
+    (PlanCache.shortcuts; the torch.distributed backend). The same key as all_reduce's."""
+    return ctx.plans._get(("all_reduce", tensor_key(t), op, "auto", None, None, (),
+                           ctx.capturing()))
+
+
 def _plan_all_reduce(ctx, t, op, algorithm, block, programs, kw, graph) -> Plan:
     code = checks.all_reduce(ctx, t, op)
     name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size(), graph)

@@ -106,6 +106,10 @@ class TridentProcessGroup(dist.ProcessGroup):
         self.inner = inner.make(store, rank, size, timeout, name, global_ranks)
         self._ctx = None
         self.context_error = None
+        # allreduce's shortcuts to the context's plans (PlanCache.shortcuts), and what the
+        # hot path reads of the context: its device error word, whether it is capturing
+        self._hot: dict = {}
+        self._hot_get, self._error, self._capturing = self._hot.get, (0,), _not_capturing
         self.fallbacks: Counter = Counter()
         self._device_index = 0
         # the previous trident call's stream: its raw handle, and (Stream, capturing)
@@ -148,9 +152,14 @@ class TridentProcessGroup(dist.ProcessGroup):
                                "before capturing")
         from .context import make_context
         self._ctx, self.context_error = make_context(self.inner, self._options)
-        if self._ctx is not None and self._on_gpu:
-            self._device_index = self._ctx.device.index
-        return self._ctx
+        ctx = self._ctx
+        if ctx is not None:
+            if self._on_gpu:
+                self._device_index = ctx.device.index
+            self._hot = ctx.plans.shortcuts()
+            self._hot_get, self._error = self._hot.get, ctx.plans.error_word
+            self._capturing = ctx.capturing
+        return ctx
 
     def _ready(self):
         """The context, its kernels ordered after the previous call's (GPUs); None where
@@ -181,22 +190,45 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     # ------------------------------------------------------------------ collectives
     def allreduce(self, tensors, opts):
-        # the hot path of dist.all_reduce: SUM is found with one comparison (reading the
-        # op's type and hashing it costs ~1 us in pybind)
+        # dist.all_reduce's hot path. SUM is found with one comparison (reading the op's
+        # type and hashing it costs ~1 us in pybind); a warm SUM then runs the plan that
+        # ctx.all_reduce(t) runs, through a shortcut keyed by what that plan depends on
+        # (ctx.all_reduce's key less its defaults), skipping trident's call layers. The
+        # shortcut is taken only where ctx.all_reduce would run that plan: no device error
+        # pending (it raises on the slow path), not in debug mode (which checks every call).
         red = opts.reduceOp
-        op = "sum" if red == _SUM else _REDUCE.get(red.op.value)
+        if red == _SUM:
+            if len(tensors) == 1:
+                t = tensors[0]
+                run = self._hot_get((t.data_ptr(), t.shape, t.stride(), t.dtype,
+                                     self._capturing()))
+                if run is not None and not self._error[0] and not self._ctx.debug:
+                    if self._on_gpu and _raw_stream(self._device_index) != self._stream:
+                        self._in_order()
+                    run((t,))
+                    return issued(tensors, self._on_gpu) if opts.asyncOp else DONE
+            op = "sum"
+        else:
+            op = _REDUCE.get(red.op.value)
         if op is not None and len(tensors) == 1:
             t = tensors[0]
             if t.dtype in _FLOATS and self._ours(t):
-                ctx = self._ctx or self._make_context()
+                ctx = self._ready()
                 if ctx is not None:
-                    if self._on_gpu:
-                        self._in_order()
                     ctx.all_reduce(t, op)
                     if op is _AVG:
                         t.div_(self._size)
+                    elif t.data_ptr() and not ctx.debug:
+                        self._shortcut(ctx, t)
                     return issued(tensors, self._on_gpu) if opts.asyncOp else DONE
         return self._fall("all_reduce", self.inner.allreduce, tensors, opts)
+
+    def _shortcut(self, ctx, t) -> None:
+        """Keep a shortcut to the plan ctx.all_reduce(t) just ran (allreduce's hot path)."""
+        from ..ccl import all_reduce_plan
+        plan = all_reduce_plan(ctx, t)
+        if plan is not None:
+            self._hot[(t.data_ptr(), t.shape, t.stride(), t.dtype, ctx.capturing())] = plan.run
 
     def allreduce_coalesced(self, tensors, opts):
         op = _op_of(opts)
@@ -359,6 +391,10 @@ class TridentProcessGroup(dist.ProcessGroup):
         self.context_error = "the process group was destroyed"
         if ctx is not None:
             ctx.close()
+
+
+def _not_capturing() -> bool:
+    return False
 
 
 def _raw_stream(device_index: int) -> int:
