@@ -275,3 +275,29 @@ def test_all_to_all_nccl_zero_rows(pool):
     if not nccl_available(pool):
         pytest.skip("ranks share a GPU: NCCL cannot run there")
     pool.run(_nccl_zero_rows)
+
+
+def _empty_out_at_odd_byte(ctx, algorithm):
+    """all_to_all of int8 rows of 4 bytes (int32 words) where no rank sends to rank 0, whose
+    out is a zero-row heap view 1 byte into an allocation (the GPU fuzz's seed 143 at world
+    2): an empty tensor's data_ptr() is 0, so its word view was taken from a storage offset
+    that is not whole words (RuntimeError in as_words). The others' out views, 1 byte in
+    too, are staged; every rank's result is checked."""
+    w, r = ctx.world_size, ctx.rank
+    splits = [[0 if d == 0 else 1 + (s + d) % 2 for d in range(w)] for s in range(w)]
+    xs = [torch.arange(4 * sum(splits[s]), dtype=torch.int8).view(-1, 4) + 10 * s
+          for s in range(w)]
+    receives = [sum(splits[s][d] for s in range(w)) for d in range(w)]
+    big = ctx.zeros(4 * max(receives) + 1, dtype=torch.int8)        # same on every rank
+    out = big[1:1 + 4 * receives[r]].view(receives[r], 4)
+    inp = xs[r].to(ctx.device)
+    ctx.all_to_all(out, inp, out_splits=[splits[s][r] for s in range(w)], in_splits=splits[r],
+                   algorithm=algorithm)
+    ctx.sync()
+    expected = torch.cat([xs[s].split(splits[s])[r] for s in range(w)])
+    return torch.equal(out.cpu(), expected)
+
+
+@pytest.mark.parametrize("algorithm", ["push", "one_shot"])
+def test_all_to_all_empty_out_at_an_odd_byte(pool, algorithm):
+    assert all(pool.run(_empty_out_at_odd_byte, algorithm))

@@ -265,13 +265,23 @@ def as_words(ctx, plan, specs, unit: int = 0):
     after it if an output: call the returned `finish()` once the kernel's step is added):
     a copy of this rank's own, which changes nothing the ranks share; its heap staging,
     if the algorithm needs one, is `stage`'s. Returns (views, finish).
+
+    A view's word width needs its storage offset to be whole words, not only its data
+    pointer: an empty tensor's data_ptr() is 0 wherever it lies (a zero-row view at an odd
+    byte offset into a heap allocation passed the pointer check and failed torch's view),
+    so an empty tensor becomes an empty word tensor (nothing is read or written through
+    it), and a tensor whose storage does not start on a word is copied like a misaligned
+    one. Both are this rank's own choices, as the copy above.
     """
     nbytes = [t.numel() * t.element_size() for t, *_ in specs]
     wide, size = word_type(min(t.element_size() for t, *_ in specs), nbytes, unit)
     views, back = [], []
     for (t, index, is_in, is_out), n in zip(specs, nbytes):
+        if n == 0:
+            views.append(torch.empty(0, dtype=wide, device=t.device))
+            continue
         flat = t.reshape(-1).view(torch.uint8)
-        if flat.data_ptr() % size:
+        if flat.data_ptr() % size or flat.storage_offset() % size:
             buf = torch.empty(n, dtype=torch.uint8, device=ctx.device)
             if is_in:
                 _copy_in(plan, index, buf)
