@@ -76,13 +76,15 @@ def test_targets_name_each_miss():
     def row(m, impl, graph, eager, share=0.5):
         return dict(op="matmul_all_reduce", model="x", layer="y", M=m, impl=impl,
                     graph_us=graph, eager_us=eager, comm_share=share)
-    rows = [row(64, "trident_auto", 10, 20), row(64, "plain", 15, 40),
+    rows = [dict(row(64, "trident_auto", 10, 20), choice="fused / epilogue"),
+            row(64, "plain", 15, 40),
             row(64, "trident_sequential", 9, 25), row(64, "trident_epilogue", 8, 30),
             row(1024, "trident_auto", 100, 120, 0.2), row(1024, "plain", 110, 150, 0.2)]
     found = ops.targets(rows)
     graph, eager = found["graph"], found["eager"]
     assert graph["auto_vs_best_misses"] == [
-        "matmul_all_reduce x y M=64: auto 10.0 us vs trident_sequential 9.0 (0.90x)"]
+        "matmul_all_reduce x y M=64: auto 10.0 us (epilogue) vs trident_sequential 9.0 "
+        "(0.90x)"]
     assert eager["auto_vs_best_misses"] == []
     assert graph["comm_bound_cases"] == 1 and graph["auto_vs_plain_geomean"] == 1.5
     assert eager["auto_vs_plain_geomean"] == 2.0

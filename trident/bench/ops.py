@@ -359,13 +359,15 @@ def targets(rows: list[dict]) -> dict:
         misses, gains, epi = [], [], []
         for (op, model, layer, m), impls in cases.items():
             auto = (impls.get("trident_auto") or {}).get(key)
+            picks = ((impls.get("trident_auto") or {}).get("choice") or "").split(" / ")
+            pick = f" ({picks[mode == 'graph']})" if len(picks) == 2 else ""
             rivals = {n: impls[n].get(key) for n in ("plain", "torch_symm_mem",
                                                      "trident_sequential") if n in impls}
             rivals = {n: t for n, t in rivals.items() if t}
             if auto and rivals:
                 best = min(rivals, key=rivals.get)
                 if rivals[best] / auto < 0.98:
-                    misses.append(f"{op} {model} {layer} M={m}: auto {auto:.1f} us vs "
+                    misses.append(f"{op} {model} {layer} M={m}: auto {auto:.1f} us{pick} vs "
                                   f"{best} {rivals[best]:.1f} ({rivals[best] / auto:.2f}x)")
             plain = (impls.get("plain") or {}).get(key)
             share = (impls.get("plain") or {}).get("comm_share")
