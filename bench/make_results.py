@@ -231,7 +231,7 @@ def _fastest(impls: dict, key: str):
     times = {n[len("trident_"):] if n.startswith("trident_") else n: r.get(key)
              for n, r in impls.items()
              if (n.startswith("trident_") or n in OPS_RIVALS) and n != "trident_auto"
-             and r.get("status") == "ok" and r.get(key)}
+             and r.get("status", "ok") == "ok" and r.get(key)}      # (older runs: no status)
     return min(times.items(), key=lambda kv: kv[1]) if times else None
 
 
