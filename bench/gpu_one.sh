@@ -11,6 +11,10 @@
 #   ops1      bench ops with 2 ranks sharing the GPU (MPS): every schedule of the fused ops,
 #             checked and timed against each other; device times labelled "HBM (ranks
 #             share one GPU)"; JSON and log in $OUT/ops1.tar.gz
+#   backend   issue 31 on 2 ranks sharing the GPU (MPS): pytest tests/torch_dist (backend
+#             "trident": collectives, torch's TP / FSDP2 / DTensor against gloo, streams, CUDA
+#             graphs) and tests/compat (DeepEP's API); then the backend's host-cost bench
+#             (JSON) and bench/deep_ep_host_cost.py (JSON lines). Logs and JSON in $OUT
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/nvidia/bin
@@ -101,6 +105,22 @@ for step in ${STEPS:-env tests checks}; do
     tr '\r' '\n' < /tmp/ops1/ops1.log | grep -v "^ops \[\|FutureWarning" \
       | grep -E "HBM|not run|skipped|wrong|error|Error|results:" | head -40 | tee -a $LOG
     tar czf $OUT/ops1.tar.gz -C /tmp/ops1 . ;;
+  backend)
+    # tests first (they compile the kernels the benches then find in Triton's cache); the
+    # benches alone on the GPU afterwards, so their host figures are not disturbed
+    T="timeout -s INT -k 20"
+    nvidia-cuda-mps-control -d && say "MPS daemon started for the backend step"
+    TRIDENT_TEST_WORLD_SIZES=2 $T ${BACKEND_TEST_TIMEOUT:-160} python3 -m pytest -q -rfEs \
+      --tb=short -p no:cacheprovider --durations=10 --timeout 120 tests/torch_dist tests/compat \
+      > $OUT/backend-tests.log 2>&1
+    say "== pytest tests/torch_dist tests/compat, world 2 sharing the GPU rc=$?"
+    grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" $OUT/backend-tests.log | tail -20 | tee -a $LOG
+    $T 55 python3 -m trident.bench.torch_backend --world 2 --json $OUT/backend-bench.json \
+      > $OUT/backend-bench.log 2>&1
+    say "== bench torch_backend rc=$?"; tail -16 $OUT/backend-bench.log | tee -a $LOG
+    $T 70 python3 bench/deep_ep_host_cost.py 2 > $OUT/deep-ep-host-cost.jsonl 2>&1
+    say "== bench/deep_ep_host_cost.py rc=$?"; tail -4 $OUT/deep-ep-host-cost.jsonl | tee -a $LOG
+    echo quit | nvidia-cuda-mps-control ;;
   *) python3 $step 2>&1 | tee -a $LOG ;;
   esac
   say "== step $step: $((SECONDS - start)) s"
