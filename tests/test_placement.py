@@ -133,6 +133,7 @@ def test_sharing_env_gives_each_rank_an_equal_share(fake_control, monkeypatch):
     try:
         assert env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] == "1"
         assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+        assert env[mps.ANSWERED_ENV] == daemon.pipe_dir         # the ranks need not ask
     finally:
         daemon.stop()
     monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "40")     # the user's setting wins
@@ -298,6 +299,59 @@ def test_mps_running_asks_the_daemon_once(fresh_placement, fake_control, tmp_pat
         assert placement._mps_running()
     finally:
         daemon.stop()
+
+
+FLAKY_CONTROL = textwrap.dedent("""\
+    #!/bin/sh
+    # stand-in client that fails its first $FAILS calls, then answers (counted in a file)
+    n=$(cat "$COUNT" 2>/dev/null || echo 0); echo $((n + 1)) > "$COUNT"
+    [ "$n" -ge "$FAILS" ] && exit 0
+    echo "connection to the daemon broken"; exit 1
+""")
+
+
+def test_probe_asks_again_before_it_says_no_daemon(tmp_path, monkeypatch):
+    """A client that fails beside a control pipe that is there is asked again (ranks of a
+    launched job warned that no daemon answered at the default pipe where the launcher had
+    just found one, under the GPU suite's load); a daemon that never answers is reported
+    with what its client said."""
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    (pipe / "control").write_text("")
+    client = tmp_path / "client"
+    client.write_text(FLAKY_CONTROL)
+    client.chmod(client.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("COUNT", str(tmp_path / "count"))
+    monkeypatch.setenv("FAILS", "2")
+    assert mps.daemon_reachable(str(client), str(pipe), tries=3, pause_s=0.01)
+    assert (tmp_path / "count").read_text().strip() == "3"
+    assert mps.last_probe(str(pipe)) is None
+    (tmp_path / "count").unlink()
+    monkeypatch.setenv("FAILS", "9")
+    assert not mps.daemon_reachable(str(client), str(pipe), tries=3, pause_s=0.01)
+    assert (tmp_path / "count").read_text().strip() == "3"
+    why = mps.last_probe(str(pipe))
+    assert "status 1" in why and "3 tries" in why and "broken" in why, why
+    assert not mps.daemon_reachable(str(client), str(tmp_path / "none"))   # no pipe: no ask
+    assert (tmp_path / "count").read_text().strip() == "3"
+    with pytest.warns(RuntimeWarning, match="status 1 .3 tries"):
+        placement.share_plan(2, {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}, False, False)
+
+
+def test_ranks_take_the_launchers_word_for_the_daemon(fresh_placement, tmp_path):
+    pipe = tmp_path / "pipe"
+    pipe.mkdir()
+    fresh_placement.setenv("CUDA_MPS_PIPE_DIRECTORY", str(pipe))
+    fresh_placement.setenv(mps.ANSWERED_ENV, str(pipe))
+    asked = []
+    fresh_placement.setattr(mps, "daemon_reachable", lambda *a: asked.append(a) or False)
+    assert not placement._mps_running() and len(asked) == 1      # no control pipe: asked
+    (pipe / "control").write_text("")
+    fresh_placement.setattr(placement, "_mps_answers", {})
+    assert placement._mps_running() and len(asked) == 1          # the launcher's word
+    fresh_placement.setenv(mps.ANSWERED_ENV, str(tmp_path / "another"))
+    fresh_placement.setattr(placement, "_mps_answers", {})
+    assert not placement._mps_running() and len(asked) == 2      # another pipe's: asked
 
 
 def test_usable_sms_follows_the_cap_in_force(fresh_placement):

@@ -95,6 +95,7 @@ def sharing_env(world_size: int, gpus: int):
             daemon.stop()
         raise
     env[CAP_VAR] = cap.get(CAP_VAR) or os.environ[CAP_VAR]
+    env[mps.ANSWERED_ENV] = env["CUDA_MPS_PIPE_DIRECTORY"]   # the ranks need not ask again
     return env, daemon, note
 
 

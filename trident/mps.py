@@ -22,7 +22,9 @@ Ranks that torchrun (or anything but trident.launch) starts are not one process'
 so no private daemon can serve them: there, ranks that share a GPU need a daemon that runs
 already, and trident.init refuses to go on without one (placement.share_plan) unless
 TRIDENT_MPS=off says to let them time-slice. The launcher passes TRIDENT_MPS=off to its
-ranks when it runs them without MPS (after its warning).
+ranks when it runs them without MPS (after its warning), and ANSWERED_ENV when it found or
+started a daemon, so that its ranks do not each ask the daemon again (a client probe can
+fail under load beside a daemon that runs: `daemon_reachable` asks again before it says no).
 """
 from __future__ import annotations
 
@@ -44,6 +46,10 @@ NO_MPS_WARNING = (
     "Start `nvidia-cuda-mps-control -d` (or let trident start one: TRIDENT_MPS=auto with "
     "nvidia-cuda-mps-control on PATH).")
 _warned = False
+_last_probe: dict = {}       # pipe directory -> why the last probe found no daemon there
+# Set by the launcher for its ranks: the pipe directory whose daemon it has just found
+# answering (or started), so that each rank need not ask again (placement._mps_running).
+ANSWERED_ENV = "TRIDENT_MPS_ANSWERED"
 
 
 def control_binary() -> str | None:
@@ -69,17 +75,40 @@ def _ask(binary: str, command: str, pipe_dir: str, timeout: float = 10.0) -> tup
     return done.returncode, (done.stdout + done.stderr).strip()
 
 
-def daemon_reachable(binary: str | None, pipe_dir: str) -> bool:
+def daemon_reachable(binary: str | None, pipe_dir: str, tries: int = 4,
+                     pause_s: float = 0.5) -> bool:
     """True if a control daemon answers on `pipe_dir` (the client exits non-zero when none
-    runs); without the binary, whether its control pipe exists."""
+    runs); without the binary, whether its control pipe exists. A client that fails while
+    the control pipe is there is asked again, up to `tries` times with `pause_s`, 2 x
+    `pause_s`, ... between; what the last one said is kept for the warning (`last_probe`)."""
     if not os.path.exists(os.path.join(pipe_dir, "control")):
+        _last_probe[pipe_dir] = "no control pipe there"
         return False
     if binary is None:
         return True
     # a client that gets no answer in time (124) finds a pipe whose daemon is busy, not
     # gone: seen on one H100 with 4 ranks starting while 16 cores compiled (a refusal there
-    # stopped the test pool); a missing daemon makes the client exit non-zero at once
-    return _ask(binary, "get_server_list", pipe_dir, timeout=5.0)[0] in (0, 124)
+    # stopped the test pool). A client can also fail at once beside a daemon that runs:
+    # ranks of a job whose launcher had just found the daemon at the default pipe (so it
+    # started no private one) warned that none answered, while many MPS clients of the GPU
+    # suite started beside them; the probe asks again before it says no daemon runs.
+    for attempt in range(max(1, tries)):
+        if attempt:
+            time.sleep(pause_s * attempt)
+        status, said = _ask(binary, "get_server_list", pipe_dir, timeout=5.0)
+        if status in (0, 124):
+            _last_probe.pop(pipe_dir, None)
+            return True
+        if not os.path.exists(os.path.join(pipe_dir, "control")):
+            break
+    _last_probe[pipe_dir] = (f"{os.path.basename(binary)} exited with status {status} "
+                             f"({attempt + 1} tries): {said[:200]!r}")
+    return False
+
+
+def last_probe(pipe_dir: str) -> str | None:
+    """Why `daemon_reachable` last said no daemon answers at `pipe_dir` (None: it did not)."""
+    return _last_probe.get(pipe_dir)
 
 
 def _die_with_parent() -> None:

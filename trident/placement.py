@@ -143,9 +143,11 @@ def share_plan(ranks_per_gpu: int, env: Mapping[str, str], cuda_initialized: boo
                 f"{ranks_per_gpu} ranks share this GPU but no MPS control daemon answers at "
                 f"{pipe} (CUDA_MPS_PIPE_DIRECTORY), and TRIDENT_MPS=require: start one before "
                 f"the job (`{mps.CONTROL} -d`) and {export} for every rank")
+        why = mps.last_probe(pipe)
         warnings.warn(
             f"{ranks_per_gpu} ranks share this GPU but no MPS control daemon answered at "
-            f"{pipe} (CUDA_MPS_PIPE_DIRECTORY): without one the ranks time-slice the GPU "
+            f"{pipe} (CUDA_MPS_PIPE_DIRECTORY{'; ' + why if why else ''}): without one the "
+            f"ranks time-slice the GPU "
             f"(correct, but every cross-rank wait costs milliseconds). Start one before the "
             f"job (`{mps.CONTROL} -d`) and {export} for every rank, or set TRIDENT_MPS=off "
             f"to silence this", RuntimeWarning, stacklevel=3)
@@ -171,10 +173,17 @@ def share_plan(ranks_per_gpu: int, env: Mapping[str, str], cuda_initialized: boo
 
 
 def _mps_running() -> bool:
-    """Whether an MPS control daemon answers at this process's pipe directory (cached)."""
+    """Whether an MPS control daemon answers at this process's pipe directory (cached). A
+    rank of trident.launch takes its launcher's word (mps.ANSWERED_ENV: the launcher found
+    or started that daemon just before it started the ranks) while the control pipe is
+    there; other processes ask the daemon."""
     pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or mps.DEFAULT_PIPE_DIR
     if pipe not in _mps_answers:
-        _mps_answers[pipe] = mps.daemon_reachable(mps.control_binary(), pipe)
+        if (os.environ.get(mps.ANSWERED_ENV) == pipe
+                and os.path.exists(os.path.join(pipe, "control"))):
+            _mps_answers[pipe] = True
+        else:
+            _mps_answers[pipe] = mps.daemon_reachable(mps.control_binary(), pipe)
     return _mps_answers[pipe]
 
 
