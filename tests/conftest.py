@@ -13,9 +13,7 @@ from trident.launch import RankPool, default_backend
 BACKEND = default_backend()
 
 
-def _world_sizes() -> list[int]:
-    if os.environ.get("TRIDENT_TEST_WORLD_SIZES"):
-        return [int(w) for w in os.environ["TRIDENT_TEST_WORLD_SIZES"].split(",")]
+def _default_world_sizes() -> list[int]:
     if BACKEND == "cuda":
         import torch
         n = torch.cuda.device_count()
@@ -25,7 +23,22 @@ def _world_sizes() -> list[int]:
     return [1, 2, 3, 4]
 
 
+def _world_sizes() -> list[int]:
+    if os.environ.get("TRIDENT_TEST_WORLD_SIZES"):
+        return [int(w) for w in os.environ["TRIDENT_TEST_WORLD_SIZES"].split(",")]
+    return _default_world_sizes()
+
+
 WORLD_SIZES = _world_sizes()
+# Tests that use no pool of the test world sizes (a compile check, a fixed 2-rank job) would
+# run once per world in a suite that is run world by world (bench/gpu_suite.sh: one pytest
+# per file and world): they run where the world list includes this one, the smallest
+# default world, and are skipped, saying so, elsewhere.
+ONCE_WORLD = min(_default_world_sizes())
+once = pytest.mark.skipif(
+    ONCE_WORLD not in WORLD_SIZES,
+    reason=f"independent of the world size: runs once, with the world sizes that include "
+           f"{ONCE_WORLD} (TRIDENT_TEST_WORLD_SIZES={','.join(map(str, WORLD_SIZES))})")
 _pools: dict[int, RankPool] = {}
 
 

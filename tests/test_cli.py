@@ -14,10 +14,15 @@ from trident.launch import default_backend
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _trident(*args, timeout=600, cwd=ROOT):
+def _trident(*args, timeout=600, cwd=ROOT, ok=True):
+    """Run the command line in a subprocess of this environment: its stdout, asserting that
+    it succeeded; with ok=False, its stdout and stderr, asserting that it failed."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "trident", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+    if not ok:
+        assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+        return proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc.stdout
 

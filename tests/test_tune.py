@@ -1,12 +1,15 @@
 """`trident tune` and its per-user cache: the command writes a table keyed by this
 machine, the selector uses it from then on, and a table with another key is ignored.
-Also `trident bench ccl --update-selector`, which writes the built-in tables' format."""
+Also `trident bench ccl --update-selector`, which writes the built-in tables' format.
+Both measure links between GPUs, so on GPUs fewer than the ranks (ranks would share one)
+they must refuse, saying why, and write nothing: that is what is checked there."""
 import json
 import os
 
 import pytest
 
 from trident.ccl import ALGORITHMS, selector, tune_cache
+from trident.launch import default_backend
 
 from .test_cli import _trident      # the command line in a subprocess, this environment
 
@@ -23,6 +26,14 @@ def cache(monkeypatch, tmp_path):
     selector.reload()
 
 
+def _gpus_fewer_than(world: int) -> bool:
+    """On GPUs: whether fewer than `world` are visible (ranks would share one)."""
+    if default_backend() != "cuda":
+        return False
+    import torch
+    return torch.cuda.device_count() < world
+
+
 def _rows(name):
     return {mode: {op: [[None, name if name == "nccl" or name in ALGORITHMS[op] else "nccl"]]
                    for op in OPS} for mode in selector.MODES}
@@ -34,6 +45,11 @@ def _tuned_doc(eager, graph):
 
 
 def test_tune_command_writes_the_cache_and_the_selector_uses_it(cache):
+    if _gpus_fewer_than(2):
+        out = _trident("tune", "--world-size", "2", "--quick", ok=False)
+        assert "tuning measures the links between GPUs: 2 ranks need 2 GPUs" in out, out
+        assert not list(cache.iterdir()), "a refused tune wrote to the cache"
+        return
     out = _trident("tune", "--world-size", "2", "--quick")
     key = tune_cache.machine_key(2)
     path = tune_cache.cache_path(key)
@@ -93,9 +109,15 @@ def test_topology_key_reads_gpu_links_only(monkeypatch):
 
 def test_bench_ccl_update_selector_writes_both_tables(tmp_path):
     target = tmp_path / "tables.json"
-    _trident("bench", "ccl", "--world-size", "2", "--ops", "all_reduce", "--max-size", "1K",
-             "--calls", "1", "--iters", "0", "--warmup", "0", "--out-dir", str(tmp_path),
-             "--update-selector", str(target))
+    args = ("bench", "ccl", "--world-size", "2", "--ops", "all_reduce", "--max-size", "1K",
+            "--calls", "1", "--iters", "0", "--warmup", "0", "--out-dir", str(tmp_path),
+            "--update-selector", str(target))
+    if _gpus_fewer_than(2):
+        out = _trident(*args, ok=False)
+        assert "--update-selector: ranks share one GPU here" in out, out
+        assert not target.exists()
+        return
+    _trident(*args)
     doc = json.loads(target.read_text())
     entry = doc["world_sizes"]["2"]
     assert entry["measured"] and entry["sizes"] == [1024]

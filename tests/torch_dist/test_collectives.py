@@ -123,6 +123,10 @@ def _async_functional_objects(ctx):
     t = torch.full((13,), float(me + 1), device=dev)
     work = dist.all_reduce(t, async_op=True)
     work.wait()
+    if dev.type == "cuda":
+        # wait() orders the current stream after the collective and returns, as NCCL's
+        # Work does; the host learns of completion once that stream has run
+        torch.cuda.current_stream(dev).synchronize()
     assert work.is_completed()
     assert torch.equal(work.get_future().value()[0].cpu(), torch.full((13,), w * (w + 1) / 2))
     out = torch.empty(w * 3, device=dev)

@@ -290,6 +290,13 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     world = args.world_size or common.default_world(backend)
+    if args.update_selector is not None and gpu:
+        import torch
+        gpus = torch.cuda.device_count()
+        if world > gpus:        # refused before any rank starts (_run checks it again)
+            p.error(f"--update-selector: ranks share one GPU here ({world} ranks, {gpus} "
+                    f"GPU(s) visible), so the times would say nothing about NVLink and NCCL "
+                    f"cannot run; measure the selector's tables with one GPU per rank")
     heap = heap_bytes(gpu, world, hi)
     os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
     launch(_run, world, ops, sizes, common.timing_options(args, gpu, iters=20), args.out_dir,
