@@ -32,6 +32,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import trident as td
+from trident.context import _not_capturing
 from trident.ops import _common
 from trident.triton_launch import Launch
 
@@ -217,3 +218,80 @@ def test_tma_launches_need_no_scratch_sm90(tmp_path):
     """The row-parallel kernel with host descriptors compiles for sm_90 with TMA copies
     and wgmma and needs no global scratch (tests/ops/fused_sm90.py; no GPU needed)."""
     run_check("tests.ops.fused_sm90", tmp_path / "cache", "fused_sm90: ok", timeout=600)
+
+
+# what Inductor records under mode="reduce-overhead" after one eager warm-up, with
+# ctx.capturing() true (the key and the selection differ there: trident/ops/sequential.py
+# builds a new plan with ccl sub-plans for graphs; "auto" may pick other algorithms)
+CAPTURED = [(op, v) for op in FUSED for v in ("sequential", "auto")] + \
+    [("all_reduce_add_rmsnorm", "auto")]
+
+
+def _closure_tensors(step) -> list:
+    """Tensors a host step's closure holds, directly or in tuples and lists."""
+    found = []
+    todo = [c.cell_contents for c in getattr(step, "__closure__", None) or ()]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (tuple, list)):
+            todo.extend(v)
+    return found
+
+
+def _capturing(ctx, cases):
+    """Each case's first call eager (the warm-up: workspaces and plans made there), the
+    second with ctx.capturing() forced true, as in a recording: nothing allocated on the
+    calling thread during that call may outlive it but the output (tensors kept from a
+    recording are blocks of the graphs' pool no output accounts for: Inductor's "Detected
+    N tensor(s) in the cudagraph pool not tracked as outputs", test_capture_all.py's
+    fused and fused_matmul-sequential families on an H100); and no host step of a plan
+    made then holds the call's inputs (Inductor records with copies of them made in the
+    pool, then drops them: the sequential all_gather_matmul's kept its a)."""
+    problems = []
+    for op, variant in cases:
+        with td.init(heap_size=16 << 20, group=ctx.group) as fresh:
+            case = C.make_case(fresh, op, variant)
+            for call in range(2):
+                inputs = case.inputs(call)
+                before = set(fresh.plans._plans)
+                forced = call == 1
+                if forced:
+                    fresh.capturing = fresh.plans.capturing = lambda: True
+                try:
+                    with _Allocations() as rec:
+                        got = case.fn(*inputs)
+                finally:
+                    fresh.capturing = fresh.plans.capturing = _not_capturing
+                fresh.sync()
+                C.check(got, case.expected(call), f"{op} {variant} rank {fresh.rank} {call}")
+                left = rec.alive(keep=got)
+                if left:
+                    problems.append(f"{op} {variant} call {call} (capturing: {forced}): "
+                                    f"storages allocated on the calling thread still "
+                                    f"alive after the call: {left}")
+                # Inductor hands a recorded call copies of its inputs made in the pool and
+                # drops them after: a plan's host step that keeps one keeps a block no
+                # output tracks (the CPU emulation's launches keep their arguments by
+                # design, so the host steps' closures are what is checked)
+                own = {_storage(t) for t in inputs if isinstance(t, torch.Tensor)}
+                for key in set(fresh.plans._plans) - before:
+                    held = [t for step in fresh.plans._plans[key].steps
+                            if not isinstance(step, Launch) for t in _closure_tensors(step)
+                            if _storage(t) in own]
+                    if held:
+                        problems.append(f"{op} {variant} call {call} (capturing: {forced}): "
+                                        f"plan {key[0]!r} keeps the call's input tensors "
+                                        f"{[tuple(t.shape) for t in held]} in a host step")
+                del got, inputs
+                fresh.barrier()
+            case.close()
+    return problems
+
+
+@pytest.mark.skipif(BACKEND == "cuda", reason="forces ctx.capturing() on the CPU emulation; "
+                    "GPUs record for real (test_capture_all.py)")
+def test_a_recorded_call_leaves_nothing_allocated(pool):
+    for rank, problems in enumerate(pool.run(_capturing, CAPTURED)):
+        assert not problems, f"rank {rank}:\n" + "\n".join(problems)

@@ -44,6 +44,7 @@ from trident.trace import device as trd, kernel_args, tags
 from . import common, nccl
 from .device import (DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, fingerprint, poison,
                      reduce_slots, scratch_half)
+from ..graph_pools import outside_graph_pools
 from ..plans import Live, Plan, tensor_key
 
 NAME = "all_reduce_add_rmsnorm"
@@ -182,7 +183,9 @@ def _plan(ctx, x, residual, weight, out, fresh, eps, algorithm, block, programs,
             torch_add_rmsnorm(s, ts[1], ts[2], ts[3], eps)
         plan.add(step, graphable=False)
     elif name == "unfused":
-        s = torch.empty(x.shape, dtype=x.dtype, device=ctx.device)
+        # kept by the plan: made where no CUDA-graph pool takes it (trident/graph_pools.py)
+        s = outside_graph_pools(ctx.device, "all_reduce_add_rmsnorm's unfused sum",
+                                lambda: torch.empty(x.shape, dtype=x.dtype, device=ctx.device))
 
         def step(ts):
             s.copy_(ts[0])

@@ -56,11 +56,20 @@ def _collective(ctx, coll: str, nbytes: int, name: str | None) -> str:
                                nccl=False)
 
 
-def _sub(plan, sub, tensors) -> None:
-    """Add the collective's finished plan `sub`, run on its fixed heap `tensors`."""
+def _sub(plan, sub, tensors, call_a: bool = False) -> None:
+    """Add the collective's finished plan `sub`, run on its fixed heap `tensors`; with
+    call_a, its second tensor is the call's a (tensor 0), read at each run: the plan's
+    key holds a's address, never a itself. A plan that kept the caller's a kept a block
+    of a CUDA-graph pool alive (torch.compile's reduce-overhead records with copies of
+    the inputs made there, and drops them: "Detected 1 tensor(s) in the cudagraph pool
+    not tracked as outputs")."""
     sub.finish("off")
     run = sub.run
-    plan.add(lambda ts: run(tensors), graphable=sub.graphable)
+    if call_a:
+        fixed = tensors[0]
+        plan.add(lambda ts: run((fixed, ts[0])), graphable=sub.graphable)
+    else:
+        plan.add(lambda ts: run(tensors), graphable=sub.graphable)
 
 
 def _gemm_step(plan, ctx, a, bias, dst, with_bias: bool) -> None:
@@ -98,13 +107,14 @@ def build(ctx, plan, op: str, a, w, bias, out, collective: str | None = None) ->
         # made on every rank (a heap buffer): used where a is not contiguous, which the
         # all-gather needs -- a copy of this rank's own, into it
         mine = _buffer(ctx, "local a", a.dtype, *a.shape)
-        if not a.is_contiguous():
+        copied = not a.is_contiguous()
+        if copied:
             plan.add(lambda ts: mine.copy_(ts[0]))
             a = mine
         name = _collective(ctx, "all_gather", a.numel() * a.element_size(), collective)
         sub = ccl._plan_all_gather(ctx, G, a, name, None, None, (), graph)
-        # the all-gather reads a (its address is in the plan's key) or the copy
-        _sub(plan, sub, (G, a))
+        # the all-gather reads the copy, or the call's a (its address is in the plan's key)
+        _sub(plan, sub, (G, a), call_a=not copied)
         _gemm_step(plan, ctx, G, bias, None, bias is not None)
         return
     P = _buffer(ctx, "partial", a.dtype, M, N)
