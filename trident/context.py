@@ -55,6 +55,9 @@ class Context(HeapMethods, SyncMethods, OpMethods):
 
     topology = None
     spans_nodes = False          # trident.WorldContext (trident/nodes/world.py): True
+    # the name of close()'s host exchange (errors.HOST_CALLS): "destroy_process_group" when
+    # the torch backend's shutdown closes the context
+    _closing_as = "close"
 
     def __init__(self, heap_size: int | None = None, group=None, timeout: float | None = None,
                  debug: bool | None = None):
@@ -205,13 +208,16 @@ class Context(HeapMethods, SyncMethods, OpMethods):
 
     def close(self) -> None:
         """Release the heap. Tensors from this context must not be used afterwards.
-        A failure this rank already raised (and did not reset) is not raised again."""
+        A failure this rank already raised (and did not reset) is not raised again.
+        Collective: a peer that makes another call meanwhile (a collective, a barrier)
+        makes every rank raise CallMismatchError, naming each rank's call."""
         if self._closed:
             return
         settle = False
         try:
-            self.barrier()
-            settle = dist.get_backend(self.group) == "gloo"
+            if not self._peer_closed:     # else no peer is left to meet (context_sync.py)
+                self._barrier(self._closing_as)
+            settle = dist.get_backend(self.group) == "gloo" and not self._peer_closed
         except Exception:
             if self._failure is None:
                 raise

@@ -102,8 +102,11 @@ class OpMethods:
 
     # ------------------------------------------------------------------ device barrier
     def device_barrier(self) -> None:
-        """Stream-ordered barrier across ranks (one tiny kernel; CUDA-graph capturable)."""
+        """Stream-ordered barrier across ranks (one tiny kernel; CUDA-graph capturable).
+        Like every op, it raises at once after a failed call (no launch plan checks it)."""
         from .ccl.barrier import device_barrier
+        if self._error_view[0]:
+            self._raise_failure()
         device_barrier(self)
         self.after_op()
 

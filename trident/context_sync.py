@@ -8,30 +8,36 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import pickle
+import uuid
 import weakref
 
 import torch
 import torch.distributed as dist
 
 from .nodes import topology
-from .errors import (ERROR_MARK, CallMismatchError, GroupUnusable, HeapMismatchError,
-                     HostTimeout, device_error, value_error_message)
+from .errors import (ERROR_MARK, HOST_CALL_CODES, KIND_HOST_CALL, KIND_PEER_FAILED,
+                     CallMismatchError, GroupUnusable, HeapMismatchError, HostTimeout,
+                     decode_timeout, device_error, value_error_message)
 from .language import sync as _sync
 
 # Host-side copies of the control-block layout (the device side uses tl.constexpr).
 (CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, CTRL_FAILED, CTRL_HOST_WORD, CTRL_BASES,
- CTRL_TEXT, CTRL_TEXT_WORDS) = (
+ CTRL_TEXT, CTRL_TEXT_WORDS, CTRL_HOST_CALL, CTRL_HOST_DONE) = (
     int(getattr(c, "value", c)) for c in (
         _sync.CTRL_ERROR, _sync.CTRL_TIMEOUT, _sync.CTRL_WORDS, _sync.MAX_RANKS,
         _sync.CTRL_FAILED, _sync.CTRL_HOST_WORD, _sync.CTRL_BASES, _sync.CTRL_TEXT,
-        _sync.CTRL_TEXT_WORDS))
+        _sync.CTRL_TEXT_WORDS, _sync.CTRL_HOST_CALL, _sync.CTRL_HOST_DONE))
 
 # Host-side collectives of a context (barrier, workspace creation, debug-mode agreement
 # checks, reset) all begin with one all_gather of a header of this fixed size: which call
 # it is (name, step number, a digest of its details) and a payload. Any two of them pair
-# up in the transport, so ranks that made different calls find out from the headers and
-# every rank raises an error that names each rank's call (gloo aborts the process when
-# two collectives of different sizes meet).
+# up, so ranks that made different calls find out from the headers and every rank raises
+# an error that names each rank's call. They go through the group's store (keys of this
+# context's own, `_exchange_store`), never through the group's collectives: a header
+# exchange on one rank would otherwise pair with a torch.distributed collective of the
+# same size on its peer (the "nccl" algorithm, the torch backend's fallbacks, the user's
+# own), which returned the header to that peer as its data (issue 29).
 _HEADER_MAGIC = 0x7472696465_6E74      # "trident"
 _NAME_WORDS = 4                         # 32 bytes of the call's name
 _PAYLOAD_WORDS = 9
@@ -90,6 +96,9 @@ class SyncMethods:
         # a memoryview of int64: an element read costs ~50 ns (a numpy element ~300)
         self._error_view = memoryview(words).cast("B").cast("q")
         self._failure = None
+        self._exchanges = 0          # host header exchanges made (the same on every rank)
+        self._exchange_store = _exchange_store(self.group)
+        self._peer_closed = False    # a peer was found closing: close() has no one to meet
         self._link_ctrl()
         self.plans.watch(self._error_view, self._raise_failure)
 
@@ -99,15 +108,71 @@ class SyncMethods:
         self.ctrl[CTRL_TIMEOUT] = int(self.timeout_s * 1e9)
         self.ctrl[CTRL_BASES:CTRL_BASES + self.world_size] = self.heap_bases
         self.ctrl[CTRL_HOST_WORD] = self._host_error.data_ptr()
+        self.ctrl[CTRL_HOST_DONE] = self._exchanges
 
     def _raise_failure(self, word: int | None = None):
         """Raise this rank's device failure: the first one (sticky until reset) or the one
         the error word records now (`word`, else the host-visible word)."""
         if self._failure is None:
             word = int(self._error_view[CTRL_ERROR]) if word is None else word
-            self._failure = device_error(word, self.timeout_s, self._peer_message)
+            self._failure = (self._join_host_call(word)
+                             or device_error(word, self.timeout_s, self._peer_message))
             self._publish(self._failure)
         raise self._failure
+
+    # ------------------------------------------------------------ a peer in a host call
+    def _enter_host_call(self, what: str) -> None:
+        """Publish that this rank, its device work finished, waits in host call `what` (a
+        barrier, close, reset, workspace creation): a peer kernel that waits for this rank
+        meanwhile made another call, and stops with a CallMismatch (language/sync.py, "A
+        peer in a host-side call")."""
+        if not self.capturing():
+            self.ctrl[CTRL_HOST_CALL] = ((self._exchanges + 1) << 8) | HOST_CALL_CODES.get(what, 0)
+
+    def _leave_host_call(self) -> None:
+        """The host call is over: clear the word, and record the exchanges done (a peer's
+        word of a call this rank made too is stale, not a mismatch). Stream-ordered before
+        this rank's next kernels."""
+        if not self.capturing():
+            self.ctrl[CTRL_HOST_CALL] = 0
+            self.ctrl[CTRL_HOST_DONE] = self._exchanges
+
+    def _join_host_call(self, word: int):
+        """When this rank's kernel stopped because a peer waited in a host-side call
+        (KIND_HOST_CALL, here or behind a chain of PeerFailed), join that peer's host
+        exchange under this rank's call, so that every rank raises CallMismatchError naming
+        each rank's call; returns that error (None where there is nothing to join)."""
+        if self._closed or self.capturing() or not self._caused_by_host_call(word):
+            return None
+        waiting = []
+        for peer in range(self.world_size):
+            if peer != self.rank:
+                call = int(self._heap.peer_view(peer, self.ctrl, CTRL_HOST_CALL, 1).item())
+                if (call >> 8) > self._exchanges:     # a call this rank has not made
+                    waiting.append((peer, call & 0xFF))
+        if not waiting:
+            return None
+        op = decode_timeout(word)[0]
+        try:
+            self.host_exchange(op, detail=_Joined(tuple(p for p, _ in waiting)))
+        except (CallMismatchError, HostTimeout) as exc:
+            return exc
+        return None
+
+    def _caused_by_host_call(self, word: int) -> bool:
+        """Whether the error `word` is KIND_HOST_CALL, directly or through PeerFailed on a
+        peer whose own error word is (followed up to world_size ranks)."""
+        for _ in range(self.world_size):
+            kind = (word >> 48) & 0xFF
+            if kind == KIND_HOST_CALL:
+                return True
+            if kind != KIND_PEER_FAILED or word == ERROR_MARK:
+                return False
+            try:
+                word = int(self._heap.peer_view(word & 0xFFFF, self.ctrl, CTRL_ERROR, 1).item())
+            except Exception:        # noqa: BLE001 -- a courtesy: never hide the failure
+                return False
+        return False
 
     def _publish(self, exc: BaseException) -> None:
         """Tell the peers that this rank raised `exc`: its message, then one more error in
@@ -212,12 +277,15 @@ class SyncMethods:
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
         timeout, value = self._error_words()
+        self._enter_host_call(what)
         try:
             table, details = self.host_exchange(
                 what, [self.allocator.digest(), timeout, *value, failed], detail=detail)
         except HostTimeout:
             self._raise_if_timed_out(timeout)    # a wait of this rank's that timed out says more
             raise
+        finally:
+            self._leave_host_call()
         failed = [row[7] for row in table]
         if details is not None or any(failed):
             return failed, details               # the caller rolls back on every rank
@@ -280,8 +348,10 @@ class SyncMethods:
         names = [_words_name(row[3:3 + _NAME_WORDS]) for row in table]
         steps = [row[1] for row in table]
         if len(set(names)) > 1 or (check_step and len(set(steps)) > 1):
-            calls = [None] * self.world_size
-            dist.all_gather_object(calls, self._describe_call(what, detail), group=self.group)
+            # a peer that closes is gone after this: close() then has no one to meet
+            self._peer_closed = any(n in ("close", "destroy_process_group") for n in names)
+            describe = self._describe_call(what, detail)
+            calls = self._gather_objects("calls", describe, lambda: describe)
             lines = "; ".join(f"rank {r} called {c} (its host-side call #{steps[r]})"
                               for r, c in enumerate(calls))
             raise CallMismatchError(
@@ -289,37 +359,50 @@ class SyncMethods:
                 f"make the same trident calls in the same order (did a rank skip one?)")
         details = None
         if len({row[2] for row in table}) > 1:
-            details = [None] * self.world_size
-            dist.all_gather_object(details, detail, group=self.group)
+            details = self._gather_objects("details", detail,
+                                           lambda: self._describe_call(what, detail))
         return [row[3 + _NAME_WORDS:] for row in table], details
 
     def _describe_call(self, what: str, detail) -> str:
         if what == "workspace":
             return f"{self._op_phrase()} (a call that creates the workspace {detail!r})"
-        if what in ("barrier", "reset"):
+        if what in ("barrier", "reset", "close"):
             return f"ctx.{what}()"
+        if what == "destroy_process_group":
+            return "dist.destroy_process_group() (which closes the group's trident context)"
+        if isinstance(detail, _Joined):
+            return (f"{what} (a collective whose kernel found rank(s) {list(detail.peers)} "
+                    f"waiting in a host-side call instead)")
         return what if detail is None else f"{what} with {detail}"
 
     def _all_gather_header(self, mine: torch.Tensor, describe) -> list[list[int]]:
-        """all_gather of the header, bounded by the host timeout; describe() names the
-        call in the error."""
-        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        """all_gather of the header through the store, bounded by the host timeout;
+        describe() names the call in the error."""
+        n = self._exchanges
+        self._exchanges += 1        # every rank counts alike (a failed one: the group is gone)
+        rows = self._store_gather(str(n), mine.numpy().tobytes(), describe)
+        if n:      # every peer has set key n, so it has read all of exchange n - 1
+            self._exchange_store.delete_key(f"{n - 1}/{self.rank}")
+        return [torch.frombuffer(bytearray(row), dtype=torch.int64).tolist() for row in rows]
+
+    def _store_gather(self, tag: str, data: bytes, describe) -> list[bytes]:
+        """Every rank's `data` under key `tag` of this context's store keys, in rank order."""
+        store = self._exchange_store
+        keys = [f"{tag}/{r}" for r in range(self.world_size)]
         try:
-            if dist.get_backend(self.group) == "gloo":
-                from torch._C._distributed_c10d import AllgatherOptions
-                opts = AllgatherOptions()
-                opts.timeout = datetime.timedelta(seconds=self.host_timeout_s)
-                backend = self.group._get_backend(torch.device("cpu"))
-                backend.allgather([everyone], [mine], opts).wait()
-            else:
-                device = [t.to(self.device) for t in everyone]
-                dist.all_gather(device, mine.to(self.device), group=self.group)
-                everyone = device
+            store.set(keys[self.rank], data)
+            store.wait(keys, datetime.timedelta(seconds=self.host_timeout_s))
+            return store.multi_get(keys)
         except RuntimeError as e:
             topology.mark_failed(self.group, describe())
             raise HostTimeout(describe(), self.rank, self.host_timeout_s,
                               str(e).strip()[:200]) from None
-        return torch.stack(everyone).tolist()        # one device->host copy
+
+    def _gather_objects(self, tag: str, obj, describe) -> list:
+        """Every rank's `obj` (pickled) through the store: the calls and details of a
+        header exchange that found a difference."""
+        return [pickle.loads(b) for b in self._store_gather(
+            f"{self._exchanges - 1}/{tag}", pickle.dumps(obj), describe)]
 
     def _raise_heap_mismatch(self, digests: list[int]) -> None:
         logs = [None] * self.world_size
@@ -351,6 +434,8 @@ class SyncMethods:
         if self.backend == "cuda":
             torch.cuda.synchronize(self.device)
         blocks = sorted((o, self.allocator.length(o)) for o in self.allocator.live_offsets())
+        # not published as a host call (_enter_host_call): ranks come to reset at different
+        # times after a failure, and a peer still waiting for this rank has failed already
         table, _ = self.host_exchange("reset", [_digest(blocks)], check_step=False)
         self._host_step = 0
         if len({row[0] for row in table}) > 1:
@@ -377,6 +462,27 @@ class SyncMethods:
         self._failure = exc
         if not self._error_view[CTRL_ERROR]:
             self._error_view[CTRL_ERROR] = ERROR_MARK
+
+
+def _exchange_store(group):
+    """A store of this context's own for host exchanges: the group's store under a prefix
+    that rank 0 draws and the others receive (one collective, at init)."""
+    box = [uuid.uuid4().hex]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+    from torch.distributed import distributed_c10d as c10d
+    return dist.PrefixStore(f"trident-host/{box[0]}/", c10d._get_process_group_store(group))
+
+
+class _Joined:
+    """host_exchange's detail for a collective that joins a peer's host call (the peers
+    found waiting there), so that the error names it."""
+    __slots__ = ("peers",)
+
+    def __init__(self, peers: tuple):
+        self.peers = peers
+
+    def __repr__(self) -> str:
+        return f"_Joined({self.peers})"
 
 
 def _heap_difference(everyone: list) -> HeapMismatchError:

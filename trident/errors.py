@@ -35,6 +35,13 @@ def decode_timeout(word: int) -> tuple[str, int, int]:
 
 # What a failed device wait found (bits 48..55 of the error word; language/sync.py KIND_*)
 KIND_TIMEOUT, KIND_PEER_FAILED, KIND_MISMATCH = 0, 1, 2
+# ... or that the peer waited in a host-side call (HOST_CALLS) instead of this collective
+KIND_HOST_CALL = 3
+# The host-side calls a rank publishes while it waits in them, its device work finished
+# (language/sync.py CTRL_HOST_CALL), by code. Append only: the codes travel between ranks.
+HOST_CALLS = {1: "barrier", 2: "close", 3: "workspace", 4: "debug check",
+              5: "destroy_process_group"}
+HOST_CALL_CODES = {name: code for code, name in HOST_CALLS.items()}
 # what the host stores in its error word when the rank failed outside a kernel (a heap that
 # reset found different): the rank's waits then return at once
 ERROR_MARK = ERROR_FLAG | (0xFF << 48)
@@ -50,6 +57,9 @@ def device_error(word: int, timeout_s: float, message_of=None) -> "CommTimeout":
         return PeerFailed(op, rank, peer, message_of(peer) if message_of else "")
     if kind == KIND_MISMATCH:
         return CallMismatch(op, rank, peer)
+    if kind == KIND_HOST_CALL:
+        return CallMismatch(op, rank, peer,
+                            "a host-side call: a barrier, close or a workspace's creation")
     return CommTimeout(op, rank, peer, timeout_s)
 
 
@@ -168,13 +178,13 @@ class CallMismatch(CommTimeout):
     algorithm or op that differs (found on the device, from a fingerprint of the call that
     travels with the signals peers wait on). Every rank of the pair raises it."""
 
-    def __init__(self, op: str, rank: int, peer: int):
-        self.op, self.rank, self.peer, self.timeout_s = op, rank, peer, 0.0
+    def __init__(self, op: str, rank: int, peer: int, theirs: str = ""):
+        self.op, self.rank, self.peer, self.timeout_s, self.theirs = op, rank, peer, 0.0, theirs
         RuntimeError.__init__(
             self, f"rank {rank}: {op}: rank {peer} made a different call at the same point "
-                  f"(another size, dtype, reduction, algorithm or op). Every rank must make "
-                  f"the same calls with the same sizes; outputs of this call are not valid; "
-                  f"call ctx.reset() on every rank")
+                  f"({theirs or 'another size, dtype, reduction, algorithm or op'}). Every "
+                  f"rank must make the same calls with the same sizes; outputs of this call "
+                  f"are not valid; call ctx.reset() on every rank")
 
     def __reduce__(self):
-        return CallMismatch, (self.op, self.rank, self.peer)
+        return CallMismatch, (self.op, self.rank, self.peer, self.theirs)

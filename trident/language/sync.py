@@ -20,6 +20,17 @@ each other. The peer's control block is found through CTRL_BASES (heap bases, co
 the block by the host), so `wait` needs nothing but `ctrl`. The peer is polled once every
 PEER_POLL rounds of backoff, so that a healthy wait adds no traffic to the link.
 
+A peer in a host-side call. A rank in ctx.barrier() / close() (any host call that first
+synchronises the device: context_sync `_barrier`; not reset) has finished its device work
+and waits on the host for its peers, so a peer kernel that waits for it waits for a call
+that will never come (a rank skipped a collective, or closed early). The host publishes
+such a call in CTRL_HOST_CALL (with the number of host exchanges it completed before it);
+a wait that polls its peer finds it there and records KIND_HOST_CALL (raised as a
+CallMismatch) at once, unless this rank has made that host call itself (CTRL_HOST_DONE: a
+stale word not yet cleared) or the flag came meanwhile. The host then joins the peer's
+host exchange (context_sync.py), so that every rank raises CallMismatchError naming each
+rank's call.
+
 The host reads the error word without a device sync: the wait that records the first
 error also stores its code into a host word whose address is CTRL_HOST_WORD (pinned
 memory on GPUs; plain memory on the CPU emulation, whose kernels run in the host process).
@@ -40,6 +51,12 @@ else:
 CTRL_ERROR = tl.constexpr(0)        # 0, or the first timeout's encode_timeout(...)
 CTRL_TIMEOUT = tl.constexpr(1)      # wait limit in ns
 CTRL_EPOCH = tl.constexpr(2)        # device-barrier epoch of this rank
+# The host-side call (barrier, close, a workspace's creation) this rank is in, its device
+# work finished: 0, or (n + 1) << 8 | the call's code (trident/errors.py HOST_CALLS), n
+# being the number of host exchanges the rank had completed before it; and that number as
+# of the rank's last such call (see "A peer in a host-side call" above).
+CTRL_HOST_CALL = tl.constexpr(3)
+CTRL_HOST_DONE = tl.constexpr(4)
 CTRL_FLAGS = tl.constexpr(8)        # device-barrier flags, one per source rank
 MAX_RANKS = tl.constexpr(64)
 # The first bad input value a kernel found (e.g. an MoE expert id out of range): a kind
@@ -59,6 +76,7 @@ _ERROR_FLAG = tl.constexpr(1 << 62)
 KIND_TIMEOUT = tl.constexpr(_errors.KIND_TIMEOUT)
 KIND_PEER_FAILED = tl.constexpr(_errors.KIND_PEER_FAILED)
 KIND_MISMATCH = tl.constexpr(_errors.KIND_MISMATCH)
+KIND_HOST_CALL = tl.constexpr(_errors.KIND_HOST_CALL)
 PEER_POLL = tl.constexpr(32)
 
 
@@ -72,6 +90,18 @@ def peer_failed(ctrl, peer):
     bad = tl.load(theirs + CTRL_ERROR, mask=known, other=0, volatile=True) != 0
     count = tl.load(theirs + CTRL_FAILED, mask=known, other=0, volatile=True)
     return bad | (count > tl.load(ctrl + CTRL_FAILED, volatile=True))
+
+
+@triton.jit
+def peer_in_host_call(ctrl, peer):
+    """Whether `peer` waits in a host-side call that this rank has not made (see "A peer in
+    a host-side call"); read with acquire, so that a flag it set before is seen after."""
+    base = tl.load(ctrl + CTRL_BASES + peer)
+    theirs = base.to(tl.pointer_type(tl.int64))
+    call = tl.cast(0, tl.int64)
+    if base != 0:
+        call = load_acquire(theirs + CTRL_HOST_CALL)
+    return (call >> 8) > tl.load(ctrl + CTRL_HOST_DONE, volatile=True)
 
 
 @triton.jit
@@ -118,19 +148,27 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
     if cur < value:
         failed = tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
         gone = tl.cast(0, tl.int1)  # polled in the loop only: no peer read on a fast wait
+        elsewhere = tl.cast(0, tl.int1)
         limit = tl.load(ctrl + CTRL_TIMEOUT)
         start = timestamp()
         rounds = 0
-        while (cur < value) & (not failed) & (not gone):
+        while (cur < value) & (not failed) & (not gone) & (not elsewhere):
             backoff()
             cur = load_acquire(flag)
             failed = (timestamp() - start) > limit
             rounds += 1
             if rounds % PEER_POLL == 0:     # a peer that failed, or another program here
                 gone = peer_failed(ctrl, peer) | (tl.load(ctrl + CTRL_ERROR, volatile=True) != 0)
+                # a peer in a host-side call: the flag it may have set before is read again
+                elsewhere = peer_in_host_call(ctrl, peer)
+                cur = load_acquire(flag)
         if cur < value:
-            # KIND_TIMEOUT is 0: the kind is KIND_PEER_FAILED exactly when the peer had failed
-            record_error(ctrl, rank, peer, op, tl.cast(gone, tl.int64) * KIND_PEER_FAILED)
+            # KIND_TIMEOUT is 0; KIND_PEER_FAILED when the peer had failed; KIND_HOST_CALL
+            # (a CallMismatch) when it waits in a host-side call instead
+            kind = tl.cast(gone, tl.int64) * KIND_PEER_FAILED
+            if elsewhere & (not gone):
+                kind = tl.cast(KIND_HOST_CALL, tl.int64)
+            record_error(ctrl, rank, peer, op, kind)
     # The warps of a program poll on their own and may leave the loop at different times
     # (or one may skip it). Leave together, so that program-wide state read after the
     # wait (an epoch, a counter) is the same in every warp.

@@ -390,6 +390,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         ctx, self._ctx = self._ctx, None
         self.context_error = "the process group was destroyed"
         if ctx is not None:
+            ctx._closing_as = "destroy_process_group"     # what a peer's error names
             ctx.close()
 
 
