@@ -44,8 +44,8 @@ def main():
         if rank == 0:
             print(f"{name}: all_reduce kernels {ar}; all_gather kernels {ag}", flush=True)
     del cases, t, out                 # free the pool's blocks before the communicator goes
-    torch.cuda.synchronize()
-    os._exit(0)                       # a MemPool destroyed after its communicator aborts
+    ccl.release_symm_pool()           # deregistered and dropped while the communicator lives
+    dist.destroy_process_group()      # then a normal exit (it aborted when the pool outlived it)
 
 
 if __name__ == "__main__":

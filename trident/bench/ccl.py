@@ -127,11 +127,27 @@ def nccl_symm_pool(ctx):
         backend = ctx.group._get_backend(torch.device("cuda", ctx.device.index))
         pool = torch.cuda.MemPool(backend.mem_allocator)
         backend.register_mem_pool(pool, symm=True)
-        _SYMM_POOL["pool"] = pool
+        _SYMM_POOL["pool"], _SYMM_POOL["backend"] = pool, backend
         _SYMM_POOL["why"] = f"torch MemPool + register_mem_pool(symm=True), NCCL {version}"
     except Exception as exc:                      # noqa: BLE001 -- a baseline, reported
         _SYMM_POOL["why"] = f"not reachable: {type(exc).__name__}: {exc}"
     return _SYMM_POOL["pool"]
+
+
+def release_symm_pool() -> None:
+    """Deregister the symmetric pool from NCCL and drop it, while its communicator lives:
+    a MemPool registered for NCCL windows that outlives its communicator (a module-level
+    pool, freed at interpreter exit after destroy_process_group) aborts the process at
+    exit. Call it once the tensors allocated in the pool are gone (its blocks are freed
+    when the last one goes). Safe to call when there is no pool."""
+    pool, backend = _SYMM_POOL.pop("pool", None), _SYMM_POOL.pop("backend", None)
+    if pool is None:
+        return
+    torch.cuda.synchronize()
+    deregister = getattr(backend, "deregister_mem_pool", None)
+    if deregister is not None:
+        deregister(pool)
+    del pool
 
 
 def _nccl_symm(ctx, op, plain):
@@ -237,6 +253,7 @@ def _run(ctx, ops, sizes, timing, out_dir, update):
                          "nothing about NVLink and NCCL cannot run; measure the selector's "
                          "tables with one GPU per rank")
     rows = measure(ctx, ops, sizes, timing)
+    release_symm_pool()        # before the communicator goes (its buffers died with measure)
     if ctx.rank != 0:
         return None
     if common.headline(ctx):
