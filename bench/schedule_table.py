@@ -5,8 +5,11 @@ schedule="auto" reads after a machine's own `trident tune --ops` table) from com
     python bench/schedule_table.py bench/results/ops-2xh100-2026-11-25.json [more.json ...]
 
 Each run's rows that passed their value check become tuning rows (op, M, N, K, schedule,
-eager_us, graph_us: trident_<name> is schedule <name>, plain is "plain"; auto's own rows
-and torch's are left out), and trident/ops/tuning.table turns them into auto's cells: per
+eager_us, graph_us: trident_<name> is schedule <name>, plain is "plain", and torch_symm_mem
+-- torch's async-TP ops, the same torch call as schedule "async_tp" (trident/ops/
+async_tp.py) -- is "async_tp", where the run has no trident_async_tp row of the case; auto's
+own rows are left out: tuning.bench_rows), and trident/ops/tuning.table turns them into
+auto's cells: per
 op, world size, M bucket, class of the shared size and mode, every schedule's geometric
 mean over the cell's shapes, a schedule missing on one of them left out, and each shape's
 own times (`points`). So "auto" never picks a schedule that the same run measured slower
@@ -24,20 +27,8 @@ from trident.ops import auto, gemm_tables, tuning  # noqa: E402
 
 
 def rows_of(run: dict) -> list[dict]:
-    out = []
-    for r in run["rows"]:
-        impl = r["impl"]
-        if impl == "plain":
-            name = "plain"
-        elif impl.startswith("trident_") and impl != "trident_auto":
-            name = impl[len("trident_"):]
-        else:
-            continue
-        if r.get("status") != "ok":
-            continue
-        out.append(dict(op=r["op"], M=r["M"], N=r["N"], K=r["K"], schedule=name,
-                        eager_us=r.get("eager_us"), graph_us=r.get("graph_us")))
-    return out
+    """The run's tuning rows (tuning.bench_rows)."""
+    return tuning.bench_rows(run["rows"])
 
 
 def device_key(run: dict) -> str:

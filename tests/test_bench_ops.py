@@ -44,8 +44,9 @@ def test_rows_per_schedule_checked_then_timed(run):
         assert set(mine) == want, (op, sorted(mine))
         assert {"trident_fused", "trident_sequential", "trident_pipelined"} <= set(mine)
         for name, r in mine.items():
-            if name == "torch_symm_mem":
-                assert r["status"] == "not run" and "CPU" in r["note"], r
+            if name in ("torch_symm_mem", "trident_async_tp"):      # torch's async-TP
+                why = "CPU" if op == "all_gather_matmul" else "no fused matmul + all-reduce"
+                assert r["status"] == "not run" and why in r["note"], r
                 continue
             assert r["status"] == "ok" and r["rel_err"] <= ops.TOLERANCE, r
             assert r["checked_against"] == "plain" and r["eager_us"] > 0 and r["host_us"] > 0

@@ -88,17 +88,17 @@ def _bias(g, n, dtype, tensor=None):
     return b.to(dtype if kind == "same" else torch.float32), str(b.to(dtype if kind == "same" else torch.float32).dtype)
 
 
-def _options(ctx, g):
+def _options(ctx, g, op):
     """(schedule, debug mode on for this call). The same draw on every rank: the
     registered schedules are the same everywhere, and so is whether NCCL can run (agreed
     at the context's creation); "plain" (cuBLAS + NCCL) only where it can (ranks that
-    share a GPU have no NCCL: tests/ccl/test_no_nccl.py checks its error)."""
-    from trident.ccl import nccl
+    share a GPU have no NCCL: tests/ccl/test_no_nccl.py checks its error), "async_tp"
+    (torch's) only on GPUs of their own and for the ops torch has
+    (schedules.unavailable)."""
     from trident.ops import schedules
-    names = ["fused", "auto"] + [n for n in schedules.registered() if n != "pipelined"]
-    names += ["pipelined"] if "pipelined" in schedules.registered() else []
-    if not nccl.available(ctx):
-        names.remove("plain")
+    names = ["fused", "auto"] + [n for n in schedules.registered(op) if n != "pipelined"]
+    names += ["pipelined"] if "pipelined" in schedules.registered(op) else []
+    names = [n for n in names if n == "auto" or schedules.unavailable(ctx, op, n) is None]
     return g.choice(names), g.random() < 0.1
 
 
@@ -118,7 +118,7 @@ def _all_gather_matmul(ctx, seed):
     dtype = g.choice(DTYPES)
     m_local, k = g.choice(SIZES[:10]), g.choice(SIZES)
     ns = [g.choice(SIZES) for _ in range(world)]
-    algorithm, debug = _options(ctx, g)
+    algorithm, debug = _options(ctx, g, "all_gather_matmul")
     a_all = [_randn(g, (m_local, k), dtype) for _ in range(world)]
     w_all = [_randn(g, (n, k), dtype) for n in ns]
     biases = [_bias(g, n, dtype) for n in ns]
@@ -158,7 +158,7 @@ def _row_parallel(ctx, seed, op):
         m = g.choice(SIZES)
     n = g.choice(SIZES)
     ks = [g.choice(SIZES) for _ in range(world)]
-    algorithm, debug = _options(ctx, g)
+    algorithm, debug = _options(ctx, g, op)
     a_all = [_randn(g, (m, k), dtype) for k in ks]
     w_all = [_randn(g, (n, k), dtype) for k in ks]
     bias, bias_kind = _bias(g, n, dtype)

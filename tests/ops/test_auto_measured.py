@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trident.ops import auto, schedules
+from trident.ops import auto, schedules, tuning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench", "results")
@@ -31,15 +31,17 @@ def _table_runs() -> dict:
 
 
 def _cases(run: dict) -> dict:
-    """{(op, model, layer, M, N, K): {schedule: row}}: trident_<schedule> rows and plain."""
+    """{(op, model, layer, M, N, K): {schedule: row}}: trident_<schedule> rows, plain, and
+    torch_symm_mem as "async_tp" where the case has no trident_async_tp row (the table's
+    mapping, tuning.schedule_of_row)."""
     cases: dict = {}
     for r in run["rows"]:
-        impl = r["impl"]
-        name = "plain" if impl == "plain" else impl[len("trident_"):] \
-            if impl.startswith("trident_") and impl != "trident_auto" else None
+        name = tuning.schedule_of_row(r["impl"])
         if name is not None and r.get("status") == "ok":
-            cases.setdefault((r["op"], r["model"], r["layer"], r["M"], r["N"], r["K"]),
-                             {})[name] = r
+            case = cases.setdefault((r["op"], r["model"], r["layer"], r["M"], r["N"], r["K"]),
+                                    {})
+            if name not in case or r["impl"] != "torch_symm_mem":
+                case[name] = r
     return cases
 
 

@@ -20,9 +20,9 @@ SHAPES = ((1, 33, 40), (7, 40, 24))
 
 
 def _runnable(ctx, op):
-    """The schedules that can run here: registered ones, "plain" only where NCCL can."""
-    return [n for n, s in schedules.registered(op).items()
-            if ctx.nccl_available or not s.needs_nccl]
+    """The schedules that can run here: registered ones, "plain" only where NCCL can,
+    "async_tp" only on GPUs of their own (schedules.unavailable)."""
+    return [n for n in schedules.registered(op) if schedules.unavailable(ctx, op, n) is None]
 
 
 def _case(ctx, op, name, M, N, K, with_bias, out_given, seed):
@@ -113,6 +113,7 @@ def test_auto_decides_alike_on_every_rank(pool):
     assert all(g == got[0] for g in got)
     mine = {n for n, s in schedules.registered().items() if not s.needs_nccl}
     assert set(got[0]) <= (mine if BACKEND == "cpu" else set(schedules.registered()))
+    assert "async_tp" not in got[0] or BACKEND == "cuda"
 
 
 def test_auto_uses_only_the_shared_size():

@@ -155,9 +155,15 @@ FAMILIES = {
     "classic_swab_split": dict(gemm="classic", config={"SWAP_AB": True}, split_k=2),
 }
 # the fused ops' other schedules (trident/ops/schedules.py: every registered one but
-# "fused", whose families are above, and "plain"), with their defaults
+# "fused", whose families are above, and "plain"), with their defaults; "async_tp"
+# (torch's async-TP) has no matmul_all_reduce and runs on GPUs of their own only
 SCHEDULES = [n for n in schedules.registered() if n not in ("fused", "plain")]
 FUSED_VARIANTS = ["fused/" + f for f in FAMILIES] + SCHEDULES + ["auto", "plain"]
+
+
+def fused_variants(op: str) -> list[str]:
+    """FUSED_VARIANTS that `op` has (a schedule registered for other ops only is left out)."""
+    return [v for v in FUSED_VARIANTS if v not in SCHEDULES or op in schedules.get(v).ops]
 
 
 def family_options(family: str | None) -> dict:
@@ -261,12 +267,15 @@ CASES = {
     "all_to_all": (all_to_all, sorted(CCL_ALGORITHMS["all_to_all"]) + ["auto", "nccl"]),
     "broadcast": (broadcast, sorted(CCL_ALGORITHMS["broadcast"]) + ["auto", "nccl"]),
     "all_reduce_add_rmsnorm": (add_rmsnorm, ["one_shot", "unfused", "auto", "nccl"]),
-    "all_gather_matmul": (all_gather_matmul, FUSED_VARIANTS),
-    "matmul_reduce_scatter": (row_parallel("matmul_reduce_scatter"), FUSED_VARIANTS),
-    "matmul_all_reduce": (row_parallel("matmul_all_reduce"), FUSED_VARIANTS),
+    "all_gather_matmul": (all_gather_matmul, fused_variants("all_gather_matmul")),
+    "matmul_reduce_scatter": (row_parallel("matmul_reduce_scatter"),
+                              fused_variants("matmul_reduce_scatter")),
+    "matmul_all_reduce": (row_parallel("matmul_all_reduce"), fused_variants("matmul_all_reduce")),
     "moe": (moe, ["low_latency", "high_throughput"]),
 }
-NCCL_VARIANTS = ("nccl", "plain")     # torch.distributed: not where ranks share a GPU
+# torch.distributed / torch's symmetric memory: not where ranks share a GPU
+NCCL_VARIANTS = ("nccl", "plain", "async_tp")
+GPU_VARIANTS = ("async_tp",)          # torch's symmetric memory: not on the CPU emulation
 
 
 def all_variants() -> list[tuple[str, str]]:

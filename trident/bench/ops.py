@@ -14,7 +14,12 @@ Mixtral 8x22B, Qwen2.5-72B) and each total M (tokens; default 1, 16, 64, 256, 10
   torch_symm_mem  torch async-TP: torch.ops.symm_mem.fused_all_gather_matmul /
                   fused_matmul_reduce_scatter on the group's symmetric memory (no
                   all-reduce counterpart; never the multimem variants); where torch lacks
-                  them, on the CPU or where they fail, a row with the reason (note)
+                  them, on the CPU or where they fail, a row with the reason (note). The
+                  torch call of the "async_tp" schedule, alone: its trident_async_tp row
+                  is the same call through trident's op (plan, bias, out); the targets
+                  compare auto with this baseline, not with that row
+A schedule that cannot run here (schedules.unavailable: plain's NCCL, async_tp's GPUs and
+torch ops) gives its row "not run" with the reason.
 Layers: column-parallel ones (qkv, gate/up) run all_gather_matmul; row-parallel ones
 (attention-out, down) run matmul_reduce_scatter and matmul_all_reduce. M must divide by
 the world size for the first two (M = 1 at 2 ranks runs matmul_all_reduce only).
@@ -133,29 +138,18 @@ def schedules_of(op: str) -> list[str]:
 
 
 def _torch_async_tp(ctx, op, a, wt):
-    """(PyTorch's async-TP op for this call, None) or (None, why it cannot run here)."""
-    if ctx.backend != "cuda":
-        return None, "torch async-TP needs GPUs (not on the CPU emulation)"
-    if op == "matmul_all_reduce":
-        return None, "torch has no fused matmul + all-reduce (async-TP: ag-mm, mm-rs only)"
-    if common.shares_gpu(ctx):
-        return None, "ranks share one GPU: the run compares trident's schedules only"
-    name = "fused_all_gather_matmul" if op == "all_gather_matmul" else \
-        "fused_matmul_reduce_scatter"
-    if not hasattr(torch.ops.symm_mem, name):
-        return None, f"torch {torch.__version__} has no torch.ops.symm_mem.{name}"
+    """(PyTorch's async-TP op for this call, None) or (None, why it cannot run here): the
+    torch call of the "async_tp" schedule (trident/ops/async_tp.py) on its own, without
+    trident's plan, bias or out -- the baseline."""
+    from ..ops import async_tp, schedules
+    why = schedules.unavailable(ctx, op, "async_tp")
+    if why is not None:
+        return None, why
     try:
-        from torch.distributed import _symmetric_memory as symm_mem
-        group = ctx.group.group_name
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            symm_mem.enable_symm_mem_for_group(group)
+        group = async_tp.prepare(ctx, op, a, wt)
     except Exception as exc:                        # noqa: BLE001 -- a baseline, reported
         return None, f"symm_mem rendezvous failed: {type(exc).__name__}: {str(exc)[:120]}"
-    if op == "all_gather_matmul":                   # return_A: never the multimem path
-        return (lambda: torch.ops.symm_mem.fused_all_gather_matmul(
-            a, [wt.t()], 0, group, return_A=True)[1][0]), None
-    return (lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(
-        a, wt.t(), "sum", 0, group)), None
+    return (lambda: async_tp.torch_call(op, group, a, wt)), None
 
 
 def _comm_alone(ctx, op, a, n):
@@ -214,8 +208,13 @@ AUTO_ONLY = ("trident_auto", "plain")      # --auto-only: auto and its baseline 
 def _impls(ctx, op, a, wt, only=None):
     """name -> (callable or None, why not) of one case's rows, the plain baseline last;
     only: these rows alone (plain stays: the reference of the check)."""
+    from ..ops import schedules
     fn = getattr(ctx, op)
-    out = {f"trident_{s}": ((lambda s=s: fn(a, wt, schedule=s)), None) for s in schedules_of(op)}
+    out = {}
+    for s in schedules_of(op):
+        why = schedules.unavailable(ctx, op, s)
+        out[f"trident_{s}"] = ((lambda s=s: fn(a, wt, schedule=s)), None) if why is None \
+            else (None, why)
     out["trident_auto"] = (lambda: fn(a, wt, schedule="auto")), None
     out["torch_symm_mem"] = _torch_async_tp(ctx, op, a, wt)
     nccl = common.nccl_runs(ctx)

@@ -3,7 +3,8 @@ matmul_reduce_scatter and matmul_all_reduce (row-parallel linear).
 
 Each takes (ctx, a, w, bias=None, out=None, schedule="auto"); w is laid out like
 nn.Linear.weight ([out_features, in_features]). The schedules -- "fused", "sequential",
-"epilogue", "pipelined", "plain" -- are registered in schedules.py; "auto" picks one per
+"epilogue", "pipelined", "async_tp" (torch's; not matmul_all_reduce), "plain" -- are
+registered in schedules.py; "auto" picks one per
 op, world size, M bucket and size class, eager or graph (auto.py: tuned table, built-in
 table, measured crossovers, cost model). `algorithm=` is the older name of schedule=.
 """

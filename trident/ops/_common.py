@@ -128,8 +128,15 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
             if ctx.backend == "cuda" and not capturing:
                 _build_capture_twin(ctx, key, build, a, w, bias, out, algorithm, options)
     if out is None:
-        out = plan.new_out()     # a fresh tensor per call: the caller keeps it
-    plan.run((a, w, bias, out))
+        # a fresh tensor per call: the caller keeps it. None: the plan makes it, and its
+        # one step returns it (a schedule that calls an op which allocates, async_tp.py)
+        out = plan.new_out()
+        if out is None:
+            out = plan.run((a, w, bias, None))
+        else:
+            plan.run((a, w, bias, out))
+    else:
+        plan.run((a, w, bias, out))
     if debug:
         ctx.after_op()        # every rank's errors, raised on every rank at this call
     return out

@@ -212,8 +212,9 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, schedule: str = "auto",
 
     schedule: "auto" (auto.py's choice), "fused" (one kernel, pushers and GEMM programs),
     "sequential" (trident's all_gather, then cuBLAS), "epilogue" (one kernel whose GEMM
-    programs pull the rows of A they need from the peers), "pipelined", or "plain" (also
-    "nccl": NCCL all-gather + cuBLAS); see schedules.py. algorithm: the older name of
+    programs pull the rows of A they need from the peers), "pipelined", "async_tp" (torch's
+    fused_all_gather_matmul; GPUs of their own) or "plain" (also "nccl": NCCL all-gather +
+    cuBLAS); see schedules.py. algorithm: the older name of
     schedule. options go to the schedule (fused: num_pushers, config, split_k, gemm:
     "auto", "classic" or "tma", default env TRIDENT_GEMM, see all_gather_matmul_fused;
     sequential: collective; epilogue: config).

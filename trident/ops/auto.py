@@ -304,7 +304,7 @@ def choose(ctx, op: str, M: int, N: int, K: int, graph: bool | None = None) -> s
     if name is not None:
         return name
     allowed = {n for n, s in schedules.registered(op).items()
-               if s.auto and (nccl or not s.needs_nccl)}
+               if s.auto and schedules.unavailable(ctx, op, n, nccl) is None}
     name = None
     if not cpu:
         device = selector.device_name(ctx)
@@ -349,15 +349,18 @@ def _nccl_everywhere(ctx) -> bool:
 def resolve(ctx, op: str, name: str, M: int, N: int, K: int) -> str:
     """The schedule of a call that asked for `name` (schedules.normalize'd): `name`, or
     choose()'s for "auto" (checking, at a context's first "auto" call, that the ranks read
-    the same tables). A named "plain" where NCCL cannot run raises ValueError."""
+    the same tables). A named schedule that cannot run here ("plain" or "async_tp" where
+    NCCL cannot run, "async_tp" on the CPU emulation or without torch's symmetric-memory
+    ops) raises ValueError saying why and naming the schedules that can."""
     if name == "auto":
         if ctx.backend == "cuda":
             _agreed(ctx, op)
         return choose(ctx, op, M, N, K)
-    if schedules.get(name).needs_nccl:
-        from ..ccl import nccl
-        nccl.check_available(ctx, f"{op}: schedule {name!r} (cuBLAS + NCCL)",
-                             [n for n in schedules.valid_names(op)
-                              if not (n in schedules.registered(op)
-                                      and schedules.get(n).needs_nccl) and n != "nccl"])
+    why = schedules.unavailable(ctx, op, name)
+    if why is not None:
+        can = ["auto"] + [n for n in schedules.registered(op)
+                          if schedules.unavailable(ctx, op, n) is None]
+        can += [a for a, n in schedules.ALIASES.items() if n in can]
+        what = schedules.get(name).about or name
+        raise ValueError(f"{op}: schedule {name!r} ({what}): {why}; choose one of {can}")
     return name

@@ -239,8 +239,9 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, schedule: str = "auto"
 
     a.shape[0] must be divisible by the world size. schedule: "auto" (auto.py), "fused",
     "sequential" (cuBLAS, then trident's reduce_scatter), "epilogue" (one kernel: each GEMM
-    program pushes its tile to the rows' owner, which sums them), "pipelined" or "plain"
-    (also "nccl": cuBLAS + NCCL reduce-scatter); see schedules.py. algorithm: the older
+    program pushes its tile to the rows' owner, which sums them), "pipelined", "async_tp"
+    (torch's fused_matmul_reduce_scatter; GPUs of their own) or "plain" (also "nccl":
+    cuBLAS + NCCL reduce-scatter); see schedules.py. algorithm: the older
     name of schedule. options go to the schedule (fused: config, split_k, gemm: "auto",
     "classic" or "tma", default env TRIDENT_GEMM, see matmul_reduce_fused; sequential:
     collective; epilogue: config).

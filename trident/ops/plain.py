@@ -60,4 +60,4 @@ def _build(ctx, plan, op, a, w, bias, out) -> None:
     plan.add(lambda ts: fn(ctx, *ts), graphable=False)
 
 
-register("plain", _build, needs_nccl=True, about="NCCL + cuBLAS through torch")
+register("plain", _build, needs_nccl=True, about="cuBLAS + NCCL through torch")

@@ -14,6 +14,9 @@ matmul_all_reduce do their GEMM and their communication. One registry, read by t
                   before their k-loop (all_gather_matmul) (epilogue.py).
     "pipelined"   mid and large M, async-TP style: cuBLAS on chunk i while chunk i+-1
                   moves (trident/ops/pipelined.py, registered there when it exists).
+    "async_tp"    PyTorch's async-TP (torch.ops.symm_mem.fused_all_gather_matmul /
+                  fused_matmul_reduce_scatter) on the context's group (async_tp.py); no
+                  matmul_all_reduce, GPUs of their own only.
     "plain"       NCCL + cuBLAS through torch (plain.py); "nccl" is its alias.
     "auto"        picks one of the above (auto.py).
 
@@ -30,6 +33,8 @@ To add one (trident/ops/pipelined.py does): at import,
     from .schedules import register
     register("pipelined", build, auto=True, ops=OPS, options=("chunks",), cost=None)
 and the registry imports that module the first time a schedule is looked up (`_load`).
+A schedule that runs only on some machines says why not elsewhere (`why_not`); auto never
+picks it there and naming it raises a ValueError (`unavailable`, auto.resolve).
 """
 from __future__ import annotations
 
@@ -38,11 +43,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 OPS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
-NAMES = ("auto", "fused", "sequential", "epilogue", "pipelined", "plain")
+NAMES = ("auto", "fused", "sequential", "epilogue", "pipelined", "async_tp", "plain")
 ALIASES = {"nccl": "plain"}     # the collectives' name for the torch.distributed path
 # modules that register schedules when imported (a missing one registers nothing)
 _MODULES = ("all_gather_matmul", "matmul_reduce_scatter", "sequential", "epilogue",
-            "plain", "pipelined")
+            "plain", "pipelined", "async_tp")
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,9 @@ class Schedule:
     torch.distributed collectives (not where ranks share a GPU); options: the keyword
     options its build takes; cost: (op, M, N, K, world, graph, hw) -> estimated us, the
     cost model's estimate where nothing is measured (None: auto picks it only from a
-    measured table)."""
+    measured table); why_not: (ctx, op) -> why it cannot run on this context (e.g. no GPU,
+    a torch without the ops it calls), None where it can (None: it runs wherever its
+    needs_nccl allows)."""
     name: str
     build: Callable
     ops: tuple = OPS
@@ -60,6 +67,7 @@ class Schedule:
     options: tuple = ()
     cost: Callable | None = None
     about: str = field(default="", compare=False)
+    why_not: Callable | None = field(default=None, compare=False)
 
 
 _registry: dict[str, Schedule] = {}
@@ -67,14 +75,16 @@ _loaded = False
 
 
 def register(name: str, build: Callable, *, ops=OPS, auto: bool = True,
-             needs_nccl: bool = False, options=(), cost=None, about: str = "") -> Schedule:
+             needs_nccl: bool = False, options=(), cost=None, about: str = "",
+             why_not: Callable | None = None) -> Schedule:
     """Register (or replace) schedule `name` (one of NAMES other than "auto")."""
     if name not in NAMES or name == "auto":
         raise ValueError(f"schedule names are {NAMES[1:]}, got {name!r}")
     unknown = set(ops) - set(OPS)
     if unknown:
         raise ValueError(f"schedule {name!r}: unknown ops {sorted(unknown)}; ops are {OPS}")
-    s = Schedule(name, build, tuple(ops), auto, needs_nccl, tuple(options), cost, about)
+    s = Schedule(name, build, tuple(ops), auto, needs_nccl, tuple(options), cost, about,
+                 why_not)
     _registry[name] = s
     return s
 
@@ -121,6 +131,12 @@ def normalize(op: str, schedule, algorithm=None) -> str:
         return name
     known = registered(op)
     if name not in known:
+        _load()
+        if name in _registry:        # built, for other ops only (async_tp: no all-reduce)
+            s = _registry[name]
+            why = (s.why_not(None, op) if s.why_not else None) or f"it does {list(s.ops)}"
+            raise ValueError(f"{op}: {word} {name!r} has no {op}: {why}; choose one of "
+                             f"{valid_names(op)}")
         if name in NAMES:
             raise NotImplementedError(f"{op}: {word} {name!r} is not built yet in this "
                                       f"version of trident; choose one of {valid_names(op)}")
@@ -133,6 +149,18 @@ def valid_names(op: str | None = None) -> list[str]:
     """The names a call of `op` accepts: "auto", the registered schedules, the aliases."""
     names = ["auto"] + list(registered(op))
     return names + [a for a, n in ALIASES.items() if n in names]
+
+
+def unavailable(ctx, op: str, name: str, nccl: bool | None = None) -> str | None:
+    """Why schedule `name` cannot run for `op` on `ctx`, None where it can: NCCL missing
+    for a needs_nccl one (nccl: whether NCCL runs on every rank; default
+    ccl.nccl.available(ctx)), else the schedule's own why_not."""
+    s = get(name)
+    if s.needs_nccl:
+        from ..ccl import nccl as _nccl
+        if not (_nccl.available(ctx) if nccl is None else nccl):
+            return _nccl.unavailable_reason(ctx)
+    return None if s.why_not is None else s.why_not(ctx, op)
 
 
 def get(name: str) -> Schedule:

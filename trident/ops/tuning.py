@@ -3,10 +3,10 @@ and from CUDA graphs, and write the table "auto" reads (trident/ops/auto.py).
 
 For each op, each M bucket (auto.M_BUCKETS: M = 1, 16, 64, 256, 1024, 4096 rows) and each
 class of the shared size (auto.SIZE_CLASSES: 4096, 8192, 16384; --quick: 8192 only), it
-times each registered schedule that can run here ("plain" only with a GPU per rank;
-"epilogue" up to M = 1024, its small-M role: its one-shot scratch grows with M * N * world)
-with bench/common.time_modes: calls queued back to back (eager) and replayed from a CUDA
-graph (graph), the max over ranks of the median. The other size (all_gather_matmul's N per
+times each registered schedule that can run here ("plain" and "async_tp" only with a GPU
+per rank, schedules.unavailable; "epilogue" up to M = 1024, its small-M role: its one-shot
+scratch grows with M * N * world) with bench/common.time_modes: calls queued back to back
+(eager) and replayed from a CUDA graph (graph), the max over ranks of the median. The other size (all_gather_matmul's N per
 rank, the row-parallel ops' K per rank) is taken equal to the shared one. A cell (op,
 world, M bucket, class, mode) keeps every schedule's time, the geometric mean over the
 cell's shapes; a schedule that failed on one of them is left out of that cell, so the
@@ -59,8 +59,8 @@ def measure(ctx, ops, Ms, Ss, timing: dict, only=None) -> list[dict]:
     gpu = ctx.backend == "cuda"
     rows = []
     for op in ops:
-        names = [n for n, s in schedules.registered(op).items()
-                 if (ctx.nccl_available or not s.needs_nccl) and (only is None or n in only)]
+        names = [n for n in schedules.registered(op)
+                 if schedules.unavailable(ctx, op, n) is None and (only is None or n in only)]
         for S in Ss:
             for M in Ms:
                 a, w, m = _inputs(ctx, op, M, S)
@@ -79,6 +79,38 @@ def measure(ctx, ops, Ms, Ss, timing: dict, only=None) -> list[dict]:
                 del a, w
                 ctx.barrier()
     return rows
+
+
+# `trident bench ops` rows (impl) that time a schedule: trident_<name>, "plain", and
+# "torch_symm_mem" -- torch's async-TP ops alone, the same torch call as schedule
+# "async_tp" (async_tp.torch_call), which its trident_async_tp row makes through the op
+BENCH_ALIASES = {"plain": "plain", "torch_symm_mem": "async_tp"}
+
+
+def schedule_of_row(impl: str) -> str | None:
+    """The schedule a `trident bench ops` row of implementation `impl` timed, or None (auto's
+    own row, other baselines): trident_<name> is <name>; plain and torch_symm_mem as
+    BENCH_ALIASES says."""
+    if impl.startswith("trident_") and impl != "trident_auto":
+        return impl[len("trident_"):]
+    return BENCH_ALIASES.get(impl)
+
+
+def bench_rows(run_rows: list[dict]) -> list[dict]:
+    """measure()'s rows from a `trident bench ops` run's rows that passed their check. A
+    case with both a trident_async_tp and a torch_symm_mem row keeps the former (the
+    schedule as the op runs it: plan, step)."""
+    out = {}
+    for r in run_rows:
+        name = schedule_of_row(r["impl"])
+        if name is None or r.get("status") != "ok":
+            continue
+        key = (r["op"], r["M"], r["N"], r["K"], name)
+        if key in out and r["impl"] not in ("trident_" + name, "plain"):
+            continue                    # torch's row where the schedule's own is there
+        out[key] = dict(op=r["op"], M=r["M"], N=r["N"], K=r["K"], schedule=name,
+                        eager_us=r.get("eager_us"), graph_us=r.get("graph_us"))
+    return list(out.values())
 
 
 def _us(v) -> str:
