@@ -200,6 +200,17 @@ def _refusals(buf, x, idx, w, handle, M, E):
         normal.low_latency_dispatch(x, idx, M, E)
     with pytest.raises(NotImplementedError, match="shrink"):
         buf.low_latency_update_mask_buffer(0, True)
+    # the Buffer's methods with no meaning here, and the internode size hint
+    for call, name in ((buf.get_comm_stream, "get_comm_stream"),
+                       (lambda: buf.get_local_buffer_tensor(torch.bfloat16),
+                        "get_local_buffer_tensor"),
+                       (lambda: buf.internode_dispatch(x), "internode_dispatch"),
+                       (lambda: buf.internode_combine(x), "internode_combine"),
+                       (lambda: deep_ep.Config(20, 6, 256).get_rdma_buffer_size_hint(
+                           H * 2, 16), "num_ranks > 8")):
+        with pytest.raises(NotImplementedError, match=name):
+            call()
+    assert deep_ep.Config(20, 6, 256).get_rdma_buffer_size_hint(H * 2, 8) == 0
 
 
 def test_low_latency_like_deepep(pool2):
