@@ -18,3 +18,11 @@ COMPILE_TIMEOUT_S = 900
 @pytest.mark.timeout(COMPILE_TIMEOUT_S + 60)
 def test_every_kernel_compiles_for_sm90(tmp_path):
     run_check("tests.compile.sm90", tmp_path / "cache", ": ok", timeout=COMPILE_TIMEOUT_S)
+
+
+@once
+@pytest.mark.timeout(360)
+def test_a_wait_decides_once_per_program(tmp_path):
+    """No program barrier inside the per-warp part of a wait; error records need none
+    (tests/compile/uniform_wait.py: one small kernel, a few seconds)."""
+    run_check("tests.compile.uniform_wait", tmp_path / "cache", "uniform_wait: ok", timeout=300)

@@ -36,3 +36,22 @@ def fence_async_proxy():
 @triton.jit
 def load_acquire(ptr):
     return tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
+
+
+def program_all(pred):
+    """The interpreter runs a program as one thread: its own value is the program's."""
+    return pred
+
+
+def program_any(pred):
+    return pred
+
+
+@triton.jit
+def record_first(word, code, host):
+    """Set `word` to `code` if it is 0 and, if this call set it, store `code` into the host
+    mirror `host` (an address; 0: none). See the GPU version."""
+    old = tl.atomic_cas(word, tl.cast(0, tl.int64), code, sem="relaxed", scope="gpu")
+    if (host != 0) & (old == 0):
+        tl.store(host.to(tl.pointer_type(tl.int64)), code, cache_modifier=".wt")
+    return old

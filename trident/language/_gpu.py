@@ -34,3 +34,42 @@ def fence_async_proxy():
     before its later async-proxy accesses (TMA loads): fence.proxy.async.global."""
     tl.inline_asm_elementwise("fence.proxy.async.global; mov.u32 $0, 0;", "=r", [],
                               dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def program_all(pred):
+    """True in every thread of the program when `pred` is true in every thread: a program
+    barrier that also votes (bar.red.and.pred), so that a value each warp read on its own
+    (a flag it polled) becomes one decision for the whole program. Every thread of the
+    program must reach it (never inside a branch that some warps skip)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred %pin, %pout; setp.ne.b32 %pin, $1, 0; "
+        "bar.red.and.pred %pout, 0, %pin; selp.b32 $0, 1, 0, %pout; }",
+        "=r,r", [pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1) != 0
+
+
+@triton.jit
+def program_any(pred):
+    """True in every thread of the program when `pred` is true in any thread
+    (bar.red.or.pred; a program barrier, reached by every thread, as program_all)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred %pin, %pout; setp.ne.b32 %pin, $1, 0; "
+        "bar.red.or.pred %pout, 0, %pin; selp.b32 $0, 1, 0, %pout; }",
+        "=r,r", [pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1) != 0
+
+
+@triton.jit
+def record_first(word, code, host):
+    """Set `word` to `code` if it is 0 (CAS, relaxed, gpu scope) and, in the thread whose
+    CAS set it, store `code` into the host mirror `host` (an address; 0: none).
+
+    Every thread that runs it does so on its own: no program barrier and no broadcast,
+    unlike a scalar tl.atomic_cas (thread 0 only, then bar.sync), so it is safe in a
+    branch that only some warps take (a wait that failed in one warp only)."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred %pset, %phost; .reg .b64 %old; "
+        "atom.relaxed.gpu.global.cas.b64 %old, [$1], 0, $2; "
+        "setp.eq.s64 %pset, %old, 0; setp.ne.s64 %phost, $3, 0; "
+        "and.pred %pset, %pset, %phost; "
+        "@%pset st.global.wt.b64 [$3], $2; mov.b64 $0, %old; }",
+        "=l,l,l,l", [word, code, host], dtype=tl.int64, is_pure=False, pack=1)

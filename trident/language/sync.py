@@ -43,9 +43,11 @@ from .._env import INTERPRET
 from .rma import translate
 
 if INTERPRET:
-    from ._cpu import backoff, fence_async_proxy, load_acquire, timestamp
+    from ._cpu import (backoff, fence_async_proxy, load_acquire, program_all, program_any,
+                       record_first, timestamp)
 else:
-    from ._gpu import backoff, fence_async_proxy, load_acquire, timestamp
+    from ._gpu import (backoff, fence_async_proxy, load_acquire, program_all, program_any,
+                       record_first, timestamp)
 
 # Layout of the per-rank control block (int64 words, the first allocation of the heap).
 CTRL_ERROR = tl.constexpr(0)        # 0, or the first timeout's encode_timeout(...)
@@ -115,13 +117,11 @@ def record_error(ctrl, rank, peer, op: tl.constexpr, kind):
     found at ARRIVE was raised as a CommTimeout of the DONE wait after it (issue 29)."""
     code = ((tl.cast(kind, tl.int64) << 48) + (tl.cast(op, tl.int64) << 32)
             + (tl.cast(rank, tl.int64) << 16) + peer + _ERROR_FLAG)
-    # cmp spelled as int64: the interpreter sizes the CAS by cmp's type. Scalars are
-    # made with tl.cast, not tl.full([]): Gluon's full needs a layout (see gluon.py)
-    old = tl.atomic_cas(ctrl + CTRL_ERROR, tl.cast(0, tl.int64), code.to(tl.int64),
-                        sem="relaxed", scope="gpu")
-    host = tl.load(ctrl + CTRL_HOST_WORD)
-    if (host != 0) & (old == 0):
-        tl.store(host.to(tl.pointer_type(tl.int64)), code.to(tl.int64), cache_modifier=".wt")
+    # no scalar tl.atomic_cas here: Triton runs one in thread 0 and broadcasts its result
+    # with program barriers, which desynchronise the warps when only some of them record
+    # (a branch on a value each warp read on its own); record_first runs in every thread
+    # that gets here, with no barrier (issue 29: a wait that failed in some warps only)
+    record_first(ctrl + CTRL_ERROR, code.to(tl.int64), tl.load(ctrl + CTRL_HOST_WORD))
 
 
 @triton.jit
@@ -145,10 +145,10 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
     `ctrl` is the context's control block (`ctx.ctrl`); `peer` and `op` only label a timeout.
     """
     cur = load_acquire(flag)
+    gone = tl.cast(0, tl.int1)      # polled in the loop only: no peer read on a fast wait
+    elsewhere = tl.cast(0, tl.int1)
     if cur < value:
         failed = tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
-        gone = tl.cast(0, tl.int1)  # polled in the loop only: no peer read on a fast wait
-        elsewhere = tl.cast(0, tl.int1)
         limit = tl.load(ctrl + CTRL_TIMEOUT)
         start = timestamp()
         rounds = 0
@@ -162,18 +162,24 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
                 # a peer in a host-side call: the flag it may have set before is read again
                 elsewhere = peer_in_host_call(ctrl, peer)
                 cur = load_acquire(flag)
-        if cur < value:
-            # KIND_TIMEOUT is 0; KIND_PEER_FAILED when the peer had failed; KIND_HOST_CALL
-            # (a CallMismatch) when it waits in a host-side call instead
-            kind = tl.cast(gone, tl.int64) * KIND_PEER_FAILED
-            if elsewhere & (not gone):
-                kind = tl.cast(KIND_HOST_CALL, tl.int64)
-            record_error(ctrl, rank, peer, op, kind)
-    # The warps of a program poll on their own and may leave the loop at different times
-    # (or one may skip it). Leave together, so that program-wide state read after the
-    # wait (an epoch, a counter) is the same in every warp.
-    tl.debug_barrier()
-    return cur >= value
+    # The warps of a program poll on their own and may leave the loop at different times,
+    # one with the flag, another on a timeout, a failed peer or a peer in a host call. One
+    # decision for all (a program barrier that votes): a result that differed between
+    # warps sent them down different branches after the wait -- one warp poisoning, the
+    # others not, and the program barriers of those branches paired wrongly from then on
+    # (issue 29). The barrier also makes program-wide state read after the wait the same
+    # in every warp.
+    came = program_all(cur >= value)
+    if not came:
+        # KIND_TIMEOUT is 0; KIND_PEER_FAILED when a warp saw the peer (or this rank)
+        # fail; KIND_HOST_CALL (a CallMismatch) when it waits in a host-side call instead
+        gone = program_any(gone)
+        elsewhere = program_any(elsewhere)
+        kind = tl.cast(gone, tl.int64) * KIND_PEER_FAILED
+        if elsewhere & (not gone):
+            kind = tl.cast(KIND_HOST_CALL, tl.int64)
+        record_error(ctrl, rank, peer, op, kind)
+    return came
 
 
 @triton.jit
