@@ -20,6 +20,12 @@ is freed and replaced by another of the same shape at the same address is the sa
 signature, and the plan is right for it too. For the same reason a plan of several
 steps (a kernel and the copies that stage a tensor) can be one CUDA graph, replayed at
 the cost of one launch (see PlanCache).
+
+Every op family -- the collectives (trident/ccl), the fused ops (trident/ops) and MoE
+(trident/moe) -- goes through one driver: `call` (get-or-build, the capture twin, debug
+mode's agreement across ranks, the run and debug mode's checks around it), or `plan_for`
+(its first half) where the op runs the plan itself. An op's entry looks its key up first
+and runs a plan it finds without the driver when not in debug mode (the warm path).
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ import torch
 
 from .triton_launch import Launch, Live
 
-__all__ = ["Plan", "PlanCache", "Live", "tensor_key", "live_key"]
+__all__ = ["Plan", "PlanCache", "Live", "tensor_key", "live_key", "call", "plan_for", "build_twin"]
 
 DEFAULT_CAPACITY = 512
 
@@ -215,3 +221,80 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._plans)
+
+
+# ---------------------------------------------------------------------------- the driver
+_LOOK = object()
+
+
+def plan_for(ctx, key, build, signature=None, first=None, twin: bool = True,
+             found=_LOOK) -> Plan:
+    """The plan of `key` in `ctx.plans`, built first if the key is new.
+
+    key: the call's signature; key[0] names the op (in errors), and where `twin` is on,
+      key[-1] is whether a CUDA graph is being captured.
+    build(capture): the plan of this call, for a capture (capture=True) or not.
+    signature(): debug mode only, what must be the same on every rank (`ctx.agree`: one
+      host collective, before anything is built or launched); None: nothing to agree on.
+    first(): on a new key, before the agreement (the collectives' agreed facts).
+    twin: on GPUs, an eager first call also builds the plan that a capture of the same
+      call uses (key[:-1] + (True,)): that plan may pick another algorithm, whose first
+      build would create a workspace -- a host barrier, which a capture cannot contain.
+    found: what the caller's own `ctx.plans.get(key)` returned (the entries look up
+      first, for the warm path), so that the key is not looked up twice.
+
+    A build runs inside ctx.building(key[0]): its host collectives name the op, and an
+    error it raises is published to the peers (trident/context_ops.py)."""
+    plans = ctx.plans
+    plan = plans.get(key) if found is _LOOK else found
+    if plan is None and first is not None:
+        with ctx.building(key[0]):
+            first()
+    if signature is not None and ctx.debug:
+        ctx.agree(key[0], *signature())
+    if plan is None:
+        with ctx.building(key[0]):
+            capture = ctx.capturing()
+            plan = plans.put(key, build(capture), for_capture=capture)
+            if twin and not capture and ctx.backend == "cuda":
+                build_twin(ctx, key, build)
+    return plan
+
+
+def build_twin(ctx, key, build) -> None:
+    """Build and keep the plan that a CUDA-graph capture of `key`'s call uses (key[:-1] +
+    (True,), by build(True)), unless it exists (plan_for does this on GPUs)."""
+    other = key[:-1] + (True,)
+    if other not in ctx.plans:
+        ctx.plans.put(other, build(True), for_capture=True)
+
+
+def call(ctx, key, build, tensors: tuple, signature=None, first=None, twin: bool = True,
+         found=_LOOK):
+    """Run the plan of `key` (`plan_for` gets or builds it) on `tensors`, the call's own
+    tensors in the op's order; returns them. A plan that makes its output per call
+    (Plan.set_output) gets a fresh one in place of a last tensor of None (or, where its
+    new_out() gives None, the one its single step returns: ops/async_tp.py).
+
+    Debug mode, outside a CUDA-graph capture (which cannot contain a host sync): the
+    plan's debug_before(ctx, tensors) check, then after the run ctx.after_op() (every
+    rank's errors, raised on every rank at this call) and debug_after(ctx, tensors)."""
+    plan = plan_for(ctx, key, build, signature, first, twin, found)
+    made = False
+    if plan.new_out is not None and tensors[-1] is None:
+        out = plan.new_out()              # a fresh tensor: the caller keeps it
+        if out is None:                   # the plan makes it: its one step returns it
+            made = True
+        else:
+            tensors = tensors[:-1] + (out,)
+    debug = ctx.debug and not ctx.capturing()
+    if debug and plan.debug_before is not None:
+        plan.debug_before(ctx, tensors)
+    result = plan.run(tensors)
+    if made:
+        tensors = tensors[:-1] + (result,)
+    if debug:
+        ctx.after_op()
+        if plan.debug_after is not None:
+            plan.debug_after(ctx, tensors)
+    return tensors

@@ -32,6 +32,7 @@ def test_call_path_reads_the_registry():
         assert list(ccl.ALGORITHMS[op]) == registry.names(op)
         for name, fn in ccl.ALGORITHMS[op].items():
             assert fn is registry.get(op, name).run()
+    assert set(ccl._OPS) == set(registry.OPS)
 
 
 def test_options_check_reads_the_registry():

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from trident import plans
 from trident.ops import _common
 
 from ..conftest import BACKEND, get_pool
@@ -92,8 +93,8 @@ def _first_call_in_capture(ctx):
 
 
 def _capture_twin(ctx):
-    """The capture's plan that an eager first call builds on GPUs (_common.run), built here
-    by hand after an eager call: a capture of the same call finds it (no build) and it
+    """The capture's plan that an eager first call builds on GPUs (plans.plan_for), built
+    here with plans.build_twin after an eager call: a capture of the same call finds it (no build) and it
     gives the right result."""
     from trident.ops.matmul_all_reduce import _plan
     case = C.make_case(ctx, "matmul_all_reduce", "fused/classic")
@@ -101,7 +102,8 @@ def _capture_twin(ctx):
     ctx.matmul_all_reduce(a, w, b, algorithm="fused")
     key = next(reversed(ctx.plans._plans))          # the eager call's plan
     assert key[0] == "matmul_all_reduce" and key[-1] is False, key
-    _common._build_capture_twin(ctx, key, _plan, a, w, b, None, "fused", {})
+    plans.build_twin(ctx, key, lambda capture: _plan(_common._AsCaptured(ctx), a, w, b, None,
+                                                     "fused", {}))
     builds = ctx.plans.builds
     with _FakeCapture(ctx, debug=False) as fake:
         got = ctx.matmul_all_reduce(a, w, b, algorithm="fused")

@@ -1,32 +1,35 @@
 """Collectives over the symmetric heap: all_gather, reduce_scatter, all_reduce,
 all_to_all, broadcast (called as ctx.all_gather(...) etc.).
 
-Every function runs a launch plan (trident/plans.py): built on the first call of a
-signature, it checks the inputs, picks an algorithm (`algorithm=` by name; "auto", the
+Every function runs a launch plan (trident/plans.py, through its driver plans.call): one
+entry (`_collective`) for the five, whose plan `_build` makes by the table `_OPS` (each
+op's checks, selector bytes, NCCL step and launch); the algorithms are those that
+registry.py declares. Built on the first call of a
+signature, a plan checks the inputs, picks an algorithm (`algorithm=` by name; "auto", the
 default, asks the selector, which goes by size, world size and whether a CUDA graph is
 being captured; "nccl" = torch.distributed) and packs one kernel launch, stream-ordered
 and CUDA-graph capturable. Later calls of that signature only launch. `block` and
 `programs` override the launch size (tests use them); further keyword options ("knobs":
 warps, an algorithm's own such as broadcast relay's chunk) go to the named algorithm,
-which must take them (`knobs`, as registry.py declares), and are part of the plan's key. In debug mode (ctx.debug) the ranks also check that they
+which must take them (`knobs`), and are part of the plan's key. In debug mode (ctx.debug) the ranks also check that they
 called with the same sizes, and every op is synchronised and checked for timeouts.
 """
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from . import checks, common, nccl, registry
 from .options import knobs
+from .. import plans
 from ..plans import Plan, tensor_key
 from .selector import select
 
 # {op: {name: run function}} of every algorithm that registry.py declares
 ALGORITHMS = registry.run_functions()
-ALL_GATHER, REDUCE_SCATTER, ALL_REDUCE, ALL_TO_ALL, BROADCAST = (
-    ALGORITHMS[op] for op in registry.OPS)
 
 
 def _nccl_agreed(ctx) -> bool:
@@ -75,186 +78,168 @@ def signature(op: str, tensors, options) -> tuple:
     return tuple(sig) + tuple(options)
 
 
-def _run(ctx, key, build, tensors, *options):
-    """Run the plan of `key` on `tensors`, building it first if this signature is new.
-    The key's and the options' last item is whether a CUDA graph is being captured.
+def _run(ctx, key, build, tensors, *options, found=plans._LOOK):
+    """Run the plan of `key` on `tensors` through the plan driver (plans.call), building
+    it with build(ctx, *tensors, *options) first if this signature is new. The key's and
+    the options' last item is whether a CUDA graph is being captured (a capture twin is
+    built with True in its place).
 
     The context's first collective agrees on the facts of common.Agreed (one host
     exchange, on every rank: a first collective builds a plan everywhere). Debug mode
     then checks, with one host collective, that every rank called with the same sizes
-    and options (before anything is allocated or launched). An eager first call on a GPU
-    also builds the plan a capture of the same call will use (the graph table may pick
-    another algorithm, whose workspace cannot be created during a capture)."""
-    plan = ctx.plans.get(key)
-    if plan is None:
-        with ctx.building(key[0]):
-            common.agreed(ctx)
-    if ctx.debug:
-        ctx.agree(key[0], *signature(key[0], tensors, options))
-    if plan is None:
-        with ctx.building(key[0]):
-            plan = ctx.plans.put(key, build(ctx, *tensors, *options), for_capture=key[-1])
-            if ctx.backend == "cuda" and not key[-1]:
-                twin = key[:-1] + (True,)
-                if twin not in ctx.plans:
-                    ctx.plans.put(twin, build(ctx, *tensors, *options[:-1], True),
-                                  for_capture=True)
-    debug = ctx.debug and not key[-1]     # no host sync or exchange inside a CUDA-graph capture
-    if debug and plan.debug_before is not None:
-        plan.debug_before(ctx, tensors)
-    plan.run(tensors)
-    if debug:
-        ctx.after_op()        # every rank's errors, raised on every rank at this call
-        if plan.debug_after is not None:
-            plan.debug_after(ctx, tensors)
+    and options (before anything is allocated or launched)."""
+    head = options[:-1]
+    plans.call(ctx, key, lambda capture: build(ctx, *tensors, *head, capture), tensors,
+               signature=lambda: signature(key[0], tensors, options),
+               first=lambda: common.agreed(ctx), found=found)
 
 
-def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, programs=None,
-               **kw):
-    """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
-    kw = tuple(sorted(kw.items())) if kw else ()
-    key = ("all_reduce", tensor_key(t), op, algorithm, block, programs, kw, ctx.capturing())
+def _collective(ctx, key: tuple, tensors: tuple) -> None:
+    """The entry of the five collectives. `key` is the call's plan key and says all of
+    it: (op, each tensor's tensor_key, the op's own options, algorithm, block, programs,
+    the knobs as sorted pairs, whether a CUDA graph is being captured). A plan found is
+    run at once (the warm path); else, and always in debug mode, the plan driver
+    (plans.call through _run) builds it by the table _OPS."""
     plan = ctx.plans.get(key)
     if plan is None or ctx.debug:
-        _run(ctx, key, _plan_all_reduce, (t,), op, algorithm, block, programs, kw, key[-1])
+        _run(ctx, key, _BUILD[key[0]], tensors, *key[len(tensors) + 1:], found=plan)
     else:
-        plan.run((t,))
-    return t
+        plan.run(tensors)
 
 
-def all_reduce_plan(ctx, t, op: str = "sum"):
-    """The plan a warm `all_reduce(ctx, t, op)` with the default options runs now, or None
-    (not built, or dropped): for a layer above that keeps a shortcut to it
-    (PlanCache.shortcuts; the torch.distributed backend). The same key as all_reduce's."""
-    return ctx.plans._get(("all_reduce", tensor_key(t), op, "auto", None, None, (),
-                           ctx.capturing()))
+class _Op:
+    """How `_build` makes one collective's plan (the table `_OPS`): tensors: how many;
+    check(ctx, *tensors, *own) -> what the run needs (op code, splits) after the input
+      checks (checks.py); own: the op's own options (op, src, splits);
+    nbytes(tensors, own): the selector's bytes per rank; word(tensors): the element size
+      the knobs' check counts in, or None (1);
+    nccl(ctx, plan, tensors, own, checked): add the torch.distributed step;
+    copy: with one rank, out = inp (else nothing to do); empty(tensors): nothing to move;
+    launch(ctx, plan, fn, tensors, own, checked, block, programs, kw): add the algorithm
+      `fn`'s launch (registry.py: its run function)."""
+    __slots__ = ("tensors", "check", "nbytes", "word", "nccl", "copy", "empty", "launch")
+
+    def __init__(self, tensors, check, nbytes, nccl, launch, copy=False, empty=None,
+                 word=None):
+        self.tensors, self.check, self.nbytes, self.word, self.nccl = (tensors, check, nbytes,
+                                                                       word, nccl)
+        self.copy, self.empty, self.launch = copy, empty, launch
 
 
-def _plan_all_reduce(ctx, t, op, algorithm, block, programs, kw, graph) -> Plan:
-    code = checks.all_reduce(ctx, t, op)
-    name = _algorithm(ctx, "all_reduce", algorithm, t.numel() * t.element_size(), graph)
-    kw = knobs(ctx, "all_reduce", name, kw, block, programs)
-    plan = Plan((t,), name)
+def _build(op: str, ctx, *args) -> Plan:
+    """The plan of a call of collective `op`: args = (*tensors, *own options, algorithm,
+    block, programs, knobs, graph), as `_collective` passes them to `_run` (the key's
+    options)."""
+    spec = _OPS[op]
+    tensors = args[:spec.tensors]
+    *own, algorithm, block, programs, kw, graph = args[spec.tensors:]
+    checked = spec.check(ctx, *tensors, *own)
+    name = _algorithm(ctx, op, algorithm, spec.nbytes(tensors, own), graph)
+    kw = knobs(ctx, op, name, kw, block, programs,
+               1 if spec.word is None else spec.word(tensors))
+    if op == "all_to_all":
+        _check_own_rows(ctx.rank, *checked)          # the pair known here
+    plan = Plan(tensors, name)
     if name == "nccl":
-        plan.add(lambda ts: nccl.all_reduce(ctx, ts[0], op), graphable=False)
-    elif ctx.world_size > 1 and t.numel():
-        ALL_REDUCE[name](ctx, plan, t.view(-1), code, block=block, programs=programs, **kw)
-    return plan
-
-
-def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None, **kw):
-    """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
-    kw = tuple(sorted(kw.items())) if kw else ()
-    key = ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block, programs, kw,
-           ctx.capturing())
-    plan = ctx.plans.get(key)
-    if plan is None or ctx.debug:
-        _run(ctx, key, _plan_all_gather, (out, inp), algorithm, block, programs, kw, key[-1])
-    else:
-        plan.run((out, inp))
-    return out
-
-
-def _plan_all_gather(ctx, out, inp, algorithm, block, programs, kw, graph) -> Plan:
-    checks.all_gather(ctx, out, inp)
-    name = _algorithm(ctx, "all_gather", algorithm, inp.numel() * inp.element_size(), graph)
-    kw = knobs(ctx, "all_gather", name, kw, block, programs)
-    plan = Plan((out, inp), name)
-    if name == "nccl":
-        plan.add(lambda ts: nccl.all_gather(ctx, ts[0], ts[1]), graphable=False)
+        spec.nccl(ctx, plan, tensors, own, checked)
     elif ctx.world_size == 1:
-        plan.add(lambda ts: ts[0].copy_(ts[1]))
-    elif inp.numel():
-        (words_out, words_in), finish = common.as_words(
-            ctx, plan, [(out, 0, False, True), (inp, 1, True, False)])
-        ALL_GATHER[name](ctx, plan, words_out, words_in, block=block, programs=programs, **kw)
-        finish()
+        if spec.copy:
+            plan.add(lambda ts: ts[0].copy_(ts[1]))
+    elif spec.empty is None or not spec.empty(tensors):
+        spec.launch(ctx, plan, ALGORITHMS[op][name], tensors, own, checked, block, programs,
+                    kw)
     return plan
 
 
-def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", block=None,
-                   programs=None, **kw):
-    """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
-    kw = tuple(sorted(kw.items())) if kw else ()
-    key = ("reduce_scatter", tensor_key(out), tensor_key(inp), op, algorithm, block, programs,
-           kw, ctx.capturing())
-    plan = ctx.plans.get(key)
-    if plan is None or ctx.debug:
-        _run(ctx, key, _plan_reduce_scatter, (out, inp), op, algorithm, block, programs, kw,
-             key[-1])
-    else:
-        plan.run((out, inp))
-    return out
+def _nbytes(t) -> int:
+    return t.numel() * t.element_size()
 
 
-def _plan_reduce_scatter(ctx, out, inp, op, algorithm, block, programs, kw, graph) -> Plan:
-    code = checks.reduce_scatter(ctx, out, inp, op)
-    name = _algorithm(ctx, "reduce_scatter", algorithm, out.numel() * out.element_size(), graph)
-    kw = knobs(ctx, "reduce_scatter", name, kw, block, programs)
-    plan = Plan((out, inp), name)
-    if name == "nccl":
-        plan.add(lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], op), graphable=False)
-    elif ctx.world_size == 1:
-        plan.add(lambda ts: ts[0].copy_(ts[1]))
-    elif out.numel():
-        REDUCE_SCATTER[name](ctx, plan, out.view(-1), inp.view(-1), code, block=block,
-                             programs=programs, **kw)
-    return plan
+def _launch_all_reduce(ctx, plan, fn, ts, own, code, block, programs, kw):
+    fn(ctx, plan, ts[0].view(-1), code, block=block, programs=programs, **kw)
 
 
-def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = "auto",
-               block=None, programs=None, **kw):
-    """Rank r sends rows in_splits[p] of inp (in order) to rank p, and receives
-    out_splits[p] rows from rank p into out (in rank order). None = even splits."""
-    kw = tuple(sorted(kw.items())) if kw else ()
-    key = ("all_to_all", tensor_key(out), tensor_key(inp),
-           None if out_splits is None else tuple(out_splits),
-           None if in_splits is None else tuple(in_splits), algorithm, block, programs, kw,
-           ctx.capturing())
-    plan = ctx.plans.get(key)
-    if plan is None or ctx.debug:
-        _run(ctx, key, _plan_all_to_all, (out, inp), out_splits, in_splits, algorithm, block,
-             programs, kw, key[-1])
-    else:
-        plan.run((out, inp))
-    return out
+def _launch_all_gather(ctx, plan, fn, ts, own, checked, block, programs, kw):
+    out, inp = ts
+    (words_out, words_in), finish = common.as_words(
+        ctx, plan, [(out, 0, False, True), (inp, 1, True, False)])
+    fn(ctx, plan, words_out, words_in, block=block, programs=programs, **kw)
+    finish()
 
 
-def _plan_all_to_all(ctx, out, inp, out_splits, in_splits, algorithm, block, programs, kw,
-                     graph) -> Plan:
-    even = out_splits is None and in_splits is None
-    out_splits, in_splits = checks.all_to_all(ctx, out, inp, out_splits, in_splits)
+def _launch_reduce_scatter(ctx, plan, fn, ts, own, code, block, programs, kw):
+    fn(ctx, plan, ts[0].view(-1), ts[1].view(-1), code, block=block, programs=programs, **kw)
+
+
+def _launch_all_to_all(ctx, plan, fn, ts, own, splits, block, programs, kw):
+    out, inp = ts
+    out_splits, in_splits = splits
+    if plan.name == "push":
+        # push stages a plain output (its size differs between ranks, so staging takes
+        # the bounded buffer: common.stage), but skips stage() for a zero-row heap
+        # view: the buffer every rank must make is made here.
+        common.stage_buffer(ctx, "stage.out")
+    row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
+    (words_out, words_in), finish = common.as_words(
+        ctx, plan, [(out, 0, False, True), (inp, 1, True, False)], unit=row_bytes)
+    row = row_bytes // words_out.element_size()
+    # what the call's fingerprint covers besides the launch: the rows' dtype and shape
+    call = (str(inp.dtype), tuple(inp.shape[1:]))
+    fn(ctx, plan, words_out, words_in, out_splits, in_splits, row, call,
+       block=block, programs=programs, **kw)
+    finish()
+
+
+def _launch_broadcast(ctx, plan, fn, ts, own, checked, block, programs, kw):
+    (words,), finish = common.as_words(ctx, plan, [(ts[0], 0, True, True)])
+    fn(ctx, plan, words, own[0], block=block, programs=programs, **kw)
+    finish()
+
+
+def _nccl_all_to_all(ctx, plan, ts, own, splits):
+    out_splits, in_splits = splits
+    plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits),
+             graphable=False)
+    plan.debug_before = lambda c, ts: _check_splits_agree(c, out_splits, in_splits)
+
+
+def _a2a_nbytes(ts, own) -> int:
     # Every rank must pick the same algorithm. With splits given, the sizes may differ
     # between ranks, so the choice cannot depend on them: take the large-message row.
     # Splits of None (even) mean the same rows on every rank, and must be passed alike on
     # every rank (debug mode checks the rows and the Nones with the sizes).
-    nbytes = inp.numel() * inp.element_size() if even else 1 << 62
-    name = _algorithm(ctx, "all_to_all", algorithm, nbytes, graph)
-    kw = knobs(ctx, "all_to_all", name, kw, block, programs)
-    _check_own_rows(ctx.rank, out_splits, in_splits)      # the pair known here
-    plan = Plan((out, inp), name)
-    if name == "nccl":
-        plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits),
-                 graphable=False)
-        plan.debug_before = lambda c, ts: _check_splits_agree(c, out_splits, in_splits)
-    elif ctx.world_size == 1:
-        plan.add(lambda ts: ts[0].copy_(ts[1]))
-    else:
-        if name == "push":
-            # push stages a plain output (its size differs between ranks, so staging takes
-            # the bounded buffer: common.stage), but skips stage() for a zero-row heap
-            # view: the buffer every rank must make is made here.
-            common.stage_buffer(ctx, "stage.out")
-        row_bytes = math.prod(inp.shape[1:]) * inp.element_size()
-        (words_out, words_in), finish = common.as_words(
-            ctx, plan, [(out, 0, False, True), (inp, 1, True, False)], unit=row_bytes)
-        row = row_bytes // words_out.element_size()
-        # what the call's fingerprint covers besides the launch: the rows' dtype and shape
-        call = (str(inp.dtype), tuple(inp.shape[1:]))
-        ALL_TO_ALL[name](ctx, plan, words_out, words_in, out_splits, in_splits, row, call,
-                         block=block, programs=programs, **kw)
-        finish()
-    return plan
+    return _nbytes(ts[1]) if own[0] is None and own[1] is None else 1 << 62
+
+
+# the five collectives: selector bytes per rank are all_reduce's and broadcast's tensor,
+# all_gather's input block, reduce_scatter's output block, all_to_all's input
+_OPS = {
+    "all_reduce": _Op(
+        1, checks.all_reduce, lambda ts, own: _nbytes(ts[0]),
+        lambda ctx, plan, ts, own, code: plan.add(
+            lambda ts: nccl.all_reduce(ctx, ts[0], own[0]), graphable=False),
+        _launch_all_reduce, empty=lambda ts: not ts[0].numel()),
+    "all_gather": _Op(
+        2, checks.all_gather, lambda ts, own: _nbytes(ts[1]),
+        lambda ctx, plan, ts, own, _: plan.add(
+            lambda ts: nccl.all_gather(ctx, ts[0], ts[1]), graphable=False),
+        _launch_all_gather, copy=True, empty=lambda ts: not ts[1].numel()),
+    "reduce_scatter": _Op(
+        2, checks.reduce_scatter, lambda ts, own: _nbytes(ts[0]),
+        lambda ctx, plan, ts, own, code: plan.add(
+            lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], own[0]), graphable=False),
+        _launch_reduce_scatter, copy=True, empty=lambda ts: not ts[0].numel()),
+    "all_to_all": _Op(2, checks.all_to_all, _a2a_nbytes, _nccl_all_to_all,
+                      _launch_all_to_all, copy=True),
+    "broadcast": _Op(
+        1, checks.broadcast, lambda ts, own: _nbytes(ts[0]),
+        lambda ctx, plan, ts, own, _: plan.add(
+            lambda ts: nccl.broadcast(ctx, ts[0], own[0]), graphable=False),
+        _launch_broadcast, empty=lambda ts: not ts[0].numel(),
+        # as_words' word: relay's chunk counts in it
+        word=lambda ts: common.word_type(ts[0].element_size(), [_nbytes(ts[0])])[1]),
+}
+_BUILD = {op: partial(_build, op) for op in _OPS}
 
 
 def _check_own_rows(rank: int, out_splits, in_splits) -> None:
@@ -288,31 +273,57 @@ def _splits_differ(src: int, sends: int, dst: int, receives: int) -> str:
             f"(rank {src} sends {sends} rows to rank {dst}, which expects {receives})")
 
 
-def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, programs=None, **kw):
-    """t on every rank = t of rank `src`. Returns t."""
-    kw = tuple(sorted(kw.items())) if kw else ()
-    key = ("broadcast", tensor_key(t), src, algorithm, block, programs, kw, ctx.capturing())
-    plan = ctx.plans.get(key)
-    if plan is None or ctx.debug:
-        _run(ctx, key, _plan_broadcast, (t,), src, algorithm, block, programs, kw, key[-1])
-    else:
-        plan.run((t,))
+# ---------------------------------------------------------------------------- entries
+def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, programs=None,
+               **kw):
+    """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
+    _collective(ctx, ("all_reduce", tensor_key(t), op, algorithm, block, programs,
+                      tuple(sorted(kw.items())) if kw else (), ctx.capturing()), (t,))
     return t
 
 
-def _plan_broadcast(ctx, t, src, algorithm, block, programs, kw, graph) -> Plan:
-    checks.broadcast(ctx, t, src)
-    name = _algorithm(ctx, "broadcast", algorithm, t.numel() * t.element_size(), graph)
-    word = common.word_type(t.element_size(), [t.numel() * t.element_size()])[1]  # as_words'
-    kw = knobs(ctx, "broadcast", name, kw, block, programs, word)
-    plan = Plan((t,), name)
-    if name == "nccl":
-        plan.add(lambda ts: nccl.broadcast(ctx, ts[0], src), graphable=False)
-    elif ctx.world_size > 1 and t.numel():
-        (words,), finish = common.as_words(ctx, plan, [(t, 0, True, True)])
-        BROADCAST[name](ctx, plan, words, src, block=block, programs=programs, **kw)
-        finish()
-    return plan
+def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None, **kw):
+    """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
+    _collective(ctx, ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block,
+                      programs, tuple(sorted(kw.items())) if kw else (), ctx.capturing()),
+                (out, inp))
+    return out
+
+
+def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", block=None,
+                   programs=None, **kw):
+    """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
+    _collective(ctx, ("reduce_scatter", tensor_key(out), tensor_key(inp), op, algorithm,
+                      block, programs, tuple(sorted(kw.items())) if kw else (),
+                      ctx.capturing()), (out, inp))
+    return out
+
+
+def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = "auto",
+               block=None, programs=None, **kw):
+    """Rank r sends rows in_splits[p] of inp (in order) to rank p, and receives
+    out_splits[p] rows from rank p into out (in rank order). None = even splits."""
+    _collective(ctx, ("all_to_all", tensor_key(out), tensor_key(inp),
+                      None if out_splits is None else tuple(out_splits),
+                      None if in_splits is None else tuple(in_splits), algorithm, block,
+                      programs, tuple(sorted(kw.items())) if kw else (), ctx.capturing()),
+                (out, inp))
+    return out
+
+
+def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, programs=None, **kw):
+    """t on every rank = t of rank `src`. Returns t."""
+    _collective(ctx, ("broadcast", tensor_key(t), src, algorithm, block, programs,
+                      tuple(sorted(kw.items())) if kw else (), ctx.capturing()), (t,))
+    return t
+
+
+def all_reduce_plan(ctx, t, op: str = "sum"):
+    """The plan a warm `all_reduce(ctx, t, op)` with the default options runs now, or None
+    (not built, or dropped): for a layer above that keeps a shortcut to it
+    (PlanCache.shortcuts; the torch.distributed backend). The same key as all_reduce's."""
+    return ctx.plans._get(("all_reduce", tensor_key(t), op, "auto", None, None, (),
+                           ctx.capturing()))
 
 
 from .add_rmsnorm import all_reduce_add_rmsnorm  # noqa: E402  (it uses _run above)

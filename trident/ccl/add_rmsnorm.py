@@ -115,7 +115,7 @@ def all_reduce_add_rmsnorm(ctx, x, residual, weight, eps: float = 1e-6, out=None
     if plan is None or ctx.debug:
         from . import _run
         _run(ctx, key, _plan, (x, residual, weight, out), fresh, eps, algorithm, block,
-             programs, key[-1])
+             programs, key[-1], found=plan)
     else:
         plan.run((x, residual, weight, out))
     return out

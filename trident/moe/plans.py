@@ -23,7 +23,7 @@ import torch
 import triton
 
 from ..ccl.device import fingerprint
-from ..plans import Live, Plan
+from ..plans import Live, Plan, plan_for
 from ..trace import kernel_args
 from . import buffers as B
 from . import fp8
@@ -101,13 +101,21 @@ def _check_combine(ep, expert_y, d, topk_weights, out) -> int:
 
 # ---------------------------------------------------------------------------- plans
 def cached(ctx, key, build, *args):
-    """The run of `key`'s plan in ctx's cache, built by build(*args) if new (named after
-    key[0] in the errors of the host collectives its build makes)."""
+    """The run of `key`'s plan in ctx's cache, built by build(*args) if new, through the
+    plan driver (trident/plans.py plan_for: named after key[0] in the errors of the host
+    collectives its build makes). No capture twin: an ExpertParallel's buffers exist
+    from its construction, so a capture's first build creates nothing. The caller runs
+    the plan, then ctx.after_op() (debug mode's checks)."""
     plan = ctx.plans.get(key)
     if plan is None:
-        with ctx.building(key[0]):
-            plan = ctx.plans.put(key, build(*args))
+        plan = _build(ctx, key, build, args)
     return plan.run
+
+
+def _build(ctx, key, build, args) -> Plan:
+    """cached's build (apart: a closure in cached would make its variables cells, slower
+    to read on the warm path)."""
+    return plan_for(ctx, key, lambda capture: build(*args), twin=False, found=None)
 
 
 def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, args: dict,

@@ -42,6 +42,7 @@ import triton.language as tl
 from .. import language as tdl
 from .._env import INTERPRET
 from ..graph_pools import outside_graph_pools  # noqa: F401  (ops' kept buffers)
+from .. import plans
 from ..plans import Plan, tensor_key
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -110,23 +111,13 @@ def check_inputs(ctx, op: str, a, w, bias, out, out_shape,
 
 def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> torch.Tensor:
     """Run the launch plan of this call's signature (trident/plans.py), building it first
-    if the signature is new; allocate `out` (shape from the plan) when not given.
-    `algorithm`: the schedule the call asked for (schedules.normalize)."""
+    if the signature is new (plans.call); allocate `out` (shape from the plan) when not
+    given. `algorithm`: the schedule the call asked for (schedules.normalize)."""
     capturing = ctx.capturing()
     key = plan_key(op, a, w, bias, out, algorithm, options, capturing)
-    # debug mode's checks are a host collective and a synchronisation, which a CUDA-graph
-    # capture cannot contain: skipped while capturing (a replay's errors still surface at
-    # the next ctx.sync() / ctx.barrier())
-    debug = ctx.debug and not capturing
-    if debug:             # one host collective per call, before anything is allocated
-        ctx.agree(op, *debug_signature(op, a, w, bias, algorithm))
     plan = ctx.plans.get(key)
-    if plan is None:
-        with ctx.building(op):
-            plan = ctx.plans.put(key, build(ctx, a, w, bias, out, algorithm, options),
-                                 for_capture=capturing)
-            if ctx.backend == "cuda" and not capturing:
-                _build_capture_twin(ctx, key, build, a, w, bias, out, algorithm, options)
+    if plan is None or ctx.debug:
+        return _call(ctx, key, plan, build, a, w, bias, out, algorithm, options)
     if out is None:
         # a fresh tensor per call: the caller keeps it. None: the plan makes it, and its
         # one step returns it (a schedule that calls an op which allocates, async_tp.py)
@@ -137,8 +128,6 @@ def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> 
             plan.run((a, w, bias, out))
     else:
         plan.run((a, w, bias, out))
-    if debug:
-        ctx.after_op()        # every rank's errors, raised on every rank at this call
     return out
 
 
@@ -157,6 +146,22 @@ def ran(ctx, op: str, a, w, algorithm: str = "auto", capturing: bool = False) ->
     return None if plan is None else plan.name
 
 
+def _call(ctx, key, found, build, a, w, bias, out, algorithm, options) -> torch.Tensor:
+    """`run` through the plan driver: a new signature, or debug mode. Debug mode's checks
+    are a host collective and a synchronisation, which a CUDA-graph capture cannot
+    contain: skipped while capturing (a replay's errors still surface at the next
+    ctx.sync() / ctx.barrier()). The capture twin's build sees a context that says it is
+    capturing (_AsCaptured). (Apart from `run`: its closures would make run's variables
+    cells, slower to read on the warm path.)"""
+    capturing, op = key[-1], key[0]
+    return plans.call(
+        ctx, key,
+        lambda capture: build(_AsCaptured(ctx) if capture and not capturing else ctx,
+                              a, w, bias, out, algorithm, options),
+        (a, w, bias, out), found=found,
+        signature=None if capturing else lambda: debug_signature(op, a, w, bias, algorithm))[3]
+
+
 def schedule_plan(ctx, op: str, a, w, bias, out, out_shape, name: str, options: dict,
                   M: int, N: int, K: int) -> Plan:
     """The plan of a checked call of `op` that asked for schedule `name` ("auto" resolved
@@ -172,8 +177,8 @@ def schedule_plan(ctx, op: str, a, w, bias, out, out_shape, name: str, options: 
 
 
 class _AsCaptured:
-    """The context as a capture's build sees it: capturing() is True, everything else is
-    the context's own (its workspaces, heap, rank, ...)."""
+    """The context as a capture twin's build sees it (plans.plan_for): capturing() is
+    True, everything else is the context's own (its workspaces, heap, rank, ...)."""
     __slots__ = ("_ctx",)
 
     def __init__(self, ctx):
@@ -185,19 +190,6 @@ class _AsCaptured:
     @staticmethod
     def capturing() -> bool:
         return True
-
-
-def _build_capture_twin(ctx, key, build, a, w, bias, out, algorithm, options) -> None:
-    """An eager first call also builds the plan that a capture of the same call uses.
-    A capture selects from the graph times (selector.py), which may pick the other path;
-    that path's first build would create its workspace -- a host barrier with device
-    synchronisation, which invalidates the capture. Built now, with the selector told
-    that the stream is capturing, its workspace exists before any capture (as trident/
-    ccl's _run does for the collectives)."""
-    twin = key[:-1] + (True,)
-    if twin not in ctx.plans:
-        ctx.plans.put(twin, build(_AsCaptured(ctx), a, w, bias, out, algorithm, options),
-                      for_capture=True)
 
 
 def _options_key(options: dict) -> tuple:
