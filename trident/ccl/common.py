@@ -347,3 +347,46 @@ def check_warps(warps=None) -> None:
     """The warps knob's check (kernel_options makes it; so does a call without a kernel)."""
     if warps is not None and warps not in WARPS:
         raise ValueError(f"warps must be one of {WARPS}, got {warps!r}")
+
+
+# ---------------------------------------------------------------------------- launches
+# The host halves of the two kernel skeletons the collectives share. Each passes the
+# skeleton's arguments in its order, around the algorithm's own (`before`, `after`).
+def launch_push(ctx, plan, kernel, before: tuple, after: tuple, n: int, dtype: torch.dtype,
+                fp: tuple, block=None, programs=None, slots: int | None = None,
+                **constexprs) -> None:
+    """Scratch push (all_gather/push.py, all_reduce/one_shot.py, reduce_scatter/push.py,
+    broadcast/push.py): every rank stores its `n` elements of `dtype` into its slot of
+    its peers' scratch (this launch's half: device.scratch_half), then reads the slots.
+    The kernel takes (*before, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank,
+    world_size, *after, n, stride, half, fp, ..., BLOCK, TRACE); `slots` per half: the
+    world size unless given (broadcast: 1); fp: the fingerprint's parts."""
+    from ..trace import kernel_args
+    stride = round_up(n)
+    count = ctx.world_size if slots is None else slots
+    buf = scratch(ctx, 2 * count * stride * dtype.itemsize, dtype)
+    st = state(ctx)
+    block, grid = launch_size(ctx, n, dtype.itemsize, block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    plan.launch(
+        kernel, (grid,), *before, buf, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
+        ctx.rank, ctx.world_size, *after, n, stride, buf.numel() // 2,
+        device.fingerprint(kernel, *fp), BLOCK=block, TRACE=trace, **constexprs,
+        **kernel_options(ctx))
+
+
+def launch_on_heap(ctx, plan, kernel, before: tuple, buf: torch.Tensor, after: tuple,
+                   fp: tuple, block: int, grid: int, warps=None, **constexprs) -> None:
+    """Peer access to a heap buffer (all_gather/pull.py, all_reduce/two_shot.py,
+    reduce_scatter/pull.py): the peers read or write `buf` (the call's tensor, or its
+    staging copy) at its heap offset. The kernel takes (*before, buf, offsets,
+    heap_offset, flags, sync, ctrl, heap_bases, trace_buf, rank, *after, fp, WORLD=,
+    WORD=, ..., BLOCK=, TRACE=); fp: the fingerprint's parts."""
+    from ..trace import kernel_args
+    st = state(ctx)
+    trace_buf, trace = kernel_args(ctx)
+    plan.launch(
+        kernel, (grid,), *before, buf, st.offsets, heap_offset(ctx, buf), st.flags, st.sync,
+        ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, *after, device.fingerprint(kernel, *fp),
+        WORLD=ctx.world_size, WORD=buf.element_size(), BLOCK=block, TRACE=trace,
+        **constexprs, **kernel_options(ctx, warps))

@@ -35,12 +35,12 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.trace import device as trd, kernel_args, tags
+from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, fingerprint,
-                      load_peers, peer_ptrs, peer_shift, peer_shifts, poison_out,
-                      publish_offset, shift_ok, vec_aligned, vec_shift)
+from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, load_peers, peer_ptrs,
+                      peer_shift, peer_shifts, poison_out, publish_offset, shift_ok, vec_aligned,
+                      vec_shift)
 
 GPU_BLOCK_BYTES = 2 * common.GPU_BLOCK_BYTES      # see "32 KiB per program step" above
 
@@ -141,14 +141,9 @@ def pull(ctx, plan, out, inp, block=None, programs=None, warps=None, order="peer
     check_knobs(order)
     n = inp.numel()
     src = common.stage(ctx, plan, inp, 1, "stage.in")
-    st = common.state(ctx)
     if block is None and ctx.backend == "cuda":
         block = GPU_BLOCK_BYTES // inp.element_size() // (2 if order == "block" else 1)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
-    trace_buf, trace = kernel_args(ctx)
     kernel = _pull_kernel if order == "peer" else _pull_block_kernel
-    plan.launch(
-        kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n,
-        fingerprint(kernel, n, src.element_size()), WORLD=ctx.world_size,
-        WORD=src.element_size(), BLOCK=block, TRACE=trace, **common.kernel_options(ctx, warps))
+    common.launch_on_heap(ctx, plan, kernel, (out,), src, (n,), (n, src.element_size()),
+                          block, grid, warps)

@@ -9,10 +9,10 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.trace import device as trd, kernel_args, tags
+from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import DATA, OP_ALL_GATHER, begin_epoch, exchange, fingerprint, poison, scratch_half
+from ..device import DATA, OP_ALL_GATHER, begin_epoch, exchange, poison, scratch_half
 
 
 @triton.jit
@@ -48,13 +48,5 @@ def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, ra
 def push(ctx, plan, out, inp, block=None, programs=None):
     """out, inp: flat word views (checked by the caller); out has world * inp.numel()."""
     n = inp.numel()
-    stride = common.round_up(n)
-    slots = common.scratch(ctx, 2 * ctx.world_size * stride * inp.element_size(), inp.dtype)
-    st = common.state(ctx)
-    block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
-    trace_buf, trace = kernel_args(ctx)
-    plan.launch(
-        _push_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
-        trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2,
-        fingerprint(_push_kernel, n, inp.element_size()), BLOCK=block,
-        TRACE=trace, **common.kernel_options(ctx))
+    common.launch_push(ctx, plan, _push_kernel, (out, inp), (), n, inp.dtype,
+                       (n, inp.element_size()), block, programs)

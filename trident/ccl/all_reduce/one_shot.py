@@ -11,11 +11,10 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.trace import device as trd, kernel_args, tags
+from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import (DATA, OP_ALL_REDUCE, begin_epoch, exchange, fingerprint, poison,
-                      reduce_slots, scratch_half)
+from ..device import DATA, OP_ALL_REDUCE, begin_epoch, exchange, poison, reduce_slots, scratch_half
 
 
 @triton.jit
@@ -48,13 +47,5 @@ def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank,
 def one_shot(ctx, plan, t, op_code: int, block=None, programs=None):
     """In place on `t` (contiguous, checked by the caller)."""
     n = t.numel()
-    stride = common.round_up(n)
-    slots = common.scratch(ctx, 2 * ctx.world_size * stride * t.element_size(), t.dtype)
-    st = common.state(ctx)
-    block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
-    trace_buf, trace = kernel_args(ctx)
-    plan.launch(
-        _one_shot_kernel, (grid,), t, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-        ctx.rank, ctx.world_size, n, stride, slots.numel() // 2,
-        fingerprint(_one_shot_kernel, n, str(t.dtype), op_code), OP=op_code, BLOCK=block,
-        TRACE=trace, **common.kernel_options(ctx))
+    common.launch_push(ctx, plan, _one_shot_kernel, (t,), (), n, t.dtype,
+                       (n, str(t.dtype), op_code), block, programs, OP=op_code)

@@ -37,11 +37,11 @@ symmetric memory; at 8 ranks also block=8192 bf16 elements against the default 4
 import triton
 import triton.language as tl
 
-from trident.trace import device as trd, kernel_args, tags
+from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_REDUCE, begin_epoch, exchange, fingerprint,
-                      peer_ptrs, peer_shifts, poison_out, publish_offset, reduce_peers)
+from ..device import (ARRIVE, DONE, OP_ALL_REDUCE, begin_epoch, exchange, peer_ptrs, peer_shifts,
+                      poison_out, publish_offset, reduce_peers)
 from ..reduce_scatter.pull import reduce_block
 
 
@@ -90,14 +90,8 @@ def two_shot(ctx, plan, t, op_code: int, block=None, programs=None, warps=None):
     n = t.numel()
     seg = common.round_up(triton.cdiv(n, ctx.world_size))
     buf = common.stage(ctx, plan, t, 0, "stage.inout")
-    st = common.state(ctx)
     block = reduce_block(ctx, t.element_size(), block)
     block, grid = common.launch_size(ctx, seg, t.element_size(), block, programs)
-    trace_buf, trace = kernel_args(ctx)
-    plan.launch(
-        _two_shot_kernel, (grid,), buf, st.offsets, common.heap_offset(ctx, buf), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, seg,
-        fingerprint(_two_shot_kernel, n, str(t.dtype), op_code), WORLD=ctx.world_size,
-        OP=op_code, WORD=buf.element_size(), BLOCK=block, TRACE=trace,
-        **common.kernel_options(ctx, warps))
+    common.launch_on_heap(ctx, plan, _two_shot_kernel, (), buf, (n, seg),
+                          (n, str(t.dtype), op_code), block, grid, warps, OP=op_code)
     common.unstage(plan, 0, t, buf)

@@ -11,11 +11,11 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.trace import device as trd, kernel_args, tags
+from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import (ARRIVE, DATA, OP_BROADCAST, begin_epoch, fingerprint, notify_all, poison,
-                      scratch_half, wait_all, wait_for)
+from ..device import (ARRIVE, DATA, OP_BROADCAST, begin_epoch, notify_all, poison, scratch_half,
+                      wait_all, wait_for)
 
 
 @triton.jit
@@ -51,13 +51,5 @@ def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, wor
 def push(ctx, plan, t, src: int, block=None, programs=None):
     """t: a flat word view (checked by the caller)."""
     n = t.numel()
-    stride = common.round_up(n)
-    slot = common.scratch(ctx, 2 * stride * t.element_size(), t.dtype)
-    st = common.state(ctx)
-    block, grid = common.launch_size(ctx, n, t.element_size(), block, programs)
-    trace_buf, trace = kernel_args(ctx)
-    plan.launch(
-        _push_kernel, (grid,), t, slot, st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf,
-        ctx.rank, ctx.world_size, src, n, stride, slot.numel() // 2,
-        fingerprint(_push_kernel, n, t.element_size(), src), BLOCK=block, TRACE=trace,
-        **common.kernel_options(ctx))
+    common.launch_push(ctx, plan, _push_kernel, (t,), (src,), n, t.dtype,
+                       (n, t.element_size(), src), block, programs, slots=1)

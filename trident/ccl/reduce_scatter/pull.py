@@ -27,11 +27,11 @@ ranks also block=8192 bf16 elements (16 KiB, spills) against the default 8 KiB.
 import triton
 import triton.language as tl
 
-from trident.trace import device as trd, kernel_args, tags
+from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_REDUCE_SCATTER, begin_epoch, exchange, fingerprint,
-                      peer_ptrs, peer_shifts, poison_out, publish_offset, reduce_peers)
+from ..device import (ARRIVE, DONE, OP_REDUCE_SCATTER, begin_epoch, exchange, peer_ptrs,
+                      peer_shifts, poison_out, publish_offset, reduce_peers)
 
 
 @triton.jit
@@ -88,13 +88,7 @@ def pull(ctx, plan, out, inp, op_code: int, block=None, programs=None, warps=Non
     """out [n], inp [world * n] (checked by the caller). warps: a knob (common.py)."""
     n = out.numel()
     src = common.stage(ctx, plan, inp, 1, "stage.in")
-    st = common.state(ctx)
     block = reduce_block(ctx, inp.element_size(), block)
     block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
-    trace_buf, trace = kernel_args(ctx)
-    plan.launch(
-        _pull_kernel, (grid,), out, src, st.offsets, common.heap_offset(ctx, src), st.flags,
-        st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n,
-        fingerprint(_pull_kernel, n, str(inp.dtype), op_code), WORLD=ctx.world_size,
-        OP=op_code, WORD=src.element_size(), BLOCK=block, TRACE=trace,
-        **common.kernel_options(ctx, warps))
+    common.launch_on_heap(ctx, plan, _pull_kernel, (out,), src, (n,),
+                          (n, str(inp.dtype), op_code), block, grid, warps, OP=op_code)

@@ -9,11 +9,11 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.trace import device as trd, kernel_args, tags
+from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import (DATA, OP_REDUCE_SCATTER, begin_epoch, exchange, fingerprint, poison,
-                      reduce_slots, scratch_half)
+from ..device import (DATA, OP_REDUCE_SCATTER, begin_epoch, exchange, poison, reduce_slots,
+                      scratch_half)
 
 
 @triton.jit
@@ -47,13 +47,5 @@ def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, ra
 def push(ctx, plan, out, inp, op_code: int, block=None, programs=None):
     """out [n], inp [world * n] (checked by the caller)."""
     n = out.numel()
-    stride = common.round_up(n)
-    slots = common.scratch(ctx, 2 * ctx.world_size * stride * inp.element_size(), inp.dtype)
-    st = common.state(ctx)
-    block, grid = common.launch_size(ctx, n, inp.element_size(), block, programs)
-    trace_buf, trace = kernel_args(ctx)
-    plan.launch(
-        _push_kernel, (grid,), out, inp, slots, st.flags, st.sync, ctx.ctrl, ctx.heap_bases,
-        trace_buf, ctx.rank, ctx.world_size, n, stride, slots.numel() // 2,
-        fingerprint(_push_kernel, n, str(inp.dtype), op_code), OP=op_code, BLOCK=block,
-        TRACE=trace, **common.kernel_options(ctx))
+    common.launch_push(ctx, plan, _push_kernel, (out, inp), (), n, inp.dtype,
+                       (n, str(inp.dtype), op_code), block, programs, OP=op_code)
