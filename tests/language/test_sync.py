@@ -96,6 +96,11 @@ def _silent_peer(ctx):
                 ctx.sync()
             assert e.value.rank == ctx.rank and e.value.peer == 1 and e.value.op == "test"
             assert ok.item() == 0
+        else:
+            # silent, and not yet in a host call: a peer's wait that saw it in the barrier
+            # below would raise CallMismatchError naming both calls instead (3a9f77a;
+            # tests/faults/test_mismatched_host_calls.py)
+            time.sleep(3 * ctx.timeout_s)
         # the failure is sticky until reset (README "Reliability"): the barrier raises it
         # on every rank, then a reset makes the context usable again
         with pytest.raises(td.CommTimeout, match="timed out .* from rank 1"):
@@ -192,6 +197,8 @@ def _timeout_at_barrier(ctx):
     try:
         if ctx.rank == 0:
             _wait_for_rank1_kernel[(1,)](flag, ok, ctx.ctrl, ctx.rank, ctx.heap_bases)
+        else:
+            time.sleep(1.0)    # silent past rank 0's timeout, not in a host call (see above)
         with pytest.raises(td.CommTimeout, match="rank 0: test timed out .* from rank 1"):
             ctx.barrier()      # every rank learns of rank 0's timeout
         with pytest.raises(td.CommTimeout, match="rank 0: test timed out .* from rank 1"):
