@@ -195,8 +195,8 @@ def test_a_rank_in_a_host_call_meets_no_collective(pool):
 
 
 def _header_sized_nccl_all_gather(ctx):
-    """Rank 0 in ctx.barrier(), the others in an all_gather of the "nccl" algorithm (a
-    torch.distributed collective on the context's group) of exactly the size of the host
+    """Rank 0 in ctx.barrier(), the others in a torch.distributed all_gather on the
+    context's group (what the "nccl" algorithm runs) of exactly the size of the host
     exchange's header. The barrier went over the same group, so the two paired: the peers
     returned rank 0's header as their data, with no error. Now the barrier goes through the
     store: the peers' collective meets nothing and raises when the group gives up."""
@@ -206,9 +206,11 @@ def _header_sized_nccl_all_gather(ctx):
     n = 16                                        # int64 words per rank: the header's size
 
     def gather():
-        out = torch.zeros(n * sub.world_size, dtype=torch.int64, device=sub.device)
-        sub.all_gather(out, torch.ones(n, dtype=torch.int64, device=sub.device),
-                       algorithm="nccl")
+        # what the "nccl" algorithm and the torch backend's fallbacks do: a torch.distributed
+        # collective on the context's group (gloo, host tensors: it runs where ranks share
+        # a GPU too, where the "nccl" algorithm is refused)
+        out = torch.zeros(n * sub.world_size, dtype=torch.int64)
+        dist.all_gather_into_tensor(out, torch.ones(n, dtype=torch.int64), group=g)
         return out
 
     gather()

@@ -33,6 +33,8 @@ NCCL cannot run).
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import triton
 import triton.language as tl
@@ -164,6 +166,23 @@ def torch_add_rmsnorm(s, residual, weight, out, eps: float) -> None:
                * weight.float()).to(out.dtype))
 
 
+_unfused_sums: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _unfused_sum(ctx, x) -> torch.Tensor:
+    """The unfused path's sum buffer, kept by its plans: one per context, shape and dtype,
+    made at the first (eager) call where no CUDA-graph pool takes it (trident/graph_pools.py)
+    and shared with the plan a later capture builds for the same sizes (a capture may not
+    allocate it: outside_graph_pools refuses). The plans using it run in stream order."""
+    bufs = _unfused_sums.setdefault(ctx, {})
+    key = (tuple(x.shape), x.dtype)
+    if key not in bufs:
+        bufs[key] = outside_graph_pools(
+            ctx.device, "all_reduce_add_rmsnorm's unfused sum",
+            lambda: torch.empty(x.shape, dtype=x.dtype, device=ctx.device))
+    return bufs[key]
+
+
 def _plan(ctx, x, residual, weight, out, fresh, eps, algorithm, block, programs, graph) -> Plan:
     _check(ctx, x, residual, weight, out, eps)
     hidden = x.shape[-1]
@@ -183,9 +202,7 @@ def _plan(ctx, x, residual, weight, out, fresh, eps, algorithm, block, programs,
             torch_add_rmsnorm(s, ts[1], ts[2], ts[3], eps)
         plan.add(step, graphable=False)
     elif name == "unfused":
-        # kept by the plan: made where no CUDA-graph pool takes it (trident/graph_pools.py)
-        s = outside_graph_pools(ctx.device, "all_reduce_add_rmsnorm's unfused sum",
-                                lambda: torch.empty(x.shape, dtype=x.dtype, device=ctx.device))
+        s = _unfused_sum(ctx, x)
 
         def step(ts):
             s.copy_(ts[0])
