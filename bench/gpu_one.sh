@@ -68,7 +68,7 @@ for step in ${STEPS:-env tests checks}; do
         CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 $T 60 python3 examples/$ex >> $OUT/examples.log 2>&1
         echo "== example $ex rc=$?" >> $OUT/examples.log
       done ) &
-    ( CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 $T ${SOAK_TIMEOUT:-290} python3 -m trident.bench.soak --world 2 \
+    ( CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 $T ${SOAK_TIMEOUT:-290} python3 -m bench.lab.soak --world 2 \
         --ops ${SOAK_OPS:-4000} --log $OUT/soak.log > $OUT/soak-out.log 2>&1
       echo "== soak rc=$?" >> $OUT/soak-out.log ) &
     ( CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10 $T 160 python3 -m trident.bench.ccl --world-size 2 \

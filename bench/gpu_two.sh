@@ -61,7 +61,7 @@ for step in ${STEPS:-env tests}; do
       repeat=$!
     fi
     if [ "${SOAK_OPS:-0}" != 0 ]; then
-      $T ${SOAK_TIMEOUT:-480} python3 -m trident.bench.soak --world 2 --ops $SOAK_OPS \
+      $T ${SOAK_TIMEOUT:-480} python3 -m bench.lab.soak --world 2 --ops $SOAK_OPS \
         --log $OUT/soak.log > $OUT/soak-out.log 2>&1 &
       soak=$!
     fi
@@ -85,8 +85,8 @@ for step in ${STEPS:-env tests}; do
     TRIDENT_TEST_WORLD_SIZES=2 $T 200 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
       --timeout 150 tests/ccl/test_hierarchical.py > $OUT/hier-tests.log 2>&1
     say "== hierarchical tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/hier-tests.log | tee -a $LOG
-    if [ -f trident/bench/hierarchical.py ]; then
-      TRIDENT_NODE_SIZE=1 $T 150 python3 -m trident.bench.hierarchical --world-size 2 \
+    if [ -f bench/lab/hierarchical.py ]; then
+      TRIDENT_NODE_SIZE=1 $T 150 python3 -m bench.lab.hierarchical --world-size 2 \
         --out-dir $OUT > $OUT/hier-bench.log 2>&1
       say "== hierarchical bench rc=$?"; tail -30 $OUT/hier-bench.log | tee -a $LOG
     fi ;;
@@ -97,8 +97,8 @@ for step in ${STEPS:-env tests}; do
     TRIDENT_NODE_SIZE=1 $T 240 python3 -m trident.bench.moe --world-size 2 \
       --models ${MOE_MODELS:-deepseek-v3} --tokens ${MOE_TOKENS:-128,4096} --out-dir $OUT > $OUT/nodes-moe.log 2>&1
     say "== bench moe across nodes rc=$?"; grep -v "^moe \[" $OUT/nodes-moe.log | tr '\r' '\n' | grep -v "^moe \[" | tail -30 | tee -a $LOG
-    if [ -f trident/bench/hierarchical.py ]; then
-      $T 200 python3 -m trident.bench.hierarchical ${HIER_ARGS:---world 2 --node-size 1} \
+    if [ -f bench/lab/hierarchical.py ]; then
+      $T 200 python3 -m bench.lab.hierarchical ${HIER_ARGS:---world 2 --node-size 1} \
         > $OUT/nodes-hier.log 2>&1
       say "== hierarchical bench rc=$?"; tail -40 $OUT/nodes-hier.log | tee -a $LOG
     fi ;;

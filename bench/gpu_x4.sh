@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call on a 4-GPU machine (at most about 8.5 minutes), in three phases:
-#   1. all 4 GPUs: the large-message sweep (trident.bench.sweep) and the MoE suite at 4 ranks;
+#   1. all 4 GPUs: the large-message sweep (bench.lab.sweep) and the MoE suite at 4 ranks;
 #   2. in parallel: GPUs 0,1 -- ccl fuzz, fused-op GEMM-core A/B (TRIDENT_GEMM=classic|tma),
 #      `trident bench tp`, new-feature tests; GPUs 2,3 -- the soak (2 ranks);
 #      GPU 2 after the soak -- the GEMM core suite (split-K, host descriptors);
@@ -32,14 +32,14 @@ pair_a() {   # GPUs 0,1
 
 pair_b() {   # GPUs 2,3, then GPU 2 alone
   export CUDA_VISIBLE_DEVICES=2,3
-  step soak-2gpu 150 python3 -m trident.bench.soak --world 2
+  step soak-2gpu 150 python3 -m bench.lab.soak --world 2
   export CUDA_VISIBLE_DEVICES=2
   step gemm-1gpu 120 python3 -m trident.bench.gemm --out-dir $R --write-table $R/gemm_table.json
 }
 
 for phase in ${PHASES:-1 2}; do
   case $phase in
-    1) step sweep-4gpu 120 python3 -m trident.bench.sweep --world-size 4 --out-dir $R
+    1) step sweep-4gpu 120 python3 -m bench.lab.sweep --world-size 4 --out-dir $R
        step bench-moe-4gpu 60 python3 -m trident.cli bench moe --out-dir $R \
          --models deepseek-v3 --tokens 128,4096 ;;
     2) pair_a & pair_b & wait ;;

@@ -429,8 +429,8 @@ LOGS = {"gpu-test-runs": "pytest summaries of the test suite, several GPU runs",
         "nodes1": "tests across nodes with every rank on one GPU: pytest output",
         "profile-nodes": "bench/profile_nodes.py: CUDA activities and host time per call of "
                          "the collectives across nodes",
-        "soak": "`python -m trident.bench.soak`: random collectives, eager and from CUDA "
-                "graphs, checked against a reference",
+        "soak": "the soak (`bench/lab/soak.py`; `trident.bench.soak` before issue 32): random "
+                "collectives, eager and from CUDA graphs, checked against a reference",
         "tp-decode": "examples/tp_decode.py under torch.compile"}
 
 

@@ -1,4 +1,4 @@
-"""trident/bench/hierarchical.py, briefly, on the CPU emulation at 2 nodes x 2 ranks: the
+"""bench/lab/hierarchical.py, briefly, on the CPU emulation at 2 nodes x 2 ranks: the
 counts of each warm call against what the code of its path must do (issue 23's target: at
 most one extra launch per intra-node step beyond the single-node op), so that this fails
 when a path changes. At 1 KiB per rank every node step is one Triton launch. The tensors
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from trident.bench import hierarchical
+from bench.lab import hierarchical
 from trident.nodes.topology import pool_in_nodes
 
 WORLD, NODE = 4, 2

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from trident.bench import ccl, common, moe, ops, p2p, sweep, tp
+from bench.lab import sweep
+from trident.bench import ccl, common, moe, ops, p2p, tp
 from trident.launch import default_backend
 
 from .conftest import get_pool

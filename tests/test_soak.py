@@ -1,4 +1,4 @@
-"""The GPU soak script (trident/bench/soak.py), run small on whatever backend the tests use:
+"""The GPU soak script (bench/lab/soak.py), run small on whatever backend the tests use:
 its ops must all match torch.distributed and the torch reference (soak_reference.py), and
 a corrupted op must be caught and named."""
 import os
@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from trident.bench import soak
+from bench.lab import soak
 from trident.ccl import ALGORITHMS
 from trident.ccl.all_to_all import rows
 
@@ -109,7 +109,7 @@ def test_main_torch_reference_catches_a_wrong_result(tmp_path):
             "--reference", "torch", "--inject", "3", "--log", str(log)]
     assert soak.main(argv) == 1
     text = log.read_text()
-    assert "command: python -m trident.bench.soak --ops 10" in text
+    assert "command: python -m bench.lab.soak --ops 10" in text
     assert "op 3: 1 elements differ" in text
     assert "mismatches: 1 " in text
     assert soak.REFERENCES["torch"] in text
@@ -199,7 +199,7 @@ def test_reference_inputs_agree_with_the_expected_outputs():
     differently here (stack, sum in float64, per-rank row slices), gives `expected`, for
     random ops of every kind; every rank's input differs from the others' and from the
     same op's at the next replay."""
-    from trident.bench import soak_reference as ref
+    from bench.lab import soak_reference as ref
     world, g = 3, random.Random(7)
     size_set = soak.sizes(64, 0)
     for index in range(60):

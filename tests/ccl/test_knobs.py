@@ -1,6 +1,6 @@
 """The large-message knobs (keyword options beyond block/programs: warps, all_gather
 pull's order, broadcast relay's depth/chunk) and the push_direct all_gather, against
-plain-torch references; bad knobs raise; the sweep (trident/bench/sweep.py) runs every
+plain-torch references; bad knobs raise; the sweep (bench/lab/sweep.py) runs every
 variant of its grid at a tiny size and finds them all correct."""
 import pytest
 import torch
@@ -143,14 +143,14 @@ def test_bad_knobs(pool):
 
 
 def _sweep_tiny(ctx):
-    from trident.bench import sweep
+    from bench.lab import sweep
     timing = lambda size: {"calls": 1, "reps": 1, "warmup": 0}     # noqa: E731
     rows = sweep.measure(ctx, list(sweep.GRID), [2048], timing)
     return rows
 
 
 def test_sweep_runs_every_variant():
-    from trident.bench import sweep
+    from bench.lab import sweep
     from ..conftest import get_pool, nccl_available
     if not nccl_available(get_pool(2)):
         pytest.skip("the sweep checks every variant against NCCL, which ranks sharing a GPU "

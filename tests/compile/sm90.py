@@ -220,7 +220,7 @@ def _ccl() -> list[Kernel]:
                + [V("ld+st", w, v4=(8, 16), types=dict(out=P16, inp=P16),
                     BLOCK=2 * pull_ag_block, WORD=2, WORLD=4, TRACE=False)],  # bf16/fp16
                aligned=("n", "my_offset")),
-        # knobs (bench/sweep.py): pull order="block" (every rank's load of a block in
+        # knobs (bench/lab/sweep.py): pull order="block" (every rank's load of a block in
         # flight at once), push_direct (stores into every rank's output), at the warps
         # and blocks the sweep times
         Kernel("trident.ccl.all_gather.pull", "_pull_block_kernel",

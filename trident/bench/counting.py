@@ -1,6 +1,6 @@
 """What one warm call does on the host, counted: Triton launches, torch ops, torch.distributed
 collectives, host synchronisations and the calls of chosen methods (e.g. a context's
-node-local ops). Used by trident/bench/hierarchical.py and trident/bench/host.py.
+node-local ops). Used by trident/bench/host.py and bench/lab/hierarchical.py.
 
   - Triton launches: every launch of a @triton.jit (or Gluon) kernel, whether through a
     launch plan's `Launch` or a direct `kernel[grid](...)`. On the CPU emulation they are

@@ -25,7 +25,7 @@ To measure: busbw at 2-512 MiB on 4 and 8 GPUs against the figures above and NCC
 (target: >= NCCL from 32 MiB, >= 360 GB/s at 512 MiB), and block=4096 words (16 KiB,
 the old step) against the default, to confirm the larger step.
 
-Knobs (keyword options, `python -m trident.bench.sweep` times them): block, programs,
+Knobs (keyword options, `python -m bench.lab.sweep` times them): block, programs,
 warps, and order: "peer" (the default: a program copies all its blocks of one peer, then
 the next peer's) or "block" (per block, the loads of every rank's copy are issued
 together, then stored, as reduce_scatter's pull does: WORLD x BLOCK in flight per

@@ -2,7 +2,7 @@
 Triton launch, launch-plan host step and torch.distributed collective becomes a no-op, so
 that a call runs only its Python (checks, selection, views, the torch ops that stay) and
 can be timed on that rank alone while the others wait (trident/bench/host.py does this for
-one node's ops; trident/bench/hierarchical.py for the paths across nodes). CPU emulation:
+one node's ops; bench/lab/hierarchical.py for the paths across nodes). CPU emulation:
 the interpreter's launches are the ones made no-ops besides the plans' Launches.
 
 After such a pass the timed rank has made calls the others have not: reset the context
@@ -15,7 +15,7 @@ import statistics
 
 import torch.distributed as dist
 
-from . import counting, host
+from trident.bench import counting, host
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
                "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",

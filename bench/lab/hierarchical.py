@@ -1,5 +1,5 @@
 """Launches and host time per warm call of the paths across nodes, beside the single-node
-op they are built from (`python -m trident.bench.hierarchical [--world 4 --node-size 2]
+op they are built from (`python -m bench.lab.hierarchical [--world 4 --node-size 2]
 [--json PATH]`): issue 23's target, "the hierarchical path costs at most one extra launch
 per intra-node step beyond the single-node op".
 
@@ -45,7 +45,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from trident.bench import common, counting, silent as silencing
+from trident.bench import common, counting
+
+from . import silent as silencing
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 N = 256                                     # fp32 elements: 1 KiB per rank
@@ -165,7 +167,7 @@ def measure(ctx, opts: dict) -> dict:
     """Run on every rank of a WorldContext: {"rows", "extra", "path"} (see the module
     docstring); every rank returns the same."""
     if not getattr(ctx, "spans_nodes", False):
-        raise ValueError("trident.bench.hierarchical needs a context across nodes: start the "
+        raise ValueError("bench.lab.hierarchical needs a context across nodes: start the "
                          "ranks with TRIDENT_NODE_SIZE below the world size (--node-size)")
     items, base, owned = _items(ctx, opts["memory"], opts["moe"])
     keys = [k for k in items if k[0] in opts["ops"]] + [(op, "node op") for op in base
@@ -294,7 +296,7 @@ def _moe_shape(text: str, world: int) -> tuple:
 def main(argv=None) -> int:
     from trident.nodes import topology
     from trident.launch import default_backend
-    p = argparse.ArgumentParser(prog="python -m trident.bench.hierarchical", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.lab.hierarchical", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", "--world-size", type=int, default=None,
                    help="ranks (default: 4 on the CPU, one per GPU on GPUs)")

@@ -1,7 +1,7 @@
 """Soak: many back-to-back collectives of random sizes, each checked bitwise on the device.
 
-    python -m trident.bench.soak --ops 100000            # every visible GPU (2 ranks on one)
-    python -m trident.bench.soak --ops 200 --backend cpu --world 2     # CPU emulation
+    PYTHONPATH=. python -m bench.lab.soak --ops 100000            # every visible GPU (2 ranks on one)
+    PYTHONPATH=. python -m bench.lab.soak --ops 200 --backend cpu --world 2     # CPU emulation
 
 Every rank draws the same sequence of ops from one seed: all_reduce, all_gather,
 reduce_scatter, all_to_all (uneven splits, ranks that send or receive nothing) and
@@ -265,7 +265,7 @@ def _trident(ctx, spec: dict, got: torch.Tensor, inp: torch.Tensor) -> None:
 
 def _one_shot_limit(ctx) -> int:
     """Bytes of one_shot all_to_all's per-peer message that surely fit its slot."""
-    from ..ccl.all_to_all.one_shot import slot_bytes
+    from trident.ccl.all_to_all.one_shot import slot_bytes
     return slot_bytes(ctx) - 4096
 
 
@@ -357,7 +357,7 @@ def run_rank(ctx, args) -> dict:
 
 
 def _soak(ctx, args) -> dict:
-    from ..ccl import ALGORITHMS, nccl as nccl_ops
+    from trident.ccl import ALGORITHMS, nccl as nccl_ops
     ref = choose_reference(ctx, args.reference)
     nccl = nccl_ops if ref == "nccl" else None
     g = random.Random(args.seed)
@@ -451,7 +451,7 @@ def _capture(ctx, batch, bufs, slots, seed: int, nccl):
     capture uses (workspaces are made there: a capture may not allocate on the heap).
     Each run of the graph first bumps the replay counter, so that its inputs (and, with
     the torch reference, its expected outputs) are new on every replay."""
-    from .common import _graph_plans
+    from trident.bench.common import _graph_plans
 
     def ops():
         bufs.replay.add_(1)
@@ -533,7 +533,7 @@ def plans_line(signatures: dict, builds: tuple, eager: int, graph: int) -> str:
 
 def parse(argv=None) -> argparse.Namespace:
     """The options, with the defaults that depend on the backend filled in."""
-    p = argparse.ArgumentParser(prog="python -m trident.bench.soak",
+    p = argparse.ArgumentParser(prog="python -m bench.lab.soak",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", type=int, default=100_000, help="ops in all (default 100000)")
     p.add_argument("--world", type=int, default=None, help="ranks (default: every GPU, at least 2: two "
@@ -554,7 +554,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--log", default=None, help="log file (default bench/results/soak-*.log)")
     p.add_argument("--inject", type=int, default=-1, help=argparse.SUPPRESS)  # corrupt op N (tests)
     args = p.parse_args(argv)
-    from ..launch import default_backend, default_world_size
+    from trident.launch import default_backend, default_world_size
     args.backend = args.backend or default_backend()
     args.world = args.world or (max(2, default_world_size("cuda")) if args.backend == "cuda"
                                 else 2)
@@ -567,7 +567,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    from ..launch import launch
+    from trident.launch import launch
     backend, world = args.backend, args.world
     os.environ.setdefault("TRIDENT_PLAN_CACHE", "32768")   # every signature keeps its plan
     t0 = time.perf_counter()
@@ -581,7 +581,7 @@ def main(argv=None) -> int:
         f"soak-{backend}-{world}x-{datetime.date.today().isoformat()}.log")
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as f:
-        f.write(f"command: python -m trident.bench.soak {' '.join(args.argv)}\n")
+        f.write(f"command: python -m bench.lab.soak {' '.join(args.argv)}\n")
         f.write(f"torch {torch.__version__}")
         try:
             import triton

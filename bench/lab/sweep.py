@@ -1,4 +1,4 @@
-"""`python -m trident.bench.sweep`: the large-message knobs of every collective, timed
+"""`python -m bench.lab.sweep`: the large-message knobs of every collective, timed
 against each other and NCCL in one short run, with the best settings as suggested defaults.
 
 For each op and size (per rank, as in `trident bench ccl`: all_reduce/broadcast the
@@ -24,9 +24,9 @@ The grid is budgeted to finish in about 90 s on 4x H200 (about 55 variants plus 
 17 distinct kernels to compile, fewer replays at 512M). Every rank must run the same grid.
 
     env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
-        PYTHONPATH=. python -m trident.bench.sweep
-    python -m trident.bench.sweep --ops all_gather --sizes 512M --list
-    python -m trident.bench.sweep --backend cpu --world-size 2 --sizes 4K   # paths only
+        PYTHONPATH=. python -m bench.lab.sweep
+    python -m bench.lab.sweep --ops all_gather --sizes 512M --list
+    python -m bench.lab.sweep --backend cpu --world-size 2 --sizes 4K   # paths only
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ import time
 
 import torch
 
-from . import common
-from .ccl import DTYPE, OPS, _algbw_factor, parse_size
+from trident.bench import common
+from trident.bench.ccl import DTYPE, OPS, _algbw_factor, parse_size
 
 MIB = 1 << 20
 # Elements per word the kernel moves: data-movement ops run on int32 words
@@ -141,7 +141,7 @@ def _call(ctx, op, bufs, alg, kw):
 
 
 def _nccl_call(ctx, op, bufs):
-    from ..ccl import nccl
+    from trident.ccl import nccl
     return {"all_reduce": lambda: nccl.all_reduce(ctx, bufs[0], "sum"),
             "broadcast": lambda: nccl.broadcast(ctx, bufs[0], 0),
             "all_gather": lambda: nccl.all_gather(ctx, *bufs),
@@ -306,8 +306,8 @@ def _run(ctx, ops, sizes, timing_for, out_dir):
 
 
 def main(argv=None) -> int:
-    from ..launch import default_backend, default_world_size, launch
-    p = argparse.ArgumentParser(prog="python -m trident.bench.sweep", description=__doc__,
+    from trident.launch import default_backend, default_world_size, launch
+    p = argparse.ArgumentParser(prog="python -m bench.lab.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", default=",".join(OPS))
     p.add_argument("--sizes", default=None, help="comma-separated, default 32M,128M,512M on "
