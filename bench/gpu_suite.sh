@@ -16,6 +16,10 @@
 #   FIRST     test files to queue first (the rest follow in path order)
 #   DEADLINE  seconds after which nothing new starts (default 480)
 #   SIDE      a command run beside the workers (e.g. the soak), its output in $OUT/side.log
+#   ONCE      files that run in the smallest pool world only (default: every test file that
+#             names no rank pool and no world size, outside the folders whose conftest
+#             parametrizes by world; its tests are the same at every world). Elsewhere the
+#             summary lists them as "once", never as passed.
 # $OUT/suite.tgz holds every file's log; $OUT/suite-summary.txt says what ran, where, with
 # what result, and what is left.
 set -uo pipefail
@@ -26,6 +30,8 @@ OUT=${OUT:-/tmp/out}; STATE=$PWD/.triton-cache/suite-state; mkdir -p $OUT $STATE
 POOLS=${POOLS:-"4:0:2:11;2:1:3:11;1:1:3:10"}
 DEADLINE=${DEADLINE:-480}
 T0=$SECONDS
+ONCE=${ONCE-$(grep -rL -E "WORLD_SIZES|WORLDS|\bpool\b|get_pool" --include='test_*.py' tests \
+  | grep -v -E "^tests/(torch_dist|compat)/" | sort)}
 FILES=$( (for f in ${FIRST:-}; do echo $f; done; find tests -name 'test_*.py' | sort) | awk '!seen[$0]++')
 
 worker() {  # world gpu percent name
@@ -33,6 +39,7 @@ worker() {  # world gpu percent name
   for f in $FILES; do
     key=$(echo $f | tr / _)
     [ -e $STATE/w$w/$key.rc ] && continue
+    if [ "$w" != "$FIRST_WORLD" ] && echo " $ONCE " | tr '\n' ' ' | grep -q " $f "; then continue; fi
     mkdir $STATE/w$w/$key.claim 2>/dev/null || continue
     left=$((DEADLINE - (SECONDS - T0)))
     if [ $left -lt 20 ]; then rmdir $STATE/w$w/$key.claim; break; fi
@@ -56,6 +63,7 @@ nvidia-cuda-mps-control -d && echo "MPS daemon started"
 if [ -n "${SIDE:-}" ]; then (eval "$SIDE") > $OUT/side.log 2>&1 & side=$!; fi
 pids=()
 IFS=';' read -ra pools <<< "$POOLS"
+FIRST_WORLD=$(for p in "${pools[@]}"; do echo ${p%%:*}; done | sort -n | head -1)  # ONCE's world
 for p in "${pools[@]}"; do
   IFS=: read -r w gpu n pct <<< "$p"; mkdir -p $STATE/w$w
   for i in $(seq 1 $n); do worker $w $gpu $pct "w$w.$i@gpu$gpu" & pids+=($!); done
@@ -69,11 +77,14 @@ S=$OUT/suite-summary.txt
 { echo "suite at $(git log --oneline -1 2>/dev/null | cut -c1-60), this call $((SECONDS - T0)) s, pools $POOLS"
   for p in "${pools[@]}"; do
     w=${p%%:*}; done_n=0; left=()
+    once_n=0
     for f in $FILES; do
       key=$(echo $f | tr / _)
-      if [ -e $STATE/w$w/$key.rc ]; then done_n=$((done_n + 1)); else left+=($f); fi
+      if [ -e $STATE/w$w/$key.rc ]; then done_n=$((done_n + 1))
+      elif [ "$w" != "$FIRST_WORLD" ] && echo " $ONCE " | tr '\n' ' ' | grep -q " $f "; then once_n=$((once_n + 1))
+      else left+=($f); fi
     done
-    echo "== world $w: $done_n files done, ${#left[@]} left"
+    echo "== world $w ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)): $done_n files done, $once_n world-independent (run at world $FIRST_WORLD only), ${#left[@]} left"
     for f in $FILES; do
       key=$(echo $f | tr / _); [ -e $STATE/w$w/$key.rc ] || continue
       echo "rc=$(cat $STATE/w$w/$key.rc) $f: $(grep -E '(passed|failed|skipped|error|deselected|no tests ran)' $STATE/w$w/$key.log | tail -1)"
