@@ -114,3 +114,34 @@ def test_one_rank_and_a_run_past_its_timeout():
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(alive(p) for p in pids), "a rank process outlived the timeout"
+
+
+class _GaveUp(Exception):
+    """What a caller's own timeout raises in its thread (pytest-timeout raises Failed)."""
+
+
+def _sleeps_then_says(ctx, seconds, word):
+    time.sleep(seconds)
+    return word
+
+
+def test_a_run_given_up_on_never_answers_the_next(pool):
+    """A run the caller abandons (its own timer raised while the ranks still ran: on a GPU,
+    pytest-timeout's Failed did) answers later; that late answer is not the next run's.
+    Before requests were numbered, the reset took the late answer for its own and the next
+    run returned the reset's None on every rank (tests/fuzz/test_ops.py on one H200)."""
+    import signal
+
+    def give_up(signum, frame):
+        raise _GaveUp()
+
+    old = signal.signal(signal.SIGALRM, give_up)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(_GaveUp):
+            pool.run(_sleeps_then_says, 2.0, "late")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    w = pool.world_size
+    assert pool.run(_whoami, "next") == [(r, w, "next") for r in range(w)]

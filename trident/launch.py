@@ -243,9 +243,9 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn, dist_back
     try:
         ctx = trident.init(heap_size=heap_size, timeout=timeout)
     except BaseException as exc:
-        conn.send(("err", *_pack_error(exc)))
+        conn.send((0, "err", *_pack_error(exc)))
         raise
-    conn.send(("ok", None))
+    conn.send((0, "ok", None))
     _serve(conn, ctx, dist)
 
 
@@ -271,9 +271,9 @@ def _init_with_backend(dist_backend, rank, world_size, backend, port, heap_size,
         ctx = trident.torch_backend.context() if uses_trident else trident.init(
             heap_size=heap_size, timeout=timeout)
     except BaseException as exc:
-        conn.send(("err", *_pack_error(exc)))
+        conn.send((0, "err", *_pack_error(exc)))
         raise
-    conn.send(("ok", None))
+    conn.send((0, "ok", None))
     return ctx, dist
 
 
@@ -286,25 +286,26 @@ def _serve(conn, ctx, dist) -> None:
             break
         if msg is None:
             break
-        if msg == "reset":
+        seq = msg[0]               # every reply names its request (see RankPool._collect)
+        if msg[1] == "reset":
             try:
                 ctx.reset()
-                conn.send(("ok", None))
+                conn.send((seq, "ok", None))
             except BaseException as exc:   # e.g. a process group broken by a timeout
-                conn.send(("err", *_pack_error(exc)))
+                conn.send((seq, "err", *_pack_error(exc)))
             continue
-        fn, args = msg
+        _, fn, args = msg
         before = set(ctx.allocator.live_offsets())
         try:
-            reply = ("ok", fn(ctx, *args))
+            reply = (seq, "ok", fn(ctx, *args))
         except BaseException as exc:   # report everything, keep serving
-            reply = ("err", *_pack_error(exc))
+            reply = (seq, "err", *_pack_error(exc))
         finally:
             ctx.free_since(before)
         try:
             conn.send_bytes(pickle.dumps(_detach(reply)))
         except Exception as exc:       # unpicklable result
-            conn.send(("err", *_pack_error(exc)))
+            conn.send((seq, "err", *_pack_error(exc)))
     ctx.close()
     dist.destroy_process_group()
 
@@ -342,6 +343,7 @@ class RankPool:
         # in a host collective that ends only at the context's host timeout (its timeout
         # + 5 s, Context.host_timeout_s); 2 s more lets them report that timeout themselves
         self.failure_grace = (timeout or 30.0) + 5.0 + 2.0
+        self._seq = 0            # the number of the last request sent to the ranks
         self.job = uuid.uuid4().hex[:12]
         env.update(TRIDENT_BACKEND=self.backend, TRIDENT_JOB_ID=self.job)
         if self.backend == "cpu":
@@ -382,8 +384,10 @@ class RankPool:
         """Run fn(ctx, *args) on every rank; return the results in rank order."""
         if self._procs is None:
             raise RuntimeError("this RankPool is closed")
+        self._seq += 1
+        seq = self._seq
         try:
-            msg = pickle.dumps((fn, args))
+            msg = pickle.dumps((seq, fn, args))
         except Exception as exc:
             raise TypeError(f"fn and its arguments are sent to the rank processes and must be "
                             f"picklable (a module-level function): {exc}") from None
@@ -392,7 +396,7 @@ class RankPool:
             for conn in self._conns:
                 conn.send_bytes(msg)
             try:
-                return self._collect(timeout or self.run_timeout, what=what)
+                return self._collect(timeout or self.run_timeout, what=what, seq=seq)
             except KeyboardInterrupt:
                 raise
             except BaseException as exc:
@@ -416,11 +420,16 @@ class RankPool:
         _exit_without_gc()
 
     def _reset(self) -> None:
+        self._seq += 1
         for conn in self._conns:
-            conn.send("reset")
-        self._collect(timeout=self.failure_grace + 60.0, what="reset")
+            conn.send((self._seq, "reset"))
+        self._collect(timeout=self.failure_grace + 60.0, what="reset", seq=self._seq)
 
-    def _collect(self, timeout: float, what: str) -> list:
+    def _collect(self, timeout: float, what: str, seq: int = 0) -> list:
+        """The replies to request `seq` (0: start-up), in rank order. A reply to an earlier
+        request is dropped: a run the caller gave up on (a test's timeout, an exception in
+        the caller's thread) still answers when its ranks finish, after the reset or the next
+        run was sent, and must not be taken for their answer."""
         deadline = time.monotonic() + timeout
         results: dict[int, object] = {}
         errors: list[tuple[float, int, tuple]] = []
@@ -454,10 +463,13 @@ class RankPool:
                     # waiting for the dead rank in an op, until the context's timeout)
                     deadline = min(deadline, time.monotonic() + self.failure_grace)
                     continue
-                if reply[0] == "ok":
-                    results[rank] = reply[1]
+                if reply[0] != seq:            # a late answer to a request given up on
+                    pending[conn] = rank
+                    continue
+                if reply[1] == "ok":
+                    results[rank] = reply[2]
                 else:
-                    errors.append((time.monotonic(), rank, reply[1:]))
+                    errors.append((time.monotonic(), rank, reply[2:]))
                     # peers of a failed rank may wait for it in a collective forever
                     deadline = min(deadline, time.monotonic() + self.failure_grace)
             for sentinel in [s for s in ready if s in sentinels]:
