@@ -17,6 +17,6 @@ if [ -z "${NO_TRACE:-}" ]; then
   echo "trace all_gather rc=$?"
   timeout 90 python3 -m trident.cli trace moe --tokens 128 --hidden 2048 -o $OUT/trace-moe.json >> $OUT/trace.log 2>&1
   echo "trace moe rc=$?"
-  timeout 90 python3 -m trident.tools.trace_overhead >> $OUT/trace.log 2>&1; echo "overhead rc=$?"
+  timeout 90 python3 -m bench.lab.trace_overhead >> $OUT/trace.log 2>&1; echo "overhead rc=$?"
   tail -25 $OUT/trace.log
 fi

@@ -1,10 +1,10 @@
-"""trident/tools/scale_plan.py: the cost model's predictions past one node, checked
+"""bench/lab/scale_plan.py: the cost model's predictions past one node, checked
 against what the model's formulas imply (no ranks)."""
 from math import comb
 
 import pytest
 
-from trident.tools import scale_plan as sp
+from bench.lab import scale_plan as sp
 
 
 def test_all_reduce_rows():

@@ -579,14 +579,16 @@ def _moe_high_throughput(shape, block_l, dispatch, combine) -> list[Kernel]:
 
 
 def _trace_demo_bench() -> list[Kernel]:
-    """The trace tools' kernels, the demo's and the p2p benchmark's (constexprs as their
-    callers set them on GPUs)."""
-    from trident.tools import ring, trace_overhead
+    """The trace tools' kernels (the lab's trace_overhead among them: bench/lab/, found from
+    the repository root), the demo's and the p2p benchmark's (constexprs as their callers
+    set them on GPUs)."""
+    from bench.lab import trace_overhead
+    from trident.tools import ring
     return [
         Kernel("trident.tools.ring", "_ring_kernel",
                dict(inp=PF32, recv=PF32, out=PF32, ready=P64, acks=P64, n=I32, epoch=I64),
                [V("all", BLOCK=ring.BLOCK, TRACE=t) for t in (False, True)], aligned=("n",)),
-        Kernel("trident.tools.trace_overhead", "_copy_kernel", dict(src=PF32, dst=PF32, n=I32),
+        Kernel("bench.lab.trace_overhead", "_copy_kernel", dict(src=PF32, dst=PF32, n=I32),
                [V("all", BLOCK=trace_overhead.COPY_BLOCK, TRACE=t) for t in (False, True)],
                aligned=("n",)),
         Kernel("trident.tools.demo", "_ring_kernel",

@@ -1,4 +1,4 @@
-"""`python -m trident.tools.scale_plan`: what the cost model predicts past one node.
+"""`PYTHONPATH=. python -m bench.lab.scale_plan`: what the cost model predicts past one node.
 
 Predictions, not measurements (one machine has no network): the numbers docs/nodes.md's
 "Scale: past one node" quotes, for M = 2, 4 and 8 nodes of 8 H100s (NVLink 450 GB/s per
@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from math import comb
 
-from ..nodes import cost
+from trident.nodes import cost
 
 H100 = dict(nvlink_gbps=450.0, nvlink_us=10.0, net_gbps=50.0, net_us=10.0, gpus=8)
 SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 20, 1 << 22, 1 << 26, 1 << 30]
@@ -95,7 +95,7 @@ def moe_rows(nodes, tokens, hw: dict, model: dict = DSV3) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trident.tools.scale_plan", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.lab.scale_plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", default="2,4,8")
     p.add_argument("--nvlink-gbps", type=float, default=H100["nvlink_gbps"])

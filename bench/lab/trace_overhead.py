@@ -1,6 +1,6 @@
 """What tracing costs: each kernel timed with TRACE off and on.
 
-    python -m trident.tools.trace_overhead [--world-size N] [--iters K]
+    PYTHONPATH=. python -m bench.lab.trace_overhead [--world-size N] [--iters K]
 
 Rows: a memory-bound copy with one "copy" event per 16 KiB tile (the densest use we
 expect: events as fine as a kernel's tiles), the same copy as one tile (latency-bound),
@@ -22,8 +22,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from ..trace import device as trd
-from ..trace import kernel_args, tags
+from trident.trace import device as trd
+from trident.trace import kernel_args, tags
 
 COPY_BLOCK = 4096                    # fp32 elements per tile: 16 KiB
 
@@ -59,7 +59,7 @@ def _median_us(ctx, fn, iters: int) -> float:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e6)
-    from ..ccl.nccl import host_device      # the CPU where the host group is gloo
+    from trident.ccl.nccl import host_device      # the CPU where the host group is gloo
     value = torch.tensor([statistics.median(times)], dtype=torch.float64,
                          device=host_device(ctx))
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=ctx.group)
@@ -67,8 +67,8 @@ def _median_us(ctx, fn, iters: int) -> float:
 
 
 def _cases(ctx) -> list[tuple[str, object]]:
-    from .. import ccl
-    from .ring import ring_exchange
+    from trident import ccl
+    from trident.tools.ring import ring_exchange
     gpu = ctx.backend == "cuda"
     big = (64 << 20) // 4 if gpu else 4 * COPY_BLOCK
     cases = []
@@ -125,14 +125,14 @@ def _run(ctx, iters: int):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trident.tools.trace_overhead", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m bench.lab.trace_overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world-size", type=int, default=None,
                         help="ranks (default: every visible GPU, or 2 CPU ranks)")
     parser.add_argument("--iters", type=int, default=None, help="timed calls per case "
                         "(default 50 on GPUs, 3 on CPU)")
     args = parser.parse_args(argv)
-    from ..launch import default_backend, launch
+    from trident.launch import default_backend, launch
     backend = default_backend()
     world = args.world_size or (None if backend == "cuda" else 2)
     iters = args.iters or (50 if backend == "cuda" else 3)
