@@ -287,6 +287,62 @@ def ops_winners(run: dict) -> list[str]:
                   "fastest eagerly (layers)", "auto within 2 %"], rows)
 
 
+SMALL_M = 64        # issue 30's decode sizes: where "epilogue" is meant to beat "sequential"
+EPILOGUE_TARGET = 1.1
+
+
+def ops_small_m(run: dict) -> list[str]:
+    """Per op, layer and M <= SMALL_M of a run that timed the schedules: plain, sequential,
+    epilogue and fused (eager · graph), the GEMM alone (cuBLAS; trident's core), NCCL's
+    collective alone, the run's floor; epilogue against sequential; and sequential over the
+    faster GEMM alone (graph): what a schedule whose communication cost nothing would gain
+    over sequential -- below the 1.1× target, no fusion that runs these GEMMs reaches it.
+    Empty for runs without epilogue and sequential rows."""
+    groups = _by(run["rows"], "op", "model", "layer", "M")
+    rows = []
+    for (op, model, layer, m), impls in sorted(groups.items(),
+                                              key=lambda kv: (kv[0][0], kv[0][3])):
+        seq, epi = impls.get("trident_sequential"), impls.get("trident_epilogue")
+        if m > SMALL_M or seq is None or epi is None:
+            continue
+        any_row = next(iter(impls.values()))
+        gemms = [v for v in (any_row.get("gemm_us"), any_row.get("gemm_only_us")) if v]
+        rows.append([op, _layer(model, layer), m,
+                     *(cells(impls.get(k), ("eager_us", "graph_us")) for k in
+                       ("plain", "trident_sequential", "trident_epilogue", "trident_fused")),
+                     us(any_row.get("gemm_us")), us(any_row.get("gemm_only_us")),
+                     us(any_row.get("comm_us")), us(any_row.get("floor_us")),
+                     speedups(seq, epi),
+                     times(seq.get("graph_us"), min(gemms)) if gemms else DASH])
+    if not rows:
+        return []
+    return [f"At M <= {SMALL_M}, the schedules against `sequential` (µs, eager · graph; "
+            "the GEMM and NCCL alone and the floor from graphs). `epilogue vs sequential`: "
+            f"above 1, epilogue is faster; issue 30's target is {EPILOGUE_TARGET}×. `bound`: "
+            "sequential's graph time over the faster GEMM alone (cuBLAS or trident's core): "
+            "the most any schedule running that GEMM could gain over sequential if its "
+            "communication cost nothing (docs/fused-ops.md).", ""] + table(
+        ["op", "layer", "M", "plain", "sequential", "epilogue", "fused", "cuBLAS alone",
+         "trident core alone", "NCCL alone", "floor", "epilogue vs sequential", "bound"],
+        rows)
+
+
+def epilogue_met(run: dict) -> str | None:
+    """'3 of 28 from graphs, 12 of 28 eagerly': cases at M <= SMALL_M where epilogue
+    reached EPILOGUE_TARGET× sequential; None if the run timed neither."""
+    parts = []
+    for key, how in (("graph_us", "from graphs"), ("eager_us", "eagerly")):
+        met = total = 0
+        for (_, _, _, m), impls in _by(run["rows"], "op", "model", "layer", "M").items():
+            seq, epi = impls.get("trident_sequential"), impls.get("trident_epilogue")
+            if m <= SMALL_M and seq and epi and seq.get(key) and epi.get(key):
+                total += 1
+                met += seq[key] >= EPILOGUE_TARGET * epi[key]
+        if total:
+            parts.append(f"{met} of {total} {how}")
+    return ", ".join(parts) or None
+
+
 def _moe_phase(impls_rows, impl, phase):
     return next((r for r in impls_rows if r["impl"] == impl and r["phase"] == phase), None)
 
@@ -369,7 +425,12 @@ def tp_full(run: dict) -> list[str]:
                   "trident_fused rel_err"], rows)
 
 
-FULL = {"ccl": ccl_full, "ops": lambda run: ops_full(run) + [""] + ops_winners(run), "moe": moe_full, "gemm": gemm_full,
+def ops_all(run: dict) -> list[str]:
+    small = ops_small_m(run)
+    return ops_full(run) + [""] + ops_winners(run) + ([""] + small if small else [])
+
+
+FULL = {"ccl": ccl_full, "ops": ops_all, "moe": moe_full, "gemm": gemm_full,
         "p2p": p2p_full, "tp": tp_full}
 COMPACT = {"ccl": ccl_compact, "ops": ops_compact, "moe": moe_compact}
 
