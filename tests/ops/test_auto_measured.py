@@ -134,3 +134,66 @@ def test_own_sizes_compared_across_ranks(pool):
     if pool.world_size == 1:
         pytest.skip("needs two ranks: one rank cannot hold a size that differs from its own")
     assert pool.run(_own_sizes) == [(True, False)] * pool.world_size
+
+
+SMALL_M_BUCKETS = {"1": None, "2-16": 8, "17-64": 32}     # bucket: an M the run did not time
+OTHER_S = {"<=4096": 3072, "<=8192": 6144}               # a shared size it did not time
+
+
+def _gpu_ranks(device):
+    return _Ranks(backend="cuda", world_size=2, capturing=lambda: False, exchanges=[])
+
+
+def test_epilogue_at_decode_sizes_only_where_it_was_fastest(as_on_the_runs_gpus):
+    """Issue 30: epilogue missed 1.1x sequential at M <= 64 on most shapes, so auto must
+    not pick it there unless the run timed it fastest of all, in that mode (no slack)."""
+    checked = picked = 0
+    for name, run in _table_runs().items():
+        as_on_the_runs_gpus.setattr(auto.selector, "device_name", lambda ctx, d=run["device"]: d)
+        ctx = _gpu_ranks(run["device"])
+        for (op, model, layer, M, N, K), rows in _cases(run).items():
+            if M > 64 or "epilogue" not in rows:
+                continue
+            for mode in auto.MODES:
+                times = {s: r[f"{mode}_us"] for s, r in rows.items()
+                         if r.get(f"{mode}_us") and schedules.get(s).auto}
+                got = auto.choose(ctx, op, M, N, K, graph=mode == "graph")
+                checked += 1
+                if got == "epilogue":
+                    picked += 1
+                    assert times["epilogue"] == min(times.values()), \
+                        f"{name} {op} {model} {layer} M={M} {mode}: {times}"
+    assert checked >= 56, checked          # 28 cases at M <= 64, eager and graph
+    assert picked < checked
+
+
+def test_unmeasured_decode_shapes_take_the_cells_fastest(as_on_the_runs_gpus):
+    """At an M the run did not time (M = 8, 32), a shared size it did not time, or a rank's
+    own size it did not time, auto takes the cell's fastest (geometric mean over the
+    measured shapes) -- never epilogue where the cell's times say another is faster."""
+    with open(auto.TABLE_PATH) as f:
+        cells = json.load(f)["entries"]
+    checked = 0
+    for cell in cells:
+        if cell["m_bucket"] not in SMALL_M_BUCKETS or cell["class"] not in OTHER_S:
+            continue
+        device = f"NVIDIA {cell['device']} 80GB HBM3"
+        as_on_the_runs_gpus.setattr(auto.selector, "device_name", lambda ctx, d=device: d)
+        ctx = _gpu_ranks(device)
+        op, graph = cell["op"], cell["mode"] == "graph"
+        times = {s: t for s, t in cell["times_us"].items() if schedules.get(s).auto
+                 and schedules.unavailable(ctx, op, s, True) is None}
+        fastest = min(times, key=lambda s: (times[s], s))
+        M0, S0 = cell["points"][0]["M"], auto.shared_size(op, cell["points"][0]["N"],
+                                                          cell["points"][0]["K"])
+        probes = [(M0, OTHER_S[cell["class"]])]
+        if SMALL_M_BUCKETS[cell["m_bucket"]]:
+            probes.append((SMALL_M_BUCKETS[cell["m_bucket"]], S0))
+        for M, S in probes:
+            N, K = (1000, S) if op == "all_gather_matmul" else (S, 1000)
+            got = auto.choose(ctx, op, M, N, K, graph=graph)
+            checked += 1
+            assert got == fastest, (cell["op"], cell["m_bucket"], cell["class"],
+                                    cell["mode"], M, S, got, times)
+            assert got != "epilogue" or times["epilogue"] == min(times.values())
+    assert checked >= 40, checked

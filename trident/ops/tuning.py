@@ -136,12 +136,12 @@ def table(rows: list[dict], device: str, world: int) -> list[dict]:
         if not times:
             continue
         best = min(times, key=lambda s: (times[s], s))
-        points = [dict(M=M, N=N, K=K, times_us={s: round(by[(M, N, K)], 2) for s, by in
+        points = [dict(M=M, N=N, K=K, times_us={s: round(by[(M, N, K)], 3) for s, by in
                                                 sorted(cell["times"].items()) if (M, N, K) in by})
                   for M, N, K in sorted(cell["shapes"])]
         entries.append(dict(op=op, device=device, world_size=world, m_bucket=bucket,
                             **{"class": cls}, mode=mode,
-                            times_us={s: round(v, 2) for s, v in sorted(times.items())},
+                            times_us={s: round(v, 3) for s, v in sorted(times.items())},
                             best=best, shapes=sorted(cell["shapes"]),
                             points=[p for p in points if p["times_us"]]))
     return entries
