@@ -465,7 +465,11 @@ def compact_block(runs: list[dict], family: str) -> list[str]:
     title = f"**{SHORT[family]}** (`trident bench {family}`)"
     if run is None:
         return [f"{title}: no run on GPUs yet."]
-    return [f"{title}: {setup(run, 'bench/results/')}", ""] + COMPACT[family](run)
+    extra = ""
+    if family == "ops" and epilogue_met(run):
+        extra = (f" · `epilogue` >= {EPILOGUE_TARGET}× `sequential` at M <= {SMALL_M}: "
+                 f"{epilogue_met(run)} (why: docs/fused-ops.md)")
+    return [f"{title}: {setup(run, 'bench/results/')}{extra}", ""] + COMPACT[family](run)
 
 
 def rewrite_blocks(text: str, runs: list[dict]) -> str:
