@@ -117,7 +117,7 @@ for step in ${STEPS:-env tests checks}; do
     grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" $OUT/backend-tests.log | tail -20 | tee -a $LOG
     $T 55 python3 -m trident.bench.torch_backend --world 2 --json $OUT/backend-bench.json \
       > $OUT/backend-bench.log 2>&1
-    say "== bench torch_backend rc=$?"; tail -16 $OUT/backend-bench.log | tee -a $LOG
+    say "== bench torch_backend rc=$?"; tail -24 $OUT/backend-bench.log | tee -a $LOG
     $T 70 python3 bench/deep_ep_host_cost.py 2 > $OUT/deep-ep-host-cost.jsonl 2>&1
     say "== bench/deep_ep_host_cost.py rc=$?"; tail -4 $OUT/deep-ep-host-cost.jsonl | tee -a $LOG
     echo quit | nvidia-cuda-mps-control ;;
