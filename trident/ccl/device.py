@@ -320,6 +320,17 @@ def load_peers(ptrs, oks, offs, mask, WORLD: tl.constexpr, VEC: tl.constexpr):
 
 
 @triton.jit
+def store_peers(ptrs, oks, offs, x, mask, WORLD: tl.constexpr, VEC: tl.constexpr):
+    """Store one block `x` (`offs`, `mask`) into every rank's copy (`ptrs`, `oks` from
+    peer_ptrs), in rank order, nothing waiting on the stores."""
+    for dst in tl.static_range(WORLD):
+        if VEC:
+            tl.store(ptrs[dst] + offs, x, mask=mask)
+        else:
+            tl.store(ptrs[dst] + offs, x, mask=mask & oks[dst])
+
+
+@triton.jit
 def reduce_peers(ptrs, oks, offs, mask, WORLD: tl.constexpr, OP: tl.constexpr,
                  VEC: tl.constexpr):
     """Reduce one block (`offs`, `mask`) over every rank's copy (`ptrs`, `oks` from
@@ -345,3 +356,119 @@ def exchange(flags, phase: tl.constexpr, epoch, ctrl, rank, world_size, heap_bas
     ok = wait_all(flags, phase, epoch, ctrl, rank, world_size, op, fp)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     return ok
+
+
+# ---------------------------------------------------------------------------- skeletons
+# The steps the collective kernels share, written once; Triton inlines them, so a kernel
+# built from them is the kernel that spelled them out (tests/compile/sm90.py compiles it).
+# Push (into my slot of every peer's scratch: all_gather, reduce_scatter and broadcast
+# push, one-shot all_reduce):
+#     epoch, slots, t0 = push_begin(...)        the launch's epoch and scratch half
+#     send_blocks / scatter_blocks               my blocks into my slot on every peer
+#     ok, t0 = push_exchange(...)                DATA (releases those stores; fp first)
+#     gather_slots / reduce_slots_into           the slots into my output, poisoned
+#                                                unless every peer's DATA came
+# Pull (peers' tensors in place: all_gather and reduce_scatter pull, two-shot all_reduce,
+# direct push all_gather):
+#     epoch, ok, t0 = arrive(...)                publish my offset, ARRIVE (fp first)
+#     ...read or write the peers' tensors, only where ok...
+#     depart(...)                                the last exchange (DONE, or DATA), fp=0
+
+
+@triton.jit
+def push_begin(sync, scratch, half, TRACE: tl.constexpr):
+    """Push skeleton, step 1: this launch's epoch, its scratch half (`scratch_half`), and
+    the SEND phase's trace start."""
+    epoch = begin_epoch(sync)
+    slots = scratch_half(scratch, epoch, half)
+    return epoch, slots, trd.begin(TRACE)
+
+
+@triton.jit
+def send_blocks(dst, src, local, n, rank, world_size, heap_bases, LOCAL: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """This program's blocks of src[:n] into `dst` (my slot, a local scratch pointer) on
+    every peer, loaded once each; LOCAL: stored at `local` too."""
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        x = tl.load(src + offs, mask=mask)
+        for i in range(1, world_size):
+            tdl.store(dst + offs, x, rank, (rank + i) % world_size, heap_bases, mask=mask)
+        if LOCAL:
+            tl.store(local + offs, x, mask=mask)
+
+
+@triton.jit
+def scatter_blocks(dst, src, n, rank, world_size, heap_bases, BLOCK: tl.constexpr):
+    """This program's blocks of src[p * n:(p + 1) * n] into `dst` (my slot) on peer p, for
+    every peer p."""
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        for i in range(1, world_size):
+            peer = (rank + i) % world_size
+            x = tl.load(src + peer * n + offs, mask=mask)
+            tdl.store(dst + offs, x, rank, peer, heap_bases, mask=mask)
+
+
+@triton.jit
+def push_exchange(flags, epoch, ctrl, rank, world_size, heap_bases, op: tl.constexpr, fp,
+                  trace_buf, t0, TRACE: tl.constexpr):
+    """Push skeleton, step 3: end the SEND trace, exchange DATA (its notify releases this
+    program's stores into the peers' slots and carries the call's fingerprint `fp`; the
+    wait acquires theirs), start the next phase's trace. Returns (ok, t0)."""
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, op, fp,
+                  trace_buf, TRACE)
+    return ok, trd.begin(TRACE)
+
+
+@triton.jit
+def gather_slots(out, slots, stride, n, ok, rank, world_size, BLOCK: tl.constexpr):
+    """This program's blocks of every peer's slot s into out[s * n:(s + 1) * n], poisoned
+    unless `ok`."""
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        for i in range(1, world_size):
+            src = (rank + i) % world_size
+            x = tl.load(slots + src * stride + offs, mask=mask)
+            tl.store(out + src * n + offs, poison(x, ok), mask=mask)
+
+
+@triton.jit
+def reduce_slots_into(out, local, slots, stride, n, ok, rank, world_size, OP: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    """This program's blocks of out[:n]: `reduce_slots` of my `local` block and the peers'
+    slots, in rank order, in out's dtype, poisoned unless `ok`."""
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        acc = reduce_slots(local, slots, stride, offs, mask, rank, world_size, OP)
+        tl.store(out + offs, poison(acc.to(out.dtype.element_ty), ok), mask=mask)
+
+
+@triton.jit
+def arrive(offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
+           WORLD: tl.constexpr, op: tl.constexpr, fp, TRACE: tl.constexpr):
+    """Pull skeleton, step 1: this launch's epoch, my tensor's heap offset published on
+    every peer, then ARRIVE exchanged (its notify releases the offset and carries the
+    call's fingerprint `fp`). Returns (epoch, ok, t0): ok, every peer arrived in the same
+    call (else touch no peer memory); t0, the next phase's trace start."""
+    epoch = begin_epoch(sync)
+    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
+    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases, op, fp, trace_buf,
+                  TRACE)
+    return epoch, ok, trd.begin(TRACE)
+
+
+@triton.jit
+def depart(flags, phase: tl.constexpr, epoch, ctrl, rank, WORLD: tl.constexpr, heap_bases,
+           op: tl.constexpr, trace_buf, t0, tag: tl.constexpr, TRACE: tl.constexpr):
+    """Pull skeleton, last step: end the phase's trace (`tag`), then exchange `phase`
+    (DONE: I no longer touch your tensor; DATA: my stores into yours are released), fp=0.
+    Returns whether every peer came."""
+    trd.end(trace_buf, t0, tag, rank, TRACE)
+    return exchange(flags, phase, epoch, ctrl, rank, WORLD, heap_bases, op, 0, trace_buf,
+                    TRACE)

@@ -35,12 +35,11 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.trace import device as trd, tags
+from trident.trace import tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_GATHER, begin_epoch, exchange, load_peers, peer_ptrs,
-                      peer_shift, peer_shifts, poison_out, publish_offset, shift_ok, vec_aligned,
-                      vec_shift)
+from ..device import (DONE, OP_ALL_GATHER, arrive, depart, load_peers, peer_ptrs, peer_shift,
+                      peer_shifts, poison_out, shift_ok, vec_aligned, vec_shift)
 
 GPU_BLOCK_BYTES = 2 * common.GPU_BLOCK_BYTES      # see "32 KiB per program step" above
 
@@ -77,11 +76,8 @@ def _pull_block_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bas
                        rank, n, fp, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
                        TRACE: tl.constexpr):
     """order="block" (see the module docstring); the handshakes as in _pull_kernel."""
-    epoch = begin_epoch(sync)
-    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-                  OP_ALL_GATHER, fp, trace_buf, TRACE)
-    t0 = trd.begin(TRACE)
+    epoch, ok, t0 = arrive(offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
+                           WORLD, OP_ALL_GATHER, fp, TRACE)
     shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
     if not ok:            # a peer is missing or made another call: touch no peer memory
         poison_out(out, WORLD * n, BLOCK)
@@ -89,9 +85,8 @@ def _pull_block_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bas
         _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, True)
     else:
         _copy_all(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, False)
-    trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, 0, trace_buf, TRACE)
+    depart(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases, OP_ALL_GATHER, trace_buf, t0,
+           tags.FETCH, TRACE)
 
 
 @triton.jit
@@ -99,11 +94,8 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
                  n, fp, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
                  TRACE: tl.constexpr):
     pid = tl.program_id(0)
-    epoch = begin_epoch(sync)
-    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-                  OP_ALL_GATHER, fp, trace_buf, TRACE)
-    t0 = trd.begin(TRACE)
+    epoch, ok, t0 = arrive(offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
+                           WORLD, OP_ALL_GATHER, fp, TRACE)
     if not ok:            # a peer is missing or made another call: touch no peer memory
         poison_out(out, WORLD * n, BLOCK)
     else:
@@ -116,9 +108,8 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
             else:
                 _copy(out + src * n, tdl.translate(inp + shift, rank, src, heap_bases), n,
                       shift_ok(shift), BLOCK, False)
-    trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_ALL_GATHER, 0, trace_buf, TRACE)
+    depart(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases, OP_ALL_GATHER, trace_buf, t0,
+           tags.FETCH, TRACE)
 
 
 ORDERS = ("peer", "block")

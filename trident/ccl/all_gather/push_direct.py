@@ -21,11 +21,11 @@ Knobs: block, programs, warps.
 import triton
 import triton.language as tl
 
-from trident.trace import device as trd, kernel_args, tags
+from trident.trace import kernel_args, tags
 
 from .. import common
-from ..device import (ARRIVE, DATA, OP_ALL_GATHER, begin_epoch, exchange, fingerprint,
-                      peer_ptrs, peer_shifts, poison_out, publish_offset)
+from ..device import (DATA, OP_ALL_GATHER, arrive, depart, fingerprint, peer_ptrs, peer_shifts,
+                      poison_out, store_peers)
 
 
 @triton.jit
@@ -36,32 +36,23 @@ def _blocks(out, inp, shifts, heap_bases, rank, n, WORLD: tl.constexpr, WORD: tl
     for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        x = tl.load(inp + offs, mask=mask)
-        for dst in tl.static_range(WORLD):
-            if VEC:
-                tl.store(ptrs[dst] + offs, x, mask=mask)
-            else:
-                tl.store(ptrs[dst] + offs, x, mask=mask & oks[dst])
+        store_peers(ptrs, oks, offs, tl.load(inp + offs, mask=mask), mask, WORLD, VEC)
 
 
 @triton.jit
 def _push_direct_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf,
                         rank, n, fp, WORLD: tl.constexpr, WORD: tl.constexpr, BLOCK: tl.constexpr,
                         TRACE: tl.constexpr):
-    epoch = begin_epoch(sync)
-    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-                  OP_ALL_GATHER, fp, trace_buf, TRACE)
-    t0 = trd.begin(TRACE)
+    epoch, ok, t0 = arrive(offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
+                           WORLD, OP_ALL_GATHER, fp, TRACE)
     shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
     if ok:                # else a peer is missing or made another call: touch no peer memory
         if aligned:
             _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, True)
         else:
             _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, WORD, BLOCK, False)
-    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    ok = ok & exchange(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases,
-                       OP_ALL_GATHER, 0, trace_buf, TRACE)
+    ok = ok & depart(flags, DATA, epoch, ctrl, rank, WORLD, heap_bases, OP_ALL_GATHER,
+                     trace_buf, t0, tags.SEND, TRACE)
     if not ok:            # the peers' blocks in my output may be missing
         poison_out(out, WORLD * n, BLOCK)
 

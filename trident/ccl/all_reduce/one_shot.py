@@ -10,37 +10,21 @@ get bit-identical results.
 import triton
 import triton.language as tl
 
-import trident.language as tdl
 from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import DATA, OP_ALL_REDUCE, begin_epoch, exchange, poison, reduce_slots, scratch_half
+from ..device import OP_ALL_REDUCE, push_begin, push_exchange, reduce_slots_into, send_blocks
 
 
 @triton.jit
 def _one_shot_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
                      n, stride, half, fp, OP: tl.constexpr, BLOCK: tl.constexpr, TRACE: tl.constexpr):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    epoch = begin_epoch(sync)
-    slots = scratch_half(scratch, epoch, half)
-    t0 = trd.begin(TRACE)
-    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        x = tl.load(t + offs, mask=mask)
-        for i in range(1, world_size):
-            tdl.store(slots + rank * stride + offs, x, rank, (rank + i) % world_size,
-                      heap_bases, mask=mask)
-    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
-                  OP_ALL_REDUCE, fp, trace_buf, TRACE)
-    t0 = trd.begin(TRACE)
-    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        acc = reduce_slots(t, slots, stride, offs, mask, rank, world_size, OP)
-        tl.store(t + offs, poison(acc.to(t.dtype.element_ty), ok), mask=mask)
+    epoch, slots, t0 = push_begin(sync, scratch, half, TRACE)
+    # my whole tensor into slot `rank` of every peer's scratch
+    send_blocks(slots + rank * stride, t, t, n, rank, world_size, heap_bases, False, BLOCK)
+    ok, t0 = push_exchange(flags, epoch, ctrl, rank, world_size, heap_bases, OP_ALL_REDUCE,
+                           fp, trace_buf, t0, TRACE)
+    reduce_slots_into(t, t, slots, stride, n, ok, rank, world_size, OP, BLOCK)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 

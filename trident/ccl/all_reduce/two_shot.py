@@ -37,11 +37,11 @@ symmetric memory; at 8 ranks also block=8192 bf16 elements against the default 4
 import triton
 import triton.language as tl
 
-from trident.trace import device as trd, tags
+from trident.trace import tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_ALL_REDUCE, begin_epoch, exchange, peer_ptrs, peer_shifts,
-                      poison_out, publish_offset, reduce_peers)
+from ..device import (DONE, OP_ALL_REDUCE, arrive, depart, peer_ptrs, peer_shifts, poison_out,
+                      reduce_peers, store_peers)
 from ..reduce_scatter.pull import reduce_block
 
 
@@ -56,31 +56,23 @@ def _blocks(t, shifts, heap_bases, rank, n, seg, WORLD: tl.constexpr, OP: tl.con
         offs = start + local
         mask = (local < seg) & (offs < n)
         y = reduce_peers(ptrs, oks, offs, mask, WORLD, OP, VEC).to(t.dtype.element_ty)
-        for dst in tl.static_range(WORLD):
-            if VEC:
-                tl.store(ptrs[dst] + offs, y, mask=mask)
-            else:
-                tl.store(ptrs[dst] + offs, y, mask=mask & oks[dst])
+        store_peers(ptrs, oks, offs, y, mask, WORLD, VEC)
 
 
 @triton.jit
 def _two_shot_kernel(t, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
                      n, seg, fp, WORLD: tl.constexpr, OP: tl.constexpr, WORD: tl.constexpr,
                      BLOCK: tl.constexpr, TRACE: tl.constexpr):
-    epoch = begin_epoch(sync)
-    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-                  OP_ALL_REDUCE, fp, trace_buf, TRACE)
-    t0 = trd.begin(TRACE)
+    epoch, ok, t0 = arrive(offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
+                           WORLD, OP_ALL_REDUCE, fp, TRACE)
     shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
     if ok:                # else a peer is missing or made another call: touch no peer memory
         if aligned:
             _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, True)
         else:
             _blocks(t, shifts, heap_bases, rank, n, seg, WORLD, OP, WORD, BLOCK, False)
-    trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    ok = ok & exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-                       OP_ALL_REDUCE, 0, trace_buf, TRACE)
+    ok = ok & depart(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases, OP_ALL_REDUCE,
+                     trace_buf, t0, tags.REDUCE, TRACE)
     if not ok:            # the peers' reduced segments in `t` may be missing
         poison_out(t, n, BLOCK)
 

@@ -10,12 +10,11 @@ launch of each other -- the rule that makes the scratch halves safe (device.py).
 import triton
 import triton.language as tl
 
-import trident.language as tdl
 from trident.trace import device as trd, tags
 
 from .. import common
 from ..device import (ARRIVE, DATA, OP_BROADCAST, begin_epoch, notify_all, poison, scratch_half,
-                      wait_all, wait_for)
+                      send_blocks, wait_all, wait_for)
 
 
 @triton.jit
@@ -28,12 +27,7 @@ def _push_kernel(t, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, wor
     notify_all(flags, ARRIVE, epoch, rank, world_size, heap_bases, fp)
     t0 = trd.begin(TRACE)
     if rank == src:
-        for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
-            offs = blk * BLOCK + tl.arange(0, BLOCK)
-            mask = offs < n
-            x = tl.load(t + offs, mask=mask)
-            for i in range(1, world_size):
-                tdl.store(slot + offs, x, rank, (rank + i) % world_size, heap_bases, mask=mask)
+        send_blocks(slot, t, t, n, rank, world_size, heap_bases, False, BLOCK)
         notify_all(flags, DATA, epoch, rank, world_size, heap_bases, 0)   # fp: at ARRIVE
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     else:

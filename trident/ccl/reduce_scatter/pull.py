@@ -27,11 +27,11 @@ ranks also block=8192 bf16 elements (16 KiB, spills) against the default 8 KiB.
 import triton
 import triton.language as tl
 
-from trident.trace import device as trd, tags
+from trident.trace import tags
 
 from .. import common
-from ..device import (ARRIVE, DONE, OP_REDUCE_SCATTER, begin_epoch, exchange, peer_ptrs,
-                      peer_shifts, poison_out, publish_offset, reduce_peers)
+from ..device import (DONE, OP_REDUCE_SCATTER, arrive, depart, peer_ptrs, peer_shifts, poison_out,
+                      reduce_peers)
 
 
 @triton.jit
@@ -50,11 +50,8 @@ def _blocks(out, inp, shifts, heap_bases, rank, n, WORLD: tl.constexpr, OP: tl.c
 def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
                  n, fp, WORLD: tl.constexpr, OP: tl.constexpr, WORD: tl.constexpr,
                  BLOCK: tl.constexpr, TRACE: tl.constexpr):
-    epoch = begin_epoch(sync)
-    publish_offset(offsets, my_offset, rank, WORLD, heap_bases)
-    ok = exchange(flags, ARRIVE, epoch, ctrl, rank, WORLD, heap_bases,
-                  OP_REDUCE_SCATTER, fp, trace_buf, TRACE)
-    t0 = trd.begin(TRACE)
+    epoch, ok, t0 = arrive(offsets, my_offset, flags, sync, ctrl, heap_bases, trace_buf, rank,
+                           WORLD, OP_REDUCE_SCATTER, fp, TRACE)
     shifts, aligned = peer_shifts(offsets, rank, my_offset, WORLD, WORD)
     if not ok:            # a peer is missing or made another call: touch no peer memory
         poison_out(out, n, BLOCK)
@@ -62,9 +59,8 @@ def _pull_kernel(out, inp, offsets, my_offset, flags, sync, ctrl, heap_bases, tr
         _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, OP, WORD, BLOCK, True)
     else:
         _blocks(out, inp, shifts, heap_bases, rank, n, WORLD, OP, WORD, BLOCK, False)
-    trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-    exchange(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases,
-             OP_REDUCE_SCATTER, 0, trace_buf, TRACE)
+    depart(flags, DONE, epoch, ctrl, rank, WORLD, heap_bases, OP_REDUCE_SCATTER, trace_buf, t0,
+           tags.REDUCE, TRACE)
 
 
 # Bytes of all ranks' loads of one block that a program holds at once on GPUs

@@ -8,39 +8,23 @@ any tensors: only the scratch is on the heap. Accumulates in fp32, in rank order
 import triton
 import triton.language as tl
 
-import trident.language as tdl
 from trident.trace import device as trd, tags
 
 from .. import common
-from ..device import (DATA, OP_REDUCE_SCATTER, begin_epoch, exchange, poison, reduce_slots,
-                      scratch_half)
+from ..device import (OP_REDUCE_SCATTER, push_begin, push_exchange, reduce_slots_into,
+                      scatter_blocks)
 
 
 @triton.jit
 def _push_kernel(out, inp, scratch, flags, sync, ctrl, heap_bases, trace_buf, rank, world_size,
                  n, stride, half, fp, OP: tl.constexpr, BLOCK: tl.constexpr,
                  TRACE: tl.constexpr):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    epoch = begin_epoch(sync)
-    slots = scratch_half(scratch, epoch, half)
-    t0 = trd.begin(TRACE)
-    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        for i in range(1, world_size):
-            peer = (rank + i) % world_size
-            x = tl.load(inp + peer * n + offs, mask=mask)
-            tdl.store(slots + rank * stride + offs, x, rank, peer, heap_bases, mask=mask)
-    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
-                  OP_REDUCE_SCATTER, fp, trace_buf, TRACE)
-    t0 = trd.begin(TRACE)
-    for blk in range(pid, tl.cdiv(n, BLOCK), nprog):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        acc = reduce_slots(inp + rank * n, slots, stride, offs, mask, rank, world_size, OP)
-        tl.store(out + offs, poison(acc.to(out.dtype.element_ty), ok), mask=mask)
+    epoch, slots, t0 = push_begin(sync, scratch, half, TRACE)
+    # block p of my input into slot `rank` of peer p's scratch
+    scatter_blocks(slots + rank * stride, inp, n, rank, world_size, heap_bases, BLOCK)
+    ok, t0 = push_exchange(flags, epoch, ctrl, rank, world_size, heap_bases,
+                           OP_REDUCE_SCATTER, fp, trace_buf, t0, TRACE)
+    reduce_slots_into(out, inp + rank * n, slots, stride, n, ok, rank, world_size, OP, BLOCK)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
