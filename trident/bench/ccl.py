@@ -19,9 +19,10 @@ empty, and torch's symmetric-memory ops (which need the group's store, not NCCL)
 Size per rank: all_reduce/broadcast the tensor, all_gather the input block,
 reduce_scatter the output block, all_to_all the input. Data is bf16.
 
-trident's algorithms are every entry of ccl/registry.py, so the all_gather rows time the
-Gluon kernel (trident_gluon, ccl/all_gather/gluon.py) beside push, pull and push_direct;
-it keeps push's scratch, so like push it stops at SCRATCH_LIMIT.
+trident's algorithms are every kernel entry of ccl/registry.py (`registry.kernels`), so the
+all_gather rows time the Gluon kernel (trident_gluon, ccl/all_gather/gluon.py) beside push,
+pull and push_direct; it keeps push's scratch, so like push it stops at SCRATCH_LIMIT. The
+baseline runs the registry's "nccl" entry (ccl/nccl.py) on plain tensors.
 
     trident bench ccl                                   # every GPU, every op and size
     trident bench ccl --ops all_reduce --max-size 1M --calls 50
@@ -75,14 +76,17 @@ def _call(ctx, op, bufs, **kw):
     return lambda: fn(*bufs, **kw)
 
 
+# the baseline's options beside its tensors: sum, root 0, even splits
+_NCCL_OPTIONS = {"all_reduce": ("sum",), "broadcast": (0,), "all_gather": (),
+                 "reduce_scatter": ("sum",), "all_to_all": (None, None)}
+
+
 def _nccl(ctx, op, bufs):
-    from ..ccl import nccl
-    args = {"all_reduce": lambda: nccl.all_reduce(ctx, bufs[0], "sum"),
-            "broadcast": lambda: nccl.broadcast(ctx, bufs[0], 0),
-            "all_gather": lambda: nccl.all_gather(ctx, *bufs),
-            "reduce_scatter": lambda: nccl.reduce_scatter(ctx, *bufs, "sum"),
-            "all_to_all": lambda: nccl.all_to_all(ctx, *bufs, None, None)}
-    return args[op]
+    """The torch.distributed baseline on `bufs`: the run function of the registry's "nccl"
+    algorithm of `op` (ccl/nccl.py), called directly, as the plan's step calls it."""
+    from ..ccl import registry
+    fn = registry.get(op, "nccl").run()
+    return lambda: fn(ctx, *bufs, *_NCCL_OPTIONS[op])
 
 
 def _torch_symm_mem(ctx, numel):
@@ -166,8 +170,7 @@ def _impls(ctx, op, size, sym, plain, full: bool) -> dict:
     and torch's symmetric-memory ops."""
     from ..ccl import registry
     impls = {f"trident_{a.name}": _call(ctx, op, sym, algorithm=a.name)
-             for a in registry.ALGORITHMS
-             if a.op == op and (size <= SCRATCH_LIMIT or a.scratch != "message")}
+             for a in registry.kernels(op) if size <= SCRATCH_LIMIT or a.scratch != "message"}
     if full:
         impls["trident_auto"] = _call(ctx, op, sym)
     impls[common.baseline_name(ctx)] = _nccl(ctx, op, plain) if common.nccl_runs(ctx) else None

@@ -28,8 +28,11 @@ from .. import plans
 from ..plans import Plan, tensor_key
 from .selector import select
 
-# {op: {name: run function}} of every algorithm that registry.py declares
+# {op: {name: run function}} of trident's own algorithms (registry.py: registry.kernels)
 ALGORITHMS = registry.run_functions()
+# {op: the names of its algorithms that need NCCL} (registry.py: "nccl"), offered where it runs
+_NEEDS_NCCL = {op: [a.name for a in registry.ALGORITHMS if a.op == op and a.needs_nccl]
+               for op in registry.OPS}
 
 
 def _nccl_agreed(ctx) -> bool:
@@ -53,13 +56,13 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
     if auto:
         common.check_tables(ctx, op)
     name = select(op, nbytes, ctx.world_size, graph=graph, nccl=has_nccl) if auto else algorithm
-    choices = ["auto"] + sorted(ALGORITHMS[op]) + (["nccl"] if has_nccl else [])
-    if name == "nccl":
-        if not has_nccl:
-            raise ValueError(f"{op}: algorithm 'nccl': {nccl.unavailable_reason(ctx)}; "
-                             f"choose one of {choices}")
-    elif name not in ALGORITHMS[op]:
+    choices = ["auto"] + sorted(ALGORITHMS[op]) + (_NEEDS_NCCL[op] if has_nccl else [])
+    declared = registry.get(op, name)
+    if declared is None:
         raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of {choices}")
+    if declared.needs_nccl and not has_nccl:
+        raise ValueError(f"{op}: algorithm {name!r}: {nccl.unavailable_reason(ctx)}; "
+                         f"choose one of {choices}")
     return name
 
 
@@ -113,7 +116,8 @@ class _Op:
       checks (checks.py); own: the op's own options (op, src, splits);
     nbytes(tensors, own): the selector's bytes per rank; word(tensors): the element size
       the knobs' check counts in, or None (1);
-    nccl(ctx, plan, tensors, own, checked): add the torch.distributed step;
+    nccl(ctx, plan, fn, tensors, own, checked): add the torch.distributed step, `fn` (the
+      run function of the registry's algorithm of engine "torch": ccl/nccl.py's);
     copy: with one rank, out = inp (else nothing to do); empty(tensors): nothing to move;
     launch(ctx, plan, fn, tensors, own, checked, block, programs, kw): add the algorithm
       `fn`'s launch (registry.py: its run function)."""
@@ -140,8 +144,9 @@ def _build(op: str, ctx, *args) -> Plan:
     if op == "all_to_all":
         _check_own_rows(ctx.rank, *checked)          # the pair known here
     plan = Plan(tensors, name)
-    if name == "nccl":
-        spec.nccl(ctx, plan, tensors, own, checked)
+    declared = registry.get(op, name)
+    if declared.engine == "torch":          # nccl: at any world size, on empty tensors too
+        spec.nccl(ctx, plan, declared.run(), tensors, own, checked)
     elif ctx.world_size == 1:
         if spec.copy:
             plan.add(lambda ts: ts[0].copy_(ts[1]))
@@ -196,10 +201,9 @@ def _launch_broadcast(ctx, plan, fn, ts, own, checked, block, programs, kw):
     finish()
 
 
-def _nccl_all_to_all(ctx, plan, ts, own, splits):
+def _nccl_all_to_all(ctx, plan, fn, ts, own, splits):
     out_splits, in_splits = splits
-    plan.add(lambda ts: nccl.all_to_all(ctx, ts[0], ts[1], out_splits, in_splits),
-             graphable=False)
+    plan.add(lambda ts: fn(ctx, ts[0], ts[1], out_splits, in_splits), graphable=False)
     plan.debug_before = lambda c, ts: _check_splits_agree(c, out_splits, in_splits)
 
 
@@ -216,25 +220,25 @@ def _a2a_nbytes(ts, own) -> int:
 _OPS = {
     "all_reduce": _Op(
         1, checks.all_reduce, lambda ts, own: _nbytes(ts[0]),
-        lambda ctx, plan, ts, own, code: plan.add(
-            lambda ts: nccl.all_reduce(ctx, ts[0], own[0]), graphable=False),
+        lambda ctx, plan, fn, ts, own, code: plan.add(
+            lambda ts: fn(ctx, ts[0], own[0]), graphable=False),
         _launch_all_reduce, empty=lambda ts: not ts[0].numel()),
     "all_gather": _Op(
         2, checks.all_gather, lambda ts, own: _nbytes(ts[1]),
-        lambda ctx, plan, ts, own, _: plan.add(
-            lambda ts: nccl.all_gather(ctx, ts[0], ts[1]), graphable=False),
+        lambda ctx, plan, fn, ts, own, _: plan.add(
+            lambda ts: fn(ctx, ts[0], ts[1]), graphable=False),
         _launch_all_gather, copy=True, empty=lambda ts: not ts[1].numel()),
     "reduce_scatter": _Op(
         2, checks.reduce_scatter, lambda ts, own: _nbytes(ts[0]),
-        lambda ctx, plan, ts, own, code: plan.add(
-            lambda ts: nccl.reduce_scatter(ctx, ts[0], ts[1], own[0]), graphable=False),
+        lambda ctx, plan, fn, ts, own, code: plan.add(
+            lambda ts: fn(ctx, ts[0], ts[1], own[0]), graphable=False),
         _launch_reduce_scatter, copy=True, empty=lambda ts: not ts[0].numel()),
     "all_to_all": _Op(2, checks.all_to_all, _a2a_nbytes, _nccl_all_to_all,
                       _launch_all_to_all, copy=True),
     "broadcast": _Op(
         1, checks.broadcast, lambda ts, own: _nbytes(ts[0]),
-        lambda ctx, plan, ts, own, _: plan.add(
-            lambda ts: nccl.broadcast(ctx, ts[0], own[0]), graphable=False),
+        lambda ctx, plan, fn, ts, own, _: plan.add(
+            lambda ts: fn(ctx, ts[0], own[0]), graphable=False),
         _launch_broadcast, empty=lambda ts: not ts[0].numel(),
         # as_words' word: relay's chunk counts in it
         word=lambda ts: common.word_type(ts[0].element_size(), [_nbytes(ts[0])])[1]),

@@ -18,13 +18,14 @@ def knobs(ctx, op: str, name: str, options: tuple, block=None, programs=None,
     algorithm `name` of `op`, checked against what its declaration (registry.py) says it
     takes, and their values and block/programs checked as the algorithm checks them.
     `word`: the size in bytes of the elements the algorithm moves (relay's chunk counts
-    them). Raises ValueError; returns the knobs as a dict."""
-    if name == "nccl":
-        if options:
-            raise ValueError(f"{op}: nccl takes no options, got {dict(options)}")
-        return {}
+    them). Raises ValueError; returns the knobs as a dict. An algorithm of engine "torch"
+    (nccl) takes no options and no launch sizes (it launches nothing of trident's)."""
     algorithm = registry.get(op, name)
     kw = dict(options)
+    if algorithm.engine == "torch":
+        if kw:
+            raise ValueError(f"{op}: {name} takes no options, got {kw}")
+        return {}
     if kw:
         bad = [k for k in kw if k not in algorithm.knobs]
         if bad:

@@ -11,8 +11,13 @@ If some knob values are invalid, it also defines `check_options(ctx, word, block
 **knobs)`, which raises ValueError for them before anything is launched (so that a call
 that launches nothing -- one rank, an empty tensor -- rejects them alike).
 
-"nccl" (torch.distributed) is not here: it is every op's, and can run only where every
-rank has a GPU of its own (ccl/nccl.py).
+"nccl" is declared here too, once per op, with engine="torch": it hands the call to
+torch.distributed (ccl/nccl.py: its run function is that module's function of the op,
+`fn(ctx, <the op's tensors and options>)`, added to the plan as a step that is not
+graphable). It launches no trident kernel, so it takes no knobs and ignores launch sizes,
+runs at one rank and on empty tensors too, and can run only where every rank has a GPU of
+its own (`needs_nccl`; the call path, the selector and the bench check
+ctx.nccl_available). `kernels(op)` are trident's own algorithms (ccl.ALGORITHMS).
 
 This module imports no kernel: the run functions are imported on first use (`run`), so
 the selector and `trident info` stay light.
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 SCRATCH = ("message", "bounded")
+ENGINES = ("trident", "torch")
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,9 @@ class Algorithm:
       not grow with the message.
     auto: whether "auto" may pick it (the selector's tables may name it). False keeps an
       algorithm opt-in until it is measured.
+    engine: "trident" -- it launches trident's kernels; "torch" -- it hands the call to
+      torch.distributed (the "nccl" algorithm: no knobs, no launch sizes, NCCL needed).
+    function: the run function's name in its module, where it is not `name`.
     """
     op: str
     name: str
@@ -47,17 +56,25 @@ class Algorithm:
     knobs: tuple = ()
     scratch: str = "message"
     auto: bool = True
+    engine: str = "trident"
+    function: str = ""
 
     def __post_init__(self):
-        if self.op not in OPS or self.scratch not in SCRATCH:
+        if (self.op not in OPS or self.scratch not in SCRATCH or self.engine not in ENGINES
+                or self.engine == "torch" and self.knobs):
             raise AssertionError(f"bad declaration {self}")
+
+    @property
+    def needs_nccl(self) -> bool:
+        """Whether it runs only where NCCL can (every rank a GPU of its own: ccl/nccl.py)."""
+        return self.engine == "torch"
 
     def _module(self):
         return importlib.import_module(f"trident.ccl.{self.module}")
 
     def run(self):
         """The run function (its module imported on first use)."""
-        return getattr(self._module(), self.name)
+        return getattr(self._module(), self.function or self.name)
 
     def check_options(self, ctx, word: int, block, knobs: dict) -> None:
         """The algorithm's own check of its knob values (`word`: the bytes of the elements
@@ -82,7 +99,8 @@ ALGORITHMS = (
     Algorithm("all_to_all", "one_shot", "all_to_all.one_shot", (), "bounded"),
     Algorithm("broadcast", "push", "broadcast.push"),
     Algorithm("broadcast", "relay", "broadcast.relay", ("chunk", "depth", "warps"), "bounded"),
-)
+) + tuple(Algorithm(op, "nccl", "nccl", (), "bounded", engine="torch", function=op)
+          for op in OPS)      # torch.distributed: ccl/nccl.py's function of the op
 
 _BY_KEY = {(a.op, a.name): a for a in ALGORITHMS}
 
@@ -93,8 +111,18 @@ def get(op: str, name: str) -> Algorithm | None:
 
 
 def names(op: str) -> list[str]:
-    """`op`'s algorithms, in declaration order."""
+    """`op`'s algorithms, in declaration order ("nccl" last)."""
     return [a.name for a in ALGORITHMS if a.op == op]
+
+
+def kernels(op: str) -> list[Algorithm]:
+    """`op`'s own algorithms, those that launch trident's kernels (not "nccl")."""
+    return [a for a in ALGORITHMS if a.op == op and a.engine == "trident"]
+
+
+def needs_nccl() -> frozenset:
+    """The names of algorithms that run only where NCCL can ("nccl")."""
+    return frozenset(a.name for a in ALGORITHMS if a.needs_nccl)
 
 
 def explicit_only() -> frozenset:
@@ -103,5 +131,6 @@ def explicit_only() -> frozenset:
 
 
 def run_functions() -> dict:
-    """{op: {name: run function}} of every algorithm (imports every algorithm's file)."""
-    return {op: {a.name: a.run() for a in ALGORITHMS if a.op == op} for op in OPS}
+    """{op: {name: run function}} of trident's own algorithms (`kernels`; imports every
+    algorithm's file)."""
+    return {op: {a.name: a.run() for a in kernels(op)} for op in OPS}

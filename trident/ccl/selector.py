@@ -36,6 +36,8 @@ MODES = ("eager", "graph")
 # Algorithms a caller must ask for by name: never in a table, so "auto" never picks them
 # (registry.py declares them with auto=False and says why).
 EXPLICIT_ONLY = registry.explicit_only()
+# Algorithms that run only where NCCL can ("nccl": registry.py), which nccl=False skips.
+NEEDS_NCCL = registry.needs_nccl()
 
 
 class Tables:
@@ -113,7 +115,7 @@ def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
         else _active_tables(world_size)
     rows = active.rows["graph" if graph else "eager"][op]
     name = _row(rows, nbytes, nccl)
-    if name is None:                       # every row is "nccl": the cost model's choice
+    if name is None:                       # every row needs NCCL: the cost model's choice
         name = _row(builtin()["cost_model"]["eager"][op], nbytes, False)
     return name
 
@@ -136,10 +138,10 @@ def _row(rows: list, nbytes: int, nccl: bool) -> str | None:
     None if there is no trident row."""
     at = next((i for i, (limit, _) in enumerate(rows) if limit is None or nbytes <= limit),
               len(rows) - 1)
-    if nccl or rows[at][1] != "nccl":
+    if nccl or rows[at][1] not in NEEDS_NCCL:
         return rows[at][1]
     for limit, name in rows[at + 1:] + rows[at::-1]:
-        if name != "nccl":
+        if name not in NEEDS_NCCL:
             return name
     return None
 
