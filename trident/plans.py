@@ -104,32 +104,14 @@ class Plan:
 
 def _capture(steps, tensors):
     """The steps as one CUDA graph. The call's tensors are at the addresses the plan's key
-    holds, so a replay reads and writes them exactly as running the steps would.
-
-    Not through `torch.cuda.graph(...)`: its __enter__ synchronizes the device and empties
-    the caching allocator (and the pinned-host cache) before every capture. A plan is built
-    on the first call of each new key -- for a plain tensor, each new address -- so that
-    put a device sync in the caller's step and handed its cached blocks back to CUDA, whose
-    next allocations then came at new addresses and built new plans again (the torch
-    backend's TP MLP step on 2x H200, docs/torch-backend.md). A plan's steps allocate
-    nothing, so there is nothing to free first."""
-    current = torch.cuda.current_stream()
+    holds, so a replay reads and writes them exactly as running the steps would."""
     side = torch.cuda.Stream()
-    side.wait_stream(current)
+    side.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(side):
-        graph.capture_begin(capture_error_mode="thread_local")
-        try:
-            for step in steps:
-                step(tensors)
-        except BaseException:
-            try:                   # leave capture mode; the step's error is the one to see
-                graph.capture_end()
-            except Exception:
-                pass
-            raise
-        graph.capture_end()
-    current.wait_stream(side)
+    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+        for step in steps:
+            step(tensors)
+    torch.cuda.current_stream().wait_stream(side)
     return graph
 
 
