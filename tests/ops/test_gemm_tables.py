@@ -14,12 +14,12 @@ H200 = ("NVIDIA H200", (9, 0))
 
 def test_package_tables_resolve():
     """Every GPU's every class names a known config (fused_config a plain one); the H200
-    table is the one measured on 2026-11-23 (bench/results/gemm-1xh200-2026-11-23c.json)
-    with its own M edges, every class measured; no model is invented."""
+    table is the one measured on 2026-11-26 (bench/results/gemm-1xh200-2026-11-26.json)
+    with the decode-size M edges, every class measured; no model is invented."""
     listed, tables = gemm_tables.read()
     assert "NVIDIA H200" in tables
     h200 = tables["NVIDIA H200"]
-    assert h200.capability == (9, 0) and h200.m_edges == (64, 128, 256, 1024, 4096)
+    assert h200.capability == (9, 0) and h200.m_edges == (1, 8, 16, 32, 64, 128, 256, 1024, 4096)
     assert sorted(h200.classes) == sorted(h200.all_classes())
     assert all(entry["measured"] for entry in h200.classes.values())
     assert h200.shape_class(256, 5120, 8192) == "m256-nbig-kbig"
