@@ -129,6 +129,17 @@ def wait_call(flags, fps, kind: tl.constexpr, par, world, src, value, fp, ctrl, 
 
 
 @triton.jit
+def wait_calls(flags, fps, kind: tl.constexpr, par, world, value, fp, ctrl, rank,
+               op: tl.constexpr):
+    """wait_call on flag (kind, par, s) of every source rank s, in rank order; True if
+    every one came, from the same call."""
+    ok = tl.cast(1, tl.int1)
+    for s in range(world):
+        ok = ok & wait_call(flags, fps, kind, par, world, s, value, fp, ctrl, rank, op)
+    return ok
+
+
+@triton.jit
 def launch_failed(ctrl):
     """Whether a wait of this rank has failed (its error word is set): read by a launch's
     last program, after every other program's waits (tdl.last_program_out orders them)."""

@@ -33,12 +33,13 @@ from . import buffers as B
 
 @triton.jit
 def push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot, weights,
-                 flags, fps, state, heap_bases, rank, world, max_tokens, num_weight_programs,
-                 epoch, fp, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                 BLOCK_T: tl.constexpr):
+                 flags, fps, state, heap_bases, trace_buf, rank, world, max_tokens,
+                 num_weight_programs, epoch, t0, fp, K: tl.constexpr, KP: tl.constexpr,
+                 WP: tl.constexpr, BLOCK_T: tl.constexpr, TRACE: tl.constexpr):
     """A weight program: push the top-k weights of a tile of this rank's tokens at a time
     next to their copies on each rank they went to (row: send_slot); the last weight
-    program signals "weights" to every rank. Shared by both paths."""
+    program signals "weights" to every rank. Traced as SEND, from t0. Shared by both
+    paths."""
     par = epoch % 2
     ks = tl.arange(0, KP)
     ts0 = tl.arange(0, BLOCK_T)
@@ -56,6 +57,7 @@ def push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
         for r in range(world):
             B.signal_call(flags, fps, B.FLAG_WEIGHTS, par, world, rank, r, epoch, fp,
                           heap_bases)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
 
 
 @triton.jit
@@ -104,25 +106,32 @@ def sum_partials(t, out, send_slot, partial, world, max_tokens, par, H: tl.const
 
 
 @triton.jit
-def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
-                 stride_wk, num_tokens, send_slot, token_rows, recv_count, weights, partial,
-                 flags, fps, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
-                 num_weight_programs, fp, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                 WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+def combine_send_begin(state, WEIGHTS_AT_DISPATCH: tl.constexpr, TRACE: tl.constexpr):
+    """The start of a send half, both paths: this launch's epoch, its parity, the parity of
+    the half of `weights` the weights are in (wpar), and the trace start t0."""
     epoch = tdl.launch_epoch(state + B.COMBINE_SEND_EPOCH)
     par = epoch % 2
     if WEIGHTS_AT_DISPATCH:     # `weights` is dweights: already here, in dispatch's half
         wpar = tl.load(state + B.DISPATCH_RECV_EPOCH) % 2
     else:
         wpar = par
-    ks = tl.arange(0, KP)
     t0 = trd.begin(TRACE)
+    return epoch, par, wpar, t0
+
+
+@triton.jit
+def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
+                 stride_wk, num_tokens, send_slot, token_rows, recv_count, weights, partial,
+                 flags, fps, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
+                 num_weight_programs, fp, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                 WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    epoch, par, wpar, t0 = combine_send_begin(state, WEIGHTS_AT_DISPATCH, TRACE)
     if pid < num_weight_programs:
         push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
-                     weights, flags, fps, state, heap_bases, rank, world, max_tokens,
-                     num_weight_programs, epoch, fp, K, KP, WP, BLOCK_T)
-        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+                     weights, flags, fps, state, heap_bases, trace_buf, rank, world,
+                     max_tokens, num_weight_programs, epoch, t0, fp, K, KP, WP, BLOCK_T,
+                     TRACE)
     else:
         q = pid - num_weight_programs
         nq = npid - num_weight_programs
@@ -160,27 +169,28 @@ def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, fps, sta
     epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
     par = epoch % 2
     t0 = trd.begin(TRACE)
-    ok = tl.cast(1, tl.int1)
-    for s in range(world):
-        ok = ok & B.wait_call(flags, fps, B.FLAG_COMBINE, par, world, s, epoch, fp, ctrl,
-                              rank, B.OP_COMBINE)
+    ok = B.wait_calls(flags, fps, B.FLAG_COMBINE, par, world, epoch, fp, ctrl, rank,
+                      B.OP_COMBINE)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
     if ok:
         for t in range(pid, num_tokens, npid):
             sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP, BLOCK_H)
-    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
-    if tdl.last_program_out(state + B.COMBINE_RECV_DONE, npid):
-        finish_combine(out, num_tokens, ctrl, H, BLOCK_H)
-        tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
+    combine_recv_end(npid, epoch, t0, out, num_tokens, state, ctrl, trace_buf, rank, H,
+                     BLOCK_H, TRACE)
 
 
 @triton.jit
-def finish_combine(out, num_tokens, ctrl, H: tl.constexpr, BLOCK_H: tl.constexpr):
-    """The last receiver of a combine whose waits failed (buffers.py "Calls"): out [T, H]
-    all bits set (NaN)."""
-    if B.launch_failed(ctrl):
-        B.poison_outputs(out, tl.cast(num_tokens, tl.int64) * H, BLOCK_H)
+def combine_recv_end(npid, epoch, t0, out, num_tokens, state, ctrl, trace_buf, rank,
+                     H: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    """The end of a receive half, both paths: the RECV trace slice since t0; the last of
+    the npid receivers stores the epoch, after leaving out [T, H] all bits set (NaN) if
+    a wait of this rank failed (buffers.py "Calls")."""
+    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+    if tdl.last_program_out(state + B.COMBINE_RECV_DONE, npid):
+        if B.launch_failed(ctrl):
+            B.poison_outputs(out, tl.cast(num_tokens, tl.int64) * H, BLOCK_H)
+        tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
 
 
 @triton.jit

@@ -133,6 +133,40 @@ def copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world, max_tok
 
 
 @triton.jit
+def dispatch_recv_begin(flags, fps, state, ctrl, trace_buf, rank, world, fp,
+                        TRACE: tl.constexpr):
+    """The start of a receive half, both paths: this launch's epoch and its parity, this
+    rank's dispatch flags (my_flags: one per source), and whether every rank's dispatch
+    flag came from this call (ok); the wait is traced as WAIT, and the trace slice that
+    follows starts here (t0)."""
+    epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
+    par = epoch % 2
+    my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
+    t0 = trd.begin(TRACE)
+    ok = B.wait_calls(flags, fps, B.FLAG_DISPATCH, par, world, epoch << B.COUNT_BITS, fp,
+                      ctrl, rank, B.OP_DISPATCH)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    return epoch, par, my_flags, ok, t0
+
+
+@triton.jit
+def dispatch_recv_end(npid, epoch, t0, my_flags, state, recv_count, expert_counter,
+                      expert_num_tokens, expert_x, expert_x_scale, ctrl, trace_buf, rank, world,
+                      experts_per_rank, cap, H: tl.constexpr, WP: tl.constexpr,
+                      FP8: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr,
+                      TRACE: tl.constexpr):
+    """The end of a receive half, both paths: the RECV trace slice since t0; the last of
+    the npid receivers publishes the counts (publish_counts) and stores the epoch."""
+    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+    if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
+        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, expert_x,
+                       expert_x_scale, ctrl, world, experts_per_rank, cap, H, WP, FP8,
+                       BLOCK_L, BLOCK_H)
+        tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
+
+
+@triton.jit
 def publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, expert_x,
                    expert_x_scale, ctrl, world, experts_per_rank, cap, H: tl.constexpr,
                    WP: tl.constexpr, FP8: tl.constexpr, BLOCK_L: tl.constexpr,
@@ -207,16 +241,8 @@ def dispatch_recv(pid, npid, tokens, meta, flags, fps, state, expert_counter, to
                   trace_buf, rank, world, max_tokens, experts_per_rank, cap, fp,
                   H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr, FP8: tl.constexpr,
                   BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
-    par = epoch % 2
-    my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
-    t0 = trd.begin(TRACE)
-    ok = tl.cast(1, tl.int1)
-    for s in range(world):
-        ok = ok & B.wait_call(flags, fps, B.FLAG_DISPATCH, par, world, s,
-                              epoch << B.COUNT_BITS, fp, ctrl, rank, B.OP_DISPATCH)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
-    t0 = trd.begin(TRACE)
+    epoch, par, my_flags, ok, t0 = dispatch_recv_begin(flags, fps, state, ctrl, trace_buf,
+                                                       rank, world, fp, TRACE)
     ks = tl.arange(0, KP)
     first_expert = rank * experts_per_rank
     start = 0
@@ -237,12 +263,9 @@ def dispatch_recv(pid, npid, tokens, meta, flags, fps, state, expert_counter, to
             copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world, max_tokens,
                        H, KP, FP8, BLOCK_H)
         start += n
-    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
-    if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
-        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, expert_x,
-                       expert_x_scale, ctrl, world, experts_per_rank, cap, H, WP, FP8,
-                       BLOCK_L, BLOCK_H)
-        tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
+    dispatch_recv_end(npid, epoch, t0, my_flags, state, recv_count, expert_counter,
+                      expert_num_tokens, expert_x, expert_x_scale, ctrl, trace_buf, rank, world,
+                      experts_per_rank, cap, H, WP, FP8, BLOCK_L, BLOCK_H, TRACE)
 
 
 @triton.jit

@@ -70,8 +70,9 @@ from .. import language as tdl
 from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
-from .combine import finish_combine, push_partial, push_weights, sum_partials
-from .dispatch import copy_token, publish_counts, push_payload
+from .combine import (combine_recv_end, combine_send_begin, push_partial, push_weights,
+                      sum_partials)
+from .dispatch import copy_token, dispatch_recv_begin, dispatch_recv_end, push_payload
 from .routing import expert_ids
 
 # max_num_tokens from which ExpertParallel picks this path by default. 1024 is the
@@ -136,16 +137,8 @@ def ht_dispatch_recv(pid, npid, tokens, meta, flags, fps, chunk_flags, state, ex
                      cap, fp, H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                      FP8: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr,
                      BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
-    par = epoch % 2
-    my_flags = flags + (B.FLAG_DISPATCH * 2 + par) * world
-    t0 = trd.begin(TRACE)
-    ok = tl.cast(1, tl.int1)
-    for s in range(world):
-        ok = ok & B.wait_call(flags, fps, B.FLAG_DISPATCH, par, world, s,
-                              epoch << B.COUNT_BITS, fp, ctrl, rank, B.OP_DISPATCH)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
-    t0 = trd.begin(TRACE)
+    epoch, par, my_flags, ok, t0 = dispatch_recv_begin(flags, fps, state, ctrl, trace_buf,
+                                                       rank, world, fp, TRACE)
     rs = tl.arange(0, WP)
     # nothing from a failed call: the last receiver poisons the outputs instead
     counts = (tl.load(my_flags + rs, mask=(rs < world) & ok, other=0, volatile=True)
@@ -188,12 +181,9 @@ def ht_dispatch_recv(pid, npid, tokens, meta, flags, fps, chunk_flags, state, ex
                 d = tl.sum(tl.where(ci[:, None] == i, dst2, 0), axis=0)
                 copy_token(tokens, base_row + c * CHUNK + i, d, d >= 0, expert_x,
                            expert_x_scale, world, max_tokens, H, KP, FP8, BLOCK_H)
-    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
-    if tdl.last_program_out(state + B.DISPATCH_RECV_DONE, npid):
-        publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, expert_x,
-                       expert_x_scale, ctrl, world, experts_per_rank, cap, H, WP, FP8,
-                       BLOCK_L, BLOCK_H)
-        tl.store(state + B.DISPATCH_RECV_EPOCH, epoch)
+    dispatch_recv_end(npid, epoch, t0, my_flags, state, recv_count, expert_counter,
+                      expert_num_tokens, expert_x, expert_x_scale, ctrl, trace_buf, rank, world,
+                      experts_per_rank, cap, H, WP, FP8, BLOCK_L, BLOCK_H, TRACE)
 
 
 @triton.jit
@@ -233,18 +223,12 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
                     K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
                     WEIGHTS_AT_DISPATCH: tl.constexpr, CHUNK: tl.constexpr,
                     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch = tdl.launch_epoch(state + B.COMBINE_SEND_EPOCH)
-    par = epoch % 2
-    if WEIGHTS_AT_DISPATCH:     # `weights` is dweights: already here, in dispatch's half
-        wpar = tl.load(state + B.DISPATCH_RECV_EPOCH) % 2
-    else:
-        wpar = par
-    t0 = trd.begin(TRACE)
+    epoch, par, wpar, t0 = combine_send_begin(state, WEIGHTS_AT_DISPATCH, TRACE)
     if pid < num_weight_programs:
         push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
-                     weights, flags, fps, state, heap_bases, rank, world, max_tokens,
-                     num_weight_programs, epoch, fp, K, KP, WP, BLOCK_T)
-        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+                     weights, flags, fps, state, heap_bases, trace_buf, rank, world,
+                     max_tokens, num_weight_programs, epoch, t0, fp, K, KP, WP, BLOCK_T,
+                     TRACE)
     else:
         q = pid - num_weight_programs
         nq = npid - num_weight_programs
@@ -289,10 +273,8 @@ def ht_combine_recv(pid, npid, out, num_tokens, send_slot, partial, chunk_flags,
             for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens)):
                 sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP,
                              BLOCK_H)
-    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
-    if tdl.last_program_out(state + B.COMBINE_RECV_DONE, npid):
-        finish_combine(out, num_tokens, ctrl, H, BLOCK_H)
-        tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
+    combine_recv_end(npid, epoch, t0, out, num_tokens, state, ctrl, trace_buf, rank, H,
+                     BLOCK_H, TRACE)
 
 
 @triton.jit
