@@ -163,8 +163,15 @@ def dot_tile_tma(a_desc, w_desc, m0, n0, K, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr):
     """fp32 [BM, BN] tile of a[m0:, :] @ w[n0:, :].T through TMA descriptors (blocks
     [BM, BK] and [BN, BK]); TMA zero-fills rows, columns and K past the tensor's end."""
+    return dot_steps_tma(a_desc, w_desc, m0, n0, 0, tl.cdiv(K, BK), BM, BN, BK)
+
+
+@triton.jit
+def dot_steps_tma(a_desc, w_desc, m0, n0, k_lo, k_hi, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr):
+    """The TMA k-loop: dot_tile_tma over the BK-steps k_lo <= ki < k_hi only."""
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for ki in range(0, tl.cdiv(K, BK)):
+    for ki in range(k_lo, k_hi):
         a = a_desc.load([m0, ki * BK])
         w = w_desc.load([n0, ki * BK])
         if DOT_UPCAST:
@@ -210,16 +217,10 @@ def dot_slice(a, stride_am, w, stride_wn, m0, n0, M, N, K, k_lo, k_hi, BM: tl.co
     """fp32 [BM, BN] tile of a[m0:, k] @ w[n0:, k].T over the BK-steps k_lo <= ki < k_hi
     (a split-K slice), a and w descriptors (TMA) or pointers (rows and columns past M and
     N clamped, K masked; those rows and columns are never stored)."""
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
     if TMA:
-        for ki in range(k_lo, k_hi):
-            x = a.load([m0, ki * BK])
-            y = w.load([n0, ki * BK])
-            if DOT_UPCAST:
-                x = x.to(tl.float32)
-                y = y.to(tl.float32)
-            acc = tl.dot(x, y.T, acc)
+        acc = dot_steps_tma(a, w, m0, n0, k_lo, k_hi, BM, BN, BK)
     else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
         rows = (m0 + tl.arange(0, BM)) % M
         cols = (n0 + tl.arange(0, BN)) % N
         offs_k = k_lo * BK + tl.arange(0, BK)
