@@ -37,8 +37,8 @@ def end(trace_buf, start, tag: tl.constexpr, rank, TRACE: tl.constexpr):
         if slot < capacity:
             ev = trace_buf + HEADER + slot * EVENT_WORDS
             pid = tl.program_id(0) + tl.program_id(1) * tl.num_programs(0)
-            tl.store(ev, start.to(tl.int64))
-            tl.store(ev + 1, stop.to(tl.int64))
+            tl.store(ev, tl.cast(start, tl.int64))   # an int on the emulation: tl.cast takes it
+            tl.store(ev + 1, tl.cast(stop, tl.int64))
             tl.store(ev + 2, tl.cast(tag, tl.int64))     # not tl.full([]): see language/gluon.py
             tl.store(ev + 3, (tl.cast(rank, tl.int64) << 32) | pid.to(tl.int64))
         else:
