@@ -124,6 +124,8 @@ def test_a_failed_rail_is_not_used_again():
     finally:
         pool.close(force=True)
     for took, text in results[:NODE]:
-        assert took < 1.0, took
+        # at once: a retried rail step would wait TIMEOUT + 5 s; 1 s was too tight for a
+        # loaded 2-core CI machine (1.07 s once, 2026-11-26)
+        assert took < TIMEOUT / 2, took
         assert "all_reduce (its step between nodes) was not attempted" in text, text
     assert results[NODE:] == [None] * NODE
