@@ -14,6 +14,10 @@ CASES = [
     ("two_shot", torch.bfloat16, "sum", 300, True, BLOCK),
     ("two_shot", torch.float16, "sum", 37, False, None),
     ("two_shot", torch.float32, "max", 5, True, None),
+    ("lamport", torch.float32, "sum", 37, False, BLOCK),
+    ("lamport", torch.bfloat16, "max", 300, True, None),
+    ("lamport", torch.float16, "min", 1, False, None),
+    ("lamport", torch.bfloat16, "sum", 4099, False, 256),
 ]
 
 
@@ -59,6 +63,47 @@ def test_all_reduce_mixed_back_to_back(pool):
     pool.run(_mixed_algorithms)
 
 
+def _lamport_rounds(ctx):
+    """Lamport's three buffers turn over (ccl/lamport.py, "Rounds"): ten calls back to back
+    whose sizes, dtypes and grids change every call (so each round's clear must leave its
+    buffer all sentinel for whatever comes three rounds later), a flag-protocol call in
+    between; then signed zeros, the fp32 sentinel's value and NaN, which must travel as
+    values (-0.0 as +0.0)."""
+    shapes = [(37, torch.float32, 16, 3), (1000, torch.bfloat16, 64, 8), (5, torch.float16, 4, 2),
+              (256, torch.float32, 256, 1), (129, torch.bfloat16, 32, 5)]
+    calls = []
+    for i in range(10):
+        n, dtype, block, programs = shapes[i % len(shapes)]
+        xs = rank_inputs(ctx.world_size, (n,), dtype, seed=300 + i)
+        t = place(ctx, xs[ctx.rank], i % 2 == 1)
+        ctx.all_reduce(t, algorithm="lamport", block=block, programs=programs)
+        if i == 4:
+            ctx.all_reduce(torch.ones(64, device=ctx.device), algorithm="one_shot")
+        calls.append((t, reduce_ref(xs, "sum"), i))
+    ctx.sync()
+    for t, want, i in calls:
+        assert_equal(t, want, f"lamport round {i}")
+    if ctx.world_size == 1:     # nothing travels
+        return
+    odd = torch.tensor([-0.0, 0.0, float("nan"), 1.5, 0.0, -0.0], dtype=torch.float32)
+    odd[4] = torch.tensor(0x80008000 - (1 << 32), dtype=torch.int32).view(torch.float32)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (odd if ctx.rank == 0 else torch.full_like(odd, -0.0)).to(dtype).to(ctx.device)
+        ctx.all_reduce(x, algorithm="lamport")
+        got = x.float().cpu()
+        assert torch.isnan(got[2]) and got[3] == 1.5, got
+        assert torch.equal(got[[0, 1, 4, 5]].abs(), torch.zeros(4)), got
+        # a 16-bit -0.0 travels as +0.0 (fp32 keeps it: its sentinel is that denormal)
+        assert torch.signbit(got[0]) == (dtype == torch.float32), got
+        x = torch.full((3,), -0.0, dtype=dtype, device=ctx.device)
+        ctx.all_reduce(x, op="max", algorithm="lamport")
+        assert (torch.signbit(x.cpu()) == (dtype == torch.float32)).all(), x
+
+
+def test_lamport_rounds_and_special_values(pool):
+    pool.run(_lamport_rounds)
+
+
 def _bad_inputs(ctx):
     with pytest.raises(TypeError, match="bfloat16, float16 and float32"):
         ctx.all_reduce(torch.ones(4, dtype=torch.int32, device=ctx.device))
@@ -68,6 +113,11 @@ def _bad_inputs(ctx):
         ctx.all_reduce(torch.ones(4, 4, device=ctx.device).t())
     with pytest.raises(ValueError, match="is on meta"):
         ctx.all_reduce(torch.ones(4, device="meta"))
+    with pytest.raises(TypeError, match="bfloat16, float16 and float32"):
+        ctx.all_reduce(torch.ones(4, dtype=torch.float64, device=ctx.device), algorithm="lamport")
+    if ctx.world_size > 1:      # one rank launches nothing, so it takes any size
+        with pytest.raises(ValueError, match="'lamport' takes at most"):
+            ctx.all_reduce(torch.ones(1 << 22, device=ctx.device), algorithm="lamport")
     with pytest.raises(ValueError, match="unknown algorithm 'ring'"):
         ctx.all_reduce(torch.ones(4, device=ctx.device), algorithm="ring")
     with pytest.raises(TypeError, match="must be a torch.Tensor"):

@@ -47,9 +47,13 @@ def _then_reset_works(ctx):
 
 
 def _sizes_differ(ctx, algorithm):
-    """Case 3: rank 0 all-reduces 100 elements, the others 200 (plain tensors)."""
+    """Case 3: rank 0 all-reduces 100 elements, the others 200 (plain tensors). "a|b": rank
+    0 runs algorithm a, the others b (two protocols: Lamport's and the flags')."""
+    names = algorithm.split("|")
+    algorithm = names[-1] if ctx.rank else names[0]
     for n in (100, 200):      # compile both sizes' kernels first: a peer still compiling
-        ctx.all_reduce(torch.ones(n, device=ctx.device), algorithm=algorithm)   # would time out
+        for name in names:    # would time out (and every rank makes every workspace)
+            ctx.all_reduce(torch.ones(n, device=ctx.device), algorithm=name)
     ctx.sync()
     timeout = ctx.timeout_s
     ctx.set_timeout(MEET)
@@ -66,7 +70,7 @@ def _sizes_differ(ctx, algorithm):
         ctx.set_timeout(timeout)
 
 
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "lamport|one_shot"])
 def test_sizes_that_differ_are_poisoned_and_raised(pool, algorithm):
     results = pool.run(_sizes_differ, algorithm)
     every = "\n".join(f"rank {r}: call {c:.2f} s, poisoned={p}, next call raised {k} in "

@@ -94,6 +94,7 @@ ALGORITHMS = (
     Algorithm("reduce_scatter", "push", "reduce_scatter.push"),
     Algorithm("reduce_scatter", "pull", "reduce_scatter.pull", ("warps",), "bounded"),
     Algorithm("all_reduce", "one_shot", "all_reduce.one_shot"),
+    Algorithm("all_reduce", "lamport", "all_reduce.lamport", ("warps",), "bounded"),
     Algorithm("all_reduce", "two_shot", "all_reduce.two_shot", ("warps",), "bounded"),
     Algorithm("all_to_all", "push", "all_to_all.push", ("warps",), "bounded"),
     Algorithm("all_to_all", "one_shot", "all_to_all.one_shot", (), "bounded"),
