@@ -58,7 +58,8 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
         ctx.barrier()     # the next round's inputs are written by the host
 
 
-@pytest.mark.parametrize("alg_ar, alg_ag", [("one_shot", "push"), ("two_shot", "pull")])
+@pytest.mark.parametrize("alg_ar, alg_ag", [("one_shot", "push"), ("two_shot", "pull"),
+                                           ("lamport", "push")])
 def test_graph_capture_and_replay(pool, alg_ar, alg_ag):
     if pool.backend != "cuda":
         pytest.skip("CUDA graphs need GPUs")
