@@ -226,6 +226,18 @@ def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD:
 
 
 @triton.jit
+def _first_missing(heads_row, rank, WORLD: tl.constexpr):
+    """The peer a failed wait names: the first (after this rank) whose head has not come,
+    else the next rank."""
+    who = (rank + 1) % WORLD
+    for i in tl.static_range(WORLD - 1, 0, -1):
+        peer = (rank + i) % WORLD
+        if tl.load(heads_row + peer * MAX_PROGRAMS, volatile=True) == 0:
+            who = peer
+    return who
+
+
+@triton.jit
 def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, rank,
             heap_bases, OP: tl.constexpr, WORLD: tl.constexpr, OPCODE: tl.constexpr):
     """Wait (bounded) until every peer's words of this block (`base + src * slot + offs`)
@@ -254,7 +266,7 @@ def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, r
             kind = tl.cast(KIND_MISMATCH, tl.int64)
         elif (seen & _HOST_CALL) != 0:
             kind = tl.cast(KIND_HOST_CALL, tl.int64)
-        tdl.record_error(ctrl, rank, (rank + 1) % WORLD, OPCODE, kind)
+        tdl.record_error(ctrl, rank, _first_missing(heads_row, rank, WORLD), OPCODE, kind)
     clear = _fill(base, offs)
     for src in tl.static_range(WORLD):          # back to the sentinel, for round e + 3
         tl.store(base + src * slot + offs, clear, mask=mask & (src != rank))

@@ -1,0 +1,74 @@
+"""Lamport all-reduce under stress: many rounds back to back whose sizes, dtypes and grids
+change every call, checked every --check-every calls; on a failure each rank prints its
+protocol state (round counter, programs counted, heads left nonzero, words of the buffers
+that are not the sentinel), so a broken round can be told from a late store.
+
+    PYTHONPATH=. python -m bench.lab.lamport_stress --world 4 --rounds 2000
+    PYTHONPATH=. python -m bench.lab.lamport_stress --world 2 --rounds 50 --backend cpu
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import trident as td
+
+SHAPES = [(37, torch.float32, 16, 3), (1000, torch.bfloat16, 64, 8), (5, torch.float16, 4, 2),
+          (256, torch.float32, 256, 1), (129, torch.bfloat16, 32, 5), (4099, torch.bfloat16, None, None),
+          (300, torch.float32, None, None), (17, torch.bfloat16, None, 1)]
+
+
+def _state(ctx) -> str:
+    from trident.ccl import common, lamport
+    cap = lamport.capacity(common.agreed(ctx).heap_size, ctx.world_size)
+    ws = lamport.state(ctx, cap)
+    words = ws.data.view(torch.int32)
+    per = words.numel() // 3
+    dirty = [int((words[b * per:(b + 1) * per] != lamport.FILL32).sum()) for b in range(3)]
+    heads = ws.heads.view(3, ctx.world_size, -1)
+    live = [(b, s, p) for b, s, p in (heads != 0).nonzero().tolist()][:8]
+    return (f"rank {ctx.rank}: round {int(ws.sync[0])}, counted {int(ws.sync[1])}, flag epoch "
+            f"{int(common.state(ctx).sync[0])}, words not sentinel per buffer {dirty}, "
+            f"heads left (buffer, src, program) {live}")
+
+
+def main(ctx, rounds: int, check_every: int, flag_every: int):
+    w, r = ctx.world_size, ctx.rank
+    pending = []
+    for i in range(rounds):
+        n, dtype, block, programs = SHAPES[i % len(SHAPES)]
+        g = torch.Generator().manual_seed(i)
+        xs = [torch.randint(-8, 8, (n,), generator=g).to(dtype) for _ in range(w)]
+        want = sum(x.float() for x in xs).to(dtype)
+        t = xs[r].clone().to(ctx.device)
+        ctx.all_reduce(t, algorithm="lamport", block=block, programs=programs)
+        pending.append((i, t, want))
+        if flag_every and i % flag_every == flag_every - 1:
+            ctx.all_reduce(torch.ones(64, device=ctx.device), algorithm="one_shot")
+        if len(pending) >= check_every or i == rounds - 1:
+            try:
+                ctx.sync()
+                for j, got, want in pending:
+                    if not torch.equal(got.cpu(), want):
+                        bad = (got.cpu() != want).nonzero().flatten()[:5].tolist()
+                        raise AssertionError(f"round {j}: wrong elements {bad}")
+            except Exception as exc:
+                print(f"FAILED at call {i}: {type(exc).__name__}: {exc}\n  {_state(ctx)}",
+                      file=sys.stderr, flush=True)
+                raise
+            pending = []
+    return _state(ctx)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1000)
+    p.add_argument("--check-every", type=int, default=50)
+    p.add_argument("--flag-every", type=int, default=7, help="a one_shot call every this many (0: none)")
+    p.add_argument("--backend", default=None)
+    a = p.parse_args()
+    for line in td.launch(main, a.world, a.rounds, a.check_every, a.flag_every, backend=a.backend):
+        print(line)
