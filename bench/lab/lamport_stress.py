@@ -34,31 +34,38 @@ def _state(ctx) -> str:
             f"heads left (buffer, src, program) {live}")
 
 
-def main(ctx, rounds: int, check_every: int, flag_every: int):
+def _round(ctx, i, shapes, flag_every, pending):
     w, r = ctx.world_size, ctx.rank
+    n, dtype, block, programs = shapes[i % len(shapes)]
+    g = torch.Generator().manual_seed(i)
+    xs = [torch.randint(-8, 8, (n,), generator=g).to(dtype) for _ in range(w)]
+    want = sum(x.float() for x in xs).to(dtype)
+    t = xs[r].clone().to(ctx.device)
+    ctx.all_reduce(t, algorithm="lamport", block=block, programs=programs)
+    pending.append((i, t, want))
+    if flag_every and i % flag_every == flag_every - 1:
+        ctx.all_reduce(torch.ones(64, device=ctx.device), algorithm="one_shot")
+
+
+def main(ctx, rounds: int, check_every: int, flag_every: int, shapes: str = "all"):
+    shapes = {"all": SHAPES, "auto": [s for s in SHAPES if s[2] is None and s[3] is None],
+              "one": SHAPES[:1]}[shapes]
     pending = []
     for i in range(rounds):
-        n, dtype, block, programs = SHAPES[i % len(SHAPES)]
-        g = torch.Generator().manual_seed(i)
-        xs = [torch.randint(-8, 8, (n,), generator=g).to(dtype) for _ in range(w)]
-        want = sum(x.float() for x in xs).to(dtype)
-        t = xs[r].clone().to(ctx.device)
-        ctx.all_reduce(t, algorithm="lamport", block=block, programs=programs)
-        pending.append((i, t, want))
-        if flag_every and i % flag_every == flag_every - 1:
-            ctx.all_reduce(torch.ones(64, device=ctx.device), algorithm="one_shot")
-        if len(pending) >= check_every or i == rounds - 1:
-            try:
+        try:
+            _round(ctx, i, shapes, flag_every, pending)
+            if len(pending) >= check_every or i == rounds - 1:
                 ctx.sync()
                 for j, got, want in pending:
                     if not torch.equal(got.cpu(), want):
                         bad = (got.cpu() != want).nonzero().flatten()[:5].tolist()
                         raise AssertionError(f"round {j}: wrong elements {bad}")
-            except Exception as exc:
-                print(f"FAILED at call {i}: {type(exc).__name__}: {exc}\n  {_state(ctx)}",
-                      file=sys.stderr, flush=True)
-                raise
-            pending = []
+                pending = []
+        except Exception as exc:
+            torch.cuda.synchronize() if ctx.backend == "cuda" else None
+            print(f"FAILED at call {i}: {type(exc).__name__}: {str(exc)[:300]}\n  {_state(ctx)}",
+                  file=sys.stderr, flush=True)
+            return f"rank {ctx.rank}: FAILED at call {i}: {_state(ctx)}"
     return _state(ctx)
 
 
@@ -68,7 +75,10 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=1000)
     p.add_argument("--check-every", type=int, default=50)
     p.add_argument("--flag-every", type=int, default=7, help="a one_shot call every this many (0: none)")
+    p.add_argument("--shapes", default="all", choices=("all", "auto", "one"),
+                   help="all: grids change every call; auto: default grids; one: one shape")
     p.add_argument("--backend", default=None)
     a = p.parse_args()
-    for line in td.launch(main, a.world, a.rounds, a.check_every, a.flag_every, backend=a.backend):
+    for line in td.launch(main, a.world, a.rounds, a.check_every, a.flag_every, a.shapes,
+                          backend=a.backend, timeout=10.0):
         print(line)
