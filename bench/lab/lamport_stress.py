@@ -34,26 +34,27 @@ def _state(ctx) -> str:
             f"heads left (buffer, src, program) {live}")
 
 
-def _round(ctx, i, shapes, flag_every, pending):
+def _round(ctx, i, shapes, flag_every, pending, algorithm="lamport"):
     w, r = ctx.world_size, ctx.rank
     n, dtype, block, programs = shapes[i % len(shapes)]
     g = torch.Generator().manual_seed(i)
     xs = [torch.randint(-8, 8, (n,), generator=g).to(dtype) for _ in range(w)]
     want = sum(x.float() for x in xs).to(dtype)
     t = xs[r].clone().to(ctx.device)
-    ctx.all_reduce(t, algorithm="lamport", block=block, programs=programs)
+    ctx.all_reduce(t, algorithm=algorithm, block=block, programs=programs)
     pending.append((i, t, want))
     if flag_every and i % flag_every == flag_every - 1:
         ctx.all_reduce(torch.ones(64, device=ctx.device), algorithm="one_shot")
 
 
-def main(ctx, rounds: int, check_every: int, flag_every: int, shapes: str = "all"):
+def main(ctx, rounds: int, check_every: int, flag_every: int, shapes: str = "all",
+         algorithm: str = "lamport"):
     shapes = {"all": SHAPES, "auto": [s for s in SHAPES if s[2] is None and s[3] is None],
               "one": SHAPES[:1]}[shapes]
     pending = []
     for i in range(rounds):
         try:
-            _round(ctx, i, shapes, flag_every, pending)
+            _round(ctx, i, shapes, flag_every, pending, algorithm)
             if len(pending) >= check_every or i == rounds - 1:
                 ctx.sync()
                 for j, got, want in pending:
@@ -77,8 +78,9 @@ if __name__ == "__main__":
     p.add_argument("--flag-every", type=int, default=7, help="a one_shot call every this many (0: none)")
     p.add_argument("--shapes", default="all", choices=("all", "auto", "one"),
                    help="all: grids change every call; auto: default grids; one: one shape")
+    p.add_argument("--algorithm", default="lamport", help="a control: the same rounds by another algorithm")
     p.add_argument("--backend", default=None)
     a = p.parse_args()
-    for line in td.launch(main, a.world, a.rounds, a.check_every, a.flag_every, a.shapes,
+    for line in td.launch(main, a.world, a.rounds, a.check_every, a.flag_every, a.shapes, a.algorithm,
                           backend=a.backend, timeout=10.0):
         print(line)

@@ -46,7 +46,7 @@ import triton.language as tl
 import trident.language as tdl
 from trident.language.sync import (CTRL_ERROR, CTRL_TIMEOUT, KIND_HOST_CALL, KIND_MISMATCH,
                                    KIND_PEER_FAILED, KIND_TIMEOUT, PEER_POLL, peer_failed,
-                                   peer_in_host_call)
+                                   peer_in_host_call, program_any)
 
 from . import device
 
@@ -179,9 +179,9 @@ def send_heads(heads, buf, value, rank, heap_bases, WORLD: tl.constexpr):
 def _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP: tl.constexpr,
            WORLD: tl.constexpr):
     """One look at every peer's words of this block and head: (the block reduced over
-    ranks in rank order, as far as it came, and a verdict the same in every thread: the
-    bits _PENDING -- a word or head not there yet --, _MISMATCH -- a head of another call
-    -- and `stop`, folded into one reduction)."""
+    ranks in rank order, as far as it came, and a verdict the same in every thread
+    (`_agree`): the bits _PENDING -- a word or head not there yet --, _MISMATCH -- a head
+    of another call -- and `stop`)."""
     miss = tl.zeros_like(offs)
     for src in tl.static_range(WORLD):
         peer = src != rank
@@ -196,7 +196,24 @@ def _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP: tl.
             acc = x.to(tl.float32)
         else:
             acc = device.combine(acc, x, OP)
-    return acc, tl.max(miss | stop, axis=0)
+    return acc, _agree(tl.max(miss | stop, axis=0))
+
+
+@triton.jit
+def _agree(mine):
+    """One verdict for the whole program: the bits that any thread's `mine` has. A block
+    smaller than the program's threads is held in copies, one per warp, and tl.max reduces
+    each copy in its warp without a program barrier; warps that decided apart left the
+    wait apart, and one cleared words another was still polling (on one H200: timeouts,
+    and stale words read as data, in 1 of some 30 rounds). Program barriers that vote
+    (program_any), which every thread reaches: two on the common path."""
+    seen = tl.where(program_any((mine & _PENDING) != 0), _PENDING, 0)
+    if program_any(mine > _PENDING):
+        seen = seen | tl.where(program_any((mine & _TIMEOUT) != 0), _TIMEOUT, 0)
+        seen = seen | tl.where(program_any((mine & _GONE) != 0), _GONE, 0)
+        seen = seen | tl.where(program_any((mine & _HOST_CALL) != 0), _HOST_CALL, 0)
+        seen = seen | tl.where(program_any((mine & _MISMATCH) != 0), _MISMATCH, 0)
+    return seen
 
 
 @triton.jit
