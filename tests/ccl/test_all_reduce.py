@@ -1,4 +1,4 @@
-"""all_reduce: every algorithm, dtype and op on odd sizes, against plain torch on the
+"""all_reduce: every algorithm, dtype (floats and integers) and op on odd sizes, against plain torch on the
 gathered inputs; back-to-back calls without synchronisation; identical results on
 every rank."""
 import pytest
@@ -14,6 +14,11 @@ CASES = [
     ("two_shot", torch.bfloat16, "sum", 300, True, BLOCK),
     ("two_shot", torch.float16, "sum", 37, False, None),
     ("two_shot", torch.float32, "max", 5, True, None),
+    # integers reduce in their own type (issue 41): exact int64, int32 sums that wrap
+    ("one_shot", torch.int64, "sum", 37, False, BLOCK),
+    ("two_shot", torch.int32, "sum", 129, True, BLOCK),
+    ("auto", torch.int8, "max", 5, False, None),
+    ("two_shot", torch.uint8, "min", 70, False, None),
 ]
 
 
@@ -60,8 +65,8 @@ def test_all_reduce_mixed_back_to_back(pool):
 
 
 def _bad_inputs(ctx):
-    with pytest.raises(TypeError, match="bfloat16, float16 and float32"):
-        ctx.all_reduce(torch.ones(4, dtype=torch.int32, device=ctx.device))
+    with pytest.raises(TypeError, match="float32, int8, uint8, int32 and int64, got torch.int16"):
+        ctx.all_reduce(torch.ones(4, dtype=torch.int16, device=ctx.device))
     with pytest.raises(ValueError, match="op must be one of"):
         ctx.all_reduce(torch.ones(4, device=ctx.device), op="prod")
     with pytest.raises(ValueError, match="contiguous"):

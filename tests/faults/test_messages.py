@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.context import CallMismatchError
+from trident.errors import CallMismatch
 
 
 def _different_ops_debug(ctx):
@@ -13,7 +13,7 @@ def _different_ops_debug(ctx):
     try:
         t = ctx.ones(64)
         out = ctx.empty(64 * ctx.world_size)
-        with pytest.raises(CallMismatchError, match="rank 0 called all_reduce") as info:
+        with pytest.raises(CallMismatch, match="rank 0 called all_reduce") as info:
             if ctx.rank == 0:
                 ctx.all_reduce(t)
             else:
