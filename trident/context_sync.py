@@ -75,7 +75,7 @@ class SyncMethods:
     _check_open(), _workspaces, _resettable, _host_step, _error_view and _failure (set by
     Context.__init__).
 
-    Errors and the state they leave (README "Reliability"):
+    Errors and the state they leave (README, Concepts, "Errors"):
     - a device wait that gave up (timeout, a peer that failed, a call that differs)
       records a code in the rank's error word; the host reads it without a device sync
       (`_error_view`: the word's host mirror, written by the wait that records the first
@@ -512,6 +512,7 @@ class SyncMethods:
         peer waiting there in another call raises CallMismatch naming it, and comes to its
         own reset), meet every rank's reset under keys of their own, then continue every
         rank from the highest number. Returns every rank's `payload` (int64 words)."""
+        self._check_open()
         self._check_group("reset", None)
         self._post_alone("reset", "ctx.reset()")
         gen = self._resets
