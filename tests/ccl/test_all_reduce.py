@@ -90,3 +90,44 @@ def _bad_inputs(ctx):
 
 def test_all_reduce_bad_inputs(pool):
     pool.run(_bad_inputs)
+
+
+def _floats_only_algorithm(ctx):
+    """An algorithm declared for floating types only (registry.py `dtypes="float"`, as a
+    Lamport all_reduce will be) never runs on integers: "auto" takes the first declared
+    algorithm that does instead, and naming it raises TypeError."""
+    import dataclasses
+
+    from trident.ccl import registry
+    from trident.plans import tensor_key
+    picked = _auto_pick(ctx, 33 * 4)          # what "auto" picks for this size
+    key = ("all_reduce", picked)
+    declared = registry._BY_KEY[key]
+    registry._BY_KEY[key] = dataclasses.replace(declared, dtypes="float")
+    try:
+        xs = rank_inputs(ctx.world_size, (33,), torch.int32, seed=5)
+        t = xs[ctx.rank].clone().to(ctx.device)
+        ctx.all_reduce(t)
+        ctx.sync()
+        assert_equal(t, reduce_ref(xs, "sum"), "auto on int32, its pick floats-only")
+        plan = ctx.plans._get(("all_reduce", tensor_key(t), "sum", "auto", None, None, (),
+                               False))
+        with pytest.raises(TypeError, match=f"{picked}' takes floating-point tensors only"):
+            ctx.all_reduce(torch.ones(5, dtype=torch.int64, device=ctx.device),
+                           algorithm=picked)
+        return picked, plan.name
+    finally:
+        registry._BY_KEY[key] = declared
+
+
+def _auto_pick(ctx, nbytes: int) -> str:
+    from trident import ccl
+    return ccl.select("all_reduce", nbytes, ctx.world_size, graph=False,
+                      nccl=ccl._nccl_agreed(ctx))
+
+
+def test_a_floats_only_algorithm_never_gets_integers(pool):
+    if pool.world_size == 1:
+        pytest.skip("one rank launches no kernel")
+    for picked, ran in pool.run(_floats_only_algorithm):
+        assert ran != picked and ran in ("one_shot", "two_shot"), (picked, ran)

@@ -288,7 +288,8 @@ def _splits_differ(src: int, sends: int, dst: int, receives: int) -> str:
 # ---------------------------------------------------------------------------- entries
 def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, programs=None,
                **kw):
-    """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
+    """In place: t = op over ranks of t (floats accumulate in fp32, integers in their own
+    type, wrapping around as torch's do). Returns t."""
     _collective(ctx, ("all_reduce", tensor_key(t), op, algorithm, block, programs,
                       tuple(sorted(kw.items())) if kw else (), ctx.capturing()), (t,))
     return t

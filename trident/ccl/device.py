@@ -237,6 +237,8 @@ def _all_ones(x):
     """All bits set, in x's dtype: NaN in every floating format, -1 as a signed integer."""
     if x.dtype.is_floating():       # via fp32: the interpreter has no bf16 constants
         bad = (x.to(tl.float32) * float("nan")).to(x.dtype)
+    elif x.dtype.is_int_unsigned():  # the interpreter's ~ makes a -1 of the type: no uint8
+        bad = (x ^ x) - 1
     else:
         bad = ~(x ^ x)
     return bad

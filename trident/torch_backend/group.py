@@ -152,7 +152,7 @@ class TridentProcessGroup(dist.ProcessGroup):
                                "maps its heap and cannot be captured into a CUDA graph; run "
                                "one collective (or trident.torch_backend.context(group)) "
                                "before capturing")
-        from .context import make_context
+        from .make_context import make_context
         self._ctx, self.context_error = make_context(self.inner, self._options)
         ctx = self._ctx
         if ctx is not None:
