@@ -1,10 +1,12 @@
 """Context: one rank's view of the job -- rank, world size, device, the symmetric heap.
 
-Context is made of four files, each one seam of it (none imports this one):
+Context is made of five files, each one seam of it (none imports this one):
   context.py        trident.init, Context's construction (heap backend, device, names),
                     its properties and lifetime (close);
   context_heap.py   HeapMethods: tensor factories, free, peer views, workspaces;
-  context_sync.py   SyncMethods: timeouts, sync, barrier, host_exchange, agree, reset;
+  context_sync.py   SyncMethods: timeouts, sync, barrier, agree, reset;
+  context_exchange.py  ExchangeMethods: host_exchange, the numbered host collective
+                    those are made of, and its one-sided posts;
   context_ops.py    OpMethods: the collectives, fused ops and tracing, which hand over to
                     trident.ccl / trident.ops / trident.trace (imported on first use).
 """
@@ -18,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from . import _env, placement
+from .context_exchange import ExchangeMethods
 from .context_heap import HeapMethods
 from .context_ops import OpMethods
 from .context_sync import CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, SyncMethods  # noqa: F401
@@ -41,7 +44,7 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
-class Context(HeapMethods, SyncMethods, OpMethods):
+class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
     """Created by `trident.init`; holds the heap and offers the collectives and ops.
 
     Attributes: rank, world_size, device, backend ("cuda" or "cpu"), heap_size,
@@ -254,7 +257,7 @@ class Context(HeapMethods, SyncMethods, OpMethods):
 
         from torch._C._distributed_c10d import AllgatherOptions
 
-        from .context_sync import _NAME_WORDS, _PAYLOAD_WORDS
+        from .context_exchange import _NAME_WORDS, _PAYLOAD_WORDS
         mine = torch.zeros(3 + _NAME_WORDS + _PAYLOAD_WORDS, dtype=torch.int64)
         tensors = [mine, *(torch.empty_like(mine) for _ in range(self.world_size))]
         held = [sys.getrefcount(t) for t in tensors]

@@ -102,8 +102,10 @@ def _floats_only_algorithm(ctx):
     from trident.plans import tensor_key
     picked = _auto_pick(ctx, 33 * 4)          # what "auto" picks for this size
     key = ("all_reduce", picked)
-    declared = registry._BY_KEY[key]
-    registry._BY_KEY[key] = dataclasses.replace(declared, dtypes="float")
+    declared, table = registry._BY_KEY[key], registry.ALGORITHMS
+    floats = dataclasses.replace(declared, dtypes="float")
+    registry._BY_KEY[key] = floats
+    registry.ALGORITHMS = tuple(floats if a is declared else a for a in table)
     try:
         xs = rank_inputs(ctx.world_size, (33,), torch.int32, seed=5)
         t = xs[ctx.rank].clone().to(ctx.device)
@@ -117,7 +119,7 @@ def _floats_only_algorithm(ctx):
                            algorithm=picked)
         return picked, plan.name
     finally:
-        registry._BY_KEY[key] = declared
+        registry._BY_KEY[key], registry.ALGORITHMS = declared, table
 
 
 def _auto_pick(ctx, nbytes: int) -> str:
