@@ -1,7 +1,7 @@
-"""The command line (`python -m trident`, as the `trident` script): info, demo, `bench
---help`, `tune --help` and `trace --help`, and a tiny run of two benchmark suites, which must write their results (to
---out-dir, else ./trident-results) with the baseline, named for what it is, beside every
-trident row. On the CPU emulation by default, unchanged on GPUs."""
+"""The command line (`python -m trident`, as the `trident` script): info, demo, `bench --help`,
+`tune --help`, `trace --help`, and a tiny run of two benchmark suites, which must write
+their results (to --out-dir, else ./trident-results) with the baseline, named for what it
+is, beside every trident row. On the CPU emulation by default, unchanged on GPUs."""
 import json
 import os
 import subprocess

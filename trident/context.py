@@ -24,7 +24,8 @@ from .context_exchange import ExchangeMethods
 from .context_heap import HeapMethods
 from .context_ops import OpMethods
 from .context_sync import CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, SyncMethods  # noqa: F401
-from .errors import CallMismatch, CallMismatchError, HostTimeout  # noqa: F401  (importable here too)
+# importable from here too (CallMismatchError: CallMismatch's name before issue 41)
+from .errors import CallMismatch, CallMismatchError, HostTimeout  # noqa: F401
 from .heap.allocator import Allocator
 from .plans import PlanCache
 

@@ -1,6 +1,6 @@
-"""all_reduce: every algorithm, dtype (floats and integers) and op on odd sizes, against plain torch on the
-gathered inputs; back-to-back calls without synchronisation; identical results on
-every rank."""
+"""all_reduce: every algorithm, dtype (floats, integers) and op on odd sizes, against plain
+torch on the gathered inputs; back-to-back calls without synchronisation; identical results
+on every rank."""
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
-"""reduce_scatter: push and pull, bf16/fp16/fp32 and int8/uint8/int32/int64, sum/max/min, odd block sizes, plain and
-heap tensors, back to back; against plain torch on the gathered inputs."""
+"""reduce_scatter: push and pull, bf16/fp16/fp32, int8/uint8/int32/int64, sum/max/min, odd
+block sizes, plain and heap tensors, back to back; against plain torch on the gathered
+inputs."""
 import pytest
 import torch
 

@@ -19,6 +19,9 @@ def _different_ops_debug(ctx):
             else:
                 ctx.all_gather(out, t)
         assert "rank 1 called all_gather" in str(info.value)
+        # one family (issue 41): a host-side mismatch is the device-side's class, a CommTimeout
+        assert isinstance(info.value, td.CommTimeout)
+        assert info.value.op == ("all_reduce" if ctx.rank == 0 else "all_gather")
         ctx.all_reduce(t)                  # in step again
         ctx.barrier()
         assert torch.equal(t, torch.full_like(t, ctx.world_size))
