@@ -13,6 +13,7 @@ TRITON_PIN ?= triton==3.6.0
 .PHONY: demo test install
 
 $(VENV)/.installed: pyproject.toml
+	@echo "make: creating $(VENV) and installing PyTorch, triton and trident into it (quiet; a few minutes the first time)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)" "$(TRITON_PIN)" || $(PY) -m pip install -q torch "$(TRITON_PIN)"
@@ -22,6 +23,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
+	@echo "make demo: running trident demo (all GPUs, or 4 CPU ranks under Triton's interpreter: about a minute there)"
 	$(VENV)/bin/trident demo
 
 test: install

@@ -1,7 +1,7 @@
-"""The command line (`python -m trident`, as the `trident` script): info, demo, `bench
---help`, and a tiny run of two benchmark suites, which must write their results (to
---out-dir, else ./trident-results) with the baseline, named for what it is, beside every
-trident row. On the CPU emulation by default, unchanged on GPUs."""
+"""The command line (`python -m trident`, as the `trident` script): info, demo, `bench --help`,
+`tune --help`, `trace --help`, and a tiny run of two benchmark suites, which must write
+their results (to --out-dir, else ./trident-results) with the baseline, named for what it
+is, beside every trident row. On the CPU emulation by default, unchanged on GPUs."""
 import json
 import os
 import subprocess
@@ -46,6 +46,20 @@ def test_bench_help_says_what_each_suite_measures():
     assert "./trident-results" in out, out
     for suite, what in SUITES.items():
         assert f"  {suite} " in out and what.split()[0] in out, (suite, out)
+
+
+@pytest.mark.parametrize("command, flags", [
+    ("tune", ("--gemm", "--ops", "--budget-s", "--world-size", "--quick", "--max-size", "--out")),
+    ("trace", ("--output", "--world-size", "--size", "--dtype", "--iters", "--tokens")),
+])
+@pytest.mark.parametrize("help_flag", ["--help", "-h"])
+def test_tune_and_trace_help_show_every_option(command, flags, help_flag):
+    """`trident tune --help` printed only `usage: trident tune [-h]` (issue 41): the
+    command's own parser must answer, with every option it takes."""
+    out = _trident(command, help_flag)
+    assert f"usage: trident {command}" in out, out
+    for flag in flags:
+        assert flag in out, (flag, out)
 
 
 @pytest.mark.parametrize("suite, args, baseline", [

@@ -56,10 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("-h", "--help", action="store_true",
                        help="this text, or with a suite that suite's options")
     bench.add_argument("suite", nargs="?", choices=BENCH_SUITES)
-    sub.add_parser("tune", help="measure the collectives' algorithm tables (eager and CUDA "
-                   "graph) on this machine, or with --gemm the GEMM core's table on its GPU, "
-                   "and keep them for trident to use")
-    trace = sub.add_parser("trace", help="run one op with tracing on, write a Perfetto trace")
+    # tune and trace parse their own options, --help included (trident/tune.py,
+    # trident/tools/trace.py): everything after the command goes to them
+    sub.add_parser("tune", add_help=False, help="measure the collectives' algorithm tables "
+                   "(eager and CUDA graph) on this machine, or with --gemm the GEMM core's "
+                   "table on its GPU, or with --ops the fused ops' schedules, and keep them "
+                   "for trident to use")
+    sub.add_parser("trace", add_help=False,
+                   help="run one op with tracing on, write a Perfetto trace")
     args, rest = parser.parse_known_args(argv)
     if args.command in ("info", "demo") and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")

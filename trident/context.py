@@ -1,10 +1,12 @@
 """Context: one rank's view of the job -- rank, world size, device, the symmetric heap.
 
-Context is made of four files, each one seam of it (none imports this one):
+Context is made of five files, each one seam of it (none imports this one):
   context.py        trident.init, Context's construction (heap backend, device, names),
                     its properties and lifetime (close);
   context_heap.py   HeapMethods: tensor factories, free, peer views, workspaces;
-  context_sync.py   SyncMethods: timeouts, sync, barrier, host_exchange, agree, reset;
+  context_sync.py   SyncMethods: timeouts, sync, barrier, agree, reset;
+  context_exchange.py  ExchangeMethods: host_exchange, the numbered host collective
+                    those are made of, and its one-sided posts;
   context_ops.py    OpMethods: the collectives, fused ops and tracing, which hand over to
                     trident.ccl / trident.ops / trident.trace (imported on first use).
 """
@@ -18,10 +20,12 @@ import torch
 import torch.distributed as dist
 
 from . import _env, placement
+from .context_exchange import ExchangeMethods
 from .context_heap import HeapMethods
 from .context_ops import OpMethods
 from .context_sync import CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, SyncMethods  # noqa: F401
-from .errors import CallMismatchError, HostTimeout  # noqa: F401  (importable from here too)
+# importable from here too (CallMismatchError: CallMismatch's name before issue 41)
+from .errors import CallMismatch, CallMismatchError, HostTimeout  # noqa: F401
 from .heap.allocator import Allocator
 from .plans import PlanCache
 
@@ -41,7 +45,7 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
-class Context(HeapMethods, SyncMethods, OpMethods):
+class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
     """Created by `trident.init`; holds the heap and offers the collectives and ops.
 
     Attributes: rank, world_size, device, backend ("cuda" or "cpu"), heap_size,
@@ -208,55 +212,66 @@ class Context(HeapMethods, SyncMethods, OpMethods):
 
     def close(self) -> None:
         """Release the heap. Tensors from this context must not be used afterwards.
-        A failure this rank already raised (and did not reset) is not raised again.
-        Collective: a peer that makes another call meanwhile (a collective, a barrier)
-        makes every rank raise CallMismatchError, naming each rank's call."""
+        Collective. First it raises, on every rank, the first trident error still pending
+        (one that a kernel recorded, e.g. a peer that called with other sizes, and that no
+        later call has raised yet: it names the call that failed); a failure this rank
+        already raised (and did not reset) is not raised again. A peer that makes another
+        call meanwhile (a collective, a barrier) makes every rank raise CallMismatch,
+        naming each rank's call. The heap is freed in every case."""
         if self._closed:
             return
+        seen = self._failure is not None     # raised already: the user knows
         settle = False
         try:
             if not self._peer_closed:     # else no peer is left to meet (context_sync.py)
                 self._barrier(self._closing_as)
-            settle = dist.get_backend(self.group) == "gloo" and not self._peer_closed
         except Exception:
-            if self._failure is None:
+            if not seen:
                 raise
         finally:
+            # every rank met in close (its checks may have raised): gloo needs settling
+            settle = (self._barrier_met and not self._peer_closed
+                      and dist.get_backend(self.group) == "gloo")
             self._closed = True
             self.plans.clear()
             from . import torch_ops
             torch_ops.unregister(self)
             self.ctrl = self.heap_bases = None
             self._heap.close()
-        if settle:
-            # gloo's worker thread drops a collective's tensors after the caller's wait has
-            # returned, and takes the GIL to do it: in a process that exits right after
-            # close(), that came after Python had begun to finalise, and the process aborted
-            # ("terminate called without an active exception"). One more exchange of the
-            # header's size (so a peer in another host call sees a mismatch, not a crash):
-            # its enqueue waits while the worker, holding the queue's lock, drops the
-            # barrier's tensors; then wait until it has dropped this one's (their refcounts
-            # come back down).
-            import datetime
-            import sys
-            import time
+            if settle:
+                self._settle_gloo()
 
-            from torch._C._distributed_c10d import AllgatherOptions
+    def _settle_gloo(self) -> None:
+        """After close's exchange over a gloo group: wait until gloo's worker has dropped
+        the tensors of the group's last collective (see below)."""
+        # gloo's worker thread drops a collective's tensors after the caller's wait has
+        # returned, and takes the GIL to do it: in a process that exits right after
+        # close(), that came after Python had begun to finalise, and the process aborted
+        # ("terminate called without an active exception"). One more exchange of the
+        # header's size (so a peer in another host call sees a mismatch, not a crash):
+        # its enqueue waits while the worker, holding the queue's lock, drops the
+        # barrier's tensors; then wait until it has dropped this one's (their refcounts
+        # come back down).
+        import datetime
+        import sys
+        import time
 
-            from .context_sync import _NAME_WORDS, _PAYLOAD_WORDS
-            mine = torch.zeros(3 + _NAME_WORDS + _PAYLOAD_WORDS, dtype=torch.int64)
-            tensors = [mine, *(torch.empty_like(mine) for _ in range(self.world_size))]
-            held = [sys.getrefcount(t) for t in tensors]
-            opts = AllgatherOptions()
-            opts.timeout = datetime.timedelta(seconds=self.host_timeout_s)
-            try:
-                self.group._get_backend(torch.device("cpu")).allgather(
-                    [tensors[1:]], [mine], opts).wait()
-            except RuntimeError:            # a peer gone since the barrier: nothing to wait for
-                return
-            deadline = time.monotonic() + 5.0
-            while [sys.getrefcount(t) for t in tensors] != held and time.monotonic() < deadline:
-                time.sleep(1e-4)
+        from torch._C._distributed_c10d import AllgatherOptions
+
+        from .context_exchange import _NAME_WORDS, _PAYLOAD_WORDS
+        mine = torch.zeros(3 + _NAME_WORDS + _PAYLOAD_WORDS, dtype=torch.int64)
+        tensors = [mine, *(torch.empty_like(mine) for _ in range(self.world_size))]
+        held = [sys.getrefcount(t) for t in tensors]
+        opts = AllgatherOptions()
+        opts.timeout = datetime.timedelta(seconds=self.host_timeout_s)
+        try:
+            self.group._get_backend(torch.device("cpu")).allgather(
+                [tensors[1:]], [mine], opts).wait()
+        except RuntimeError:            # a peer gone since the barrier: nothing to wait for
+            return
+        deadline = time.monotonic() + 5.0
+        while [sys.getrefcount(t) for t in tensors] != held and time.monotonic() < deadline:
+            time.sleep(1e-4)
 
     def __enter__(self) -> "Context":
         return self

@@ -129,6 +129,7 @@ class HeapMethods:
         obj = self._workspaces.get(key)
         if obj is None:
             before = set(self.allocator.live_offsets())
+            history = self.allocator.mark()
             error = None
             try:
                 obj = factory(self)
@@ -136,10 +137,13 @@ class HeapMethods:
                 error = e
             made = set(self.allocator.live_offsets()) - before
 
-            def roll_back():
+            def roll_back(alone: bool = False):
                 for offset in made:
                     self.allocator.free(offset)
-                self.allocator.restart_log()
+                if alone:       # the peers may not have made this call at all
+                    self.allocator.rewind(history)
+                else:
+                    self.allocator.restart_log()
 
             try:
                 failed, keys = self._barrier("workspace", detail=key, failed=error is not None)
@@ -148,6 +152,9 @@ class HeapMethods:
                 raise HeapMismatchError(
                     f"while {self._op_phrase()} created the workspace {key!r}: {e} Did "
                     f"every rank make this call, with the same sizes?") from None
+            except BaseException:
+                roll_back(alone=True)     # a peer that failed or made another call
+                raise
             if keys is not None or any(failed):
                 roll_back()
             if keys is not None:

@@ -33,6 +33,7 @@ class _Building:
 
     def __enter__(self):
         self.prev, self.ctx._calling = self.ctx._calling, self.name
+        self.exchanges = self.ctx._exchanges
 
     def __exit__(self, kind, exc, tb):
         self.ctx._calling = self.prev
@@ -40,6 +41,10 @@ class _Building:
             # this rank will not launch the call: peers already waiting in it for this
             # rank stop at once and name this error (trident/context_sync.py)
             self.ctx._publish(exc)
+            if self.ctx._exchanges == self.exchanges:
+                # ... also peers waiting in a host exchange of it (its first call's
+                # workspace), which this rank never made
+                self.ctx.post_failure(self.name, exc)
 
 
 class OpMethods:

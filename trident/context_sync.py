@@ -1,24 +1,20 @@
 """Context's host-side collectives and error checks: timeouts, sync (a rank's device
 errors), the host barrier (every rank's errors and heap allocations), the debug-mode
-agreement check, reset, and the fixed-size header exchange they are all made of.
+agreement check and reset, all made of the header exchange (context_exchange.py).
 
 Part of trident.Context (trident/context.py), which inherits SyncMethods; this module does
 not import trident.context."""
 from __future__ import annotations
 
-import datetime
-import hashlib
-import pickle
-import uuid
 import weakref
 
 import torch
 import torch.distributed as dist
 
-from .nodes import topology
+from .context_exchange import _Joined, _digest
 from .errors import (ERROR_MARK, HOST_CALL_CODES, KIND_HOST_CALL, KIND_PEER_FAILED,
-                     CallMismatchError, GroupUnusable, HeapMismatchError, HostTimeout,
-                     decode_timeout, device_error, value_error_message)
+                     CallMismatch, HeapMismatchError, HostTimeout, PeerFailed, decode_timeout,
+                     device_error, value_error_message)
 from .language import sync as _sync
 
 # Host-side copies of the control-block layout (the device side uses tl.constexpr).
@@ -29,35 +25,6 @@ from .language import sync as _sync
         _sync.CTRL_FAILED, _sync.CTRL_HOST_WORD, _sync.CTRL_BASES, _sync.CTRL_TEXT,
         _sync.CTRL_TEXT_WORDS, _sync.CTRL_HOST_CALL, _sync.CTRL_HOST_DONE))
 
-# Host-side collectives of a context (barrier, workspace creation, debug-mode agreement
-# checks, reset) all begin with one all_gather of a header of this fixed size: which call
-# it is (name, step number, a digest of its details) and a payload. Any two of them pair
-# up, so ranks that made different calls find out from the headers and every rank raises
-# an error that names each rank's call. They go through the group's store (keys of this
-# context's own, `_exchange_store`), never through the group's collectives: a header
-# exchange on one rank would otherwise pair with a torch.distributed collective of the
-# same size on its peer (the "nccl" algorithm, the torch backend's fallbacks, the user's
-# own), which returned the header to that peer as its data (issue 29).
-_HEADER_MAGIC = 0x7472696465_6E74      # "trident"
-_NAME_WORDS = 4                         # 32 bytes of the call's name
-_PAYLOAD_WORDS = 9
-_HEADER_WORDS = 3 + _NAME_WORDS + _PAYLOAD_WORDS
-
-
-def _digest(obj) -> int:
-    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=8).digest(),
-                          "little", signed=True)
-
-
-def _name_words(name: str) -> list[int]:
-    raw = name.encode()[:8 * _NAME_WORDS].ljust(8 * _NAME_WORDS, b"\0")
-    return [int.from_bytes(raw[i:i + 8], "little", signed=True) for i in range(0, len(raw), 8)]
-
-
-def _words_name(words) -> str:
-    return b"".join(int(w).to_bytes(8, "little", signed=True) for w in words).rstrip(b"\0") \
-        .decode(errors="replace")
-
 
 class SyncMethods:
     """The synchronisation methods of trident.Context. They use the context's rank,
@@ -65,7 +32,7 @@ class SyncMethods:
     _check_open(), _workspaces, _resettable, _host_step, _error_view and _failure (set by
     Context.__init__).
 
-    Errors and the state they leave (README "Reliability"):
+    Errors and the state they leave (README, Concepts, "Errors"):
     - a device wait that gave up (timeout, a peer that failed, a call that differs)
       records a code in the rank's error word; the host reads it without a device sync
       (`_error_view`: the word's host mirror, written by the wait that records the first
@@ -96,9 +63,8 @@ class SyncMethods:
         # a memoryview of int64: an element read costs ~50 ns (a numpy element ~300)
         self._error_view = memoryview(words).cast("B").cast("q")
         self._failure = None
-        self._exchanges = 0          # host header exchanges made (the same on every rank)
-        self._exchange_store = _exchange_store(self.group)
-        self._peer_closed = False    # a peer was found closing: close() has no one to meet
+        self._barrier_met = False    # the last _barrier's exchange met every rank
+        self._init_exchanges()
         self._link_ctrl()
         self.plans.watch(self._error_view, self._raise_failure)
 
@@ -140,7 +106,7 @@ class SyncMethods:
     def _join_host_call(self, word: int):
         """When this rank's kernel stopped because a peer waited in a host-side call
         (KIND_HOST_CALL, here or behind a chain of PeerFailed), join that peer's host
-        exchange under this rank's call, so that every rank raises CallMismatchError naming
+        exchange under this rank's call, so that every rank raises CallMismatch naming
         each rank's call; returns that error (None where there is nothing to join)."""
         if self._closed or self.capturing() or not self._caused_by_host_call(word):
             return None
@@ -155,7 +121,7 @@ class SyncMethods:
         op = decode_timeout(word)[0]
         try:
             self.host_exchange(op, detail=_Joined(tuple(p for p, _ in waiting)))
-        except (CallMismatchError, HostTimeout) as exc:
+        except (CallMismatch, HostTimeout, PeerFailed) as exc:
             return exc
         return None
 
@@ -264,7 +230,7 @@ class SyncMethods:
         raise CommTimeout, bad input values that kernels recorded raise ValueError, on every
         rank) and that all ranks made the same heap allocations, then synchronises the ranks.
         A rank that made another host-side call meanwhile (an op's first call, a debug
-        check) makes every rank raise CallMismatchError; one that never comes, HostTimeout
+        check) makes every rank raise CallMismatch; one that never comes, HostTimeout
         after the context's timeout."""
         self._barrier("barrier")
 
@@ -278,9 +244,11 @@ class SyncMethods:
             torch.cuda.synchronize(self.device)
         timeout, value = self._error_words()
         self._enter_host_call(what)
+        self._barrier_met = False
         try:
             table, details = self.host_exchange(
                 what, [self.allocator.digest(), timeout, *value, failed], detail=detail)
+            self._barrier_met = True     # every rank is in this call (close() reads it)
         except HostTimeout:
             self._raise_if_timed_out(timeout)    # a wait of this rank's that timed out says more
             raise
@@ -305,11 +273,14 @@ class SyncMethods:
         self._raise_value_error(value)
         for rank, record in enumerate(values):
             self._raise_value_error(record, rank)
+        if self._went_past:         # a peer failed a call that this rank made
+            peer, cause = self._went_past[0]
+            raise PeerFailed(self._describe_call(what, detail), self.rank, peer, cause)
         return failed, details
 
     def agree(self, op: str, *signature) -> None:
         """Debug mode's check before an op: raise ValueError if the ranks called `op` with
-        different sizes (`signature`: what must be equal everywhere), CallMismatchError
+        different sizes (`signature`: what must be equal everywhere), CallMismatch
         (naming each rank's call) if a rank is in another call. One fixed-size host
         exchange, which a peer's barrier or other check cannot be confused with."""
         _, everyone = self.host_exchange(op, detail=signature)
@@ -317,92 +288,6 @@ class SyncMethods:
             if theirs != signature:
                 raise ValueError(f"{op}: rank {self.rank} called with {signature} but rank "
                                  f"{rank} with {theirs}; every rank must pass the same sizes")
-
-    def host_exchange(self, what: str, payload=(), detail=None, check_step: bool = True):
-        """One host-side collective: every rank sends a fixed-size header (the call's name
-        `what`, its step number since init/reset, a digest of `detail`) and up to
-        9 int64 payload words; returns (every rank's payload words, the ranks' `detail`s
-        if they differ, else None).
-
-        Raises, on every rank alike, CallMismatchError naming each rank's call when the
-        ranks are not in the same call; HostTimeout when a rank does not come within the
-        context's timeout, after which every later one raises GroupUnusable at once."""
-        self._check_open()
-        earlier = topology.failed(self.group)     # a group that failed once stays unusable
-        if earlier is not None:
-            raise GroupUnusable(self._describe_call(what, detail), self.rank, earlier)
-        payload = [int(p) for p in payload]
-        if len(payload) > _PAYLOAD_WORDS:
-            raise AssertionError(f"host_exchange payload of {len(payload)} words")
-        step = self._host_step
-        self._host_step += 1
-        mine = torch.tensor([_HEADER_MAGIC, step, _digest(detail), *_name_words(what),
-                             *payload, *[0] * (_PAYLOAD_WORDS - len(payload))], dtype=torch.int64)
-        table = self._all_gather_header(mine, lambda: self._describe_call(what, detail))
-        if any(row[0] != _HEADER_MAGIC for row in table):
-            bad = [r for r, row in enumerate(table) if row[0] != _HEADER_MAGIC]
-            raise CallMismatchError(
-                f"{what}: rank {self.rank}'s host-side collective met another kind of "
-                f"collective on rank(s) {bad} (a torch.distributed call?); the ranks are out "
-                f"of step")
-        names = [_words_name(row[3:3 + _NAME_WORDS]) for row in table]
-        steps = [row[1] for row in table]
-        if len(set(names)) > 1 or (check_step and len(set(steps)) > 1):
-            # a peer that closes is gone after this: close() then has no one to meet
-            self._peer_closed = any(n in ("close", "destroy_process_group") for n in names)
-            describe = self._describe_call(what, detail)
-            calls = self._gather_objects("calls", describe, lambda: describe)
-            lines = "; ".join(f"rank {r} called {c} (its host-side call #{steps[r]})"
-                              for r, c in enumerate(calls))
-            raise CallMismatchError(
-                f"ranks made different calls at the same point: {lines}. Every rank must "
-                f"make the same trident calls in the same order (did a rank skip one?)")
-        details = None
-        if len({row[2] for row in table}) > 1:
-            details = self._gather_objects("details", detail,
-                                           lambda: self._describe_call(what, detail))
-        return [row[3 + _NAME_WORDS:] for row in table], details
-
-    def _describe_call(self, what: str, detail) -> str:
-        if what == "workspace":
-            return f"{self._op_phrase()} (a call that creates the workspace {detail!r})"
-        if what in ("barrier", "reset", "close"):
-            return f"ctx.{what}()"
-        if what == "destroy_process_group":
-            return "dist.destroy_process_group() (which closes the group's trident context)"
-        if isinstance(detail, _Joined):
-            return (f"{what} (a collective whose kernel found rank(s) {list(detail.peers)} "
-                    f"waiting in a host-side call instead)")
-        return what if detail is None else f"{what} with {detail}"
-
-    def _all_gather_header(self, mine: torch.Tensor, describe) -> list[list[int]]:
-        """all_gather of the header through the store, bounded by the host timeout;
-        describe() names the call in the error."""
-        n = self._exchanges
-        self._exchanges += 1        # every rank counts alike (a failed one: the group is gone)
-        rows = self._store_gather(str(n), mine.numpy().tobytes(), describe)
-        if n:      # every peer has set key n, so it has read all of exchange n - 1
-            self._exchange_store.delete_key(f"{n - 1}/{self.rank}")
-        return [torch.frombuffer(bytearray(row), dtype=torch.int64).tolist() for row in rows]
-
-    def _store_gather(self, tag: str, data: bytes, describe) -> list[bytes]:
-        """Every rank's `data` under key `tag` of this context's store keys, in rank order."""
-        store = self._exchange_store
-        keys = [f"{tag}/{r}" for r in range(self.world_size)]
-        try:
-            store.set(keys[self.rank], data)
-            store.wait(keys, datetime.timedelta(seconds=self.host_timeout_s))
-            return store.multi_get(keys)
-        except RuntimeError as e:
-            topology.mark_failed(self.group, describe())
-            raise HostTimeout(describe(), self.rank, self.host_timeout_s,
-                              str(e).strip()[:200]) from None
-
-    def _gather_objects(self, tag: str, obj, describe) -> list:
-        """Every rank's `obj` (pickled) through the store: the calls and details of a
-        header exchange that found a difference."""
-        return [pickle.loads(b) for b in self._store_gather(
-            f"{self._exchanges - 1}/{tag}", pickle.dumps(obj), describe)]
 
     def _raise_heap_mismatch(self, digests: list[int]) -> None:
         logs = [None] * self.world_size
@@ -436,8 +321,7 @@ class SyncMethods:
         blocks = sorted((o, self.allocator.length(o)) for o in self.allocator.live_offsets())
         # not published as a host call (_enter_host_call): ranks come to reset at different
         # times after a failure, and a peer still waiting for this rank has failed already
-        table, _ = self.host_exchange("reset", [_digest(blocks)], check_step=False)
-        self._host_step = 0
+        table = self._realign([_digest(blocks)])
         if len({row[0] for row in table}) > 1:
             everyone = [None] * self.world_size
             dist.all_gather_object(everyone, blocks, group=self.group)
@@ -462,27 +346,6 @@ class SyncMethods:
         self._failure = exc
         if not self._error_view[CTRL_ERROR]:
             self._error_view[CTRL_ERROR] = ERROR_MARK
-
-
-def _exchange_store(group):
-    """A store of this context's own for host exchanges: the group's store under a prefix
-    that rank 0 draws and the others receive (one collective, at init)."""
-    box = [uuid.uuid4().hex]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
-    from torch.distributed import distributed_c10d as c10d
-    return dist.PrefixStore(f"trident-host/{box[0]}/", c10d._get_process_group_store(group))
-
-
-class _Joined:
-    """host_exchange's detail for a collective that joins a peer's host call (the peers
-    found waiting there), so that the error names it."""
-    __slots__ = ("peers",)
-
-    def __init__(self, peers: tuple):
-        self.peers = peers
-
-    def __repr__(self) -> str:
-        return f"_Joined({self.peers})"
 
 
 def _heap_difference(everyone: list) -> HeapMismatchError:

@@ -100,11 +100,6 @@ class HeapMismatchError(RuntimeError):
     """Ranks made different allocation requests on the symmetric heap."""
 
 
-class CallMismatchError(RuntimeError):
-    """Ranks made different host-side collective calls at the same point (a rank skipped
-    or reordered a trident call): the message names each rank's call."""
-
-
 class HostTimeout(CommTimeout):
     """A host-side collective (barrier, workspace creation, debug check) did not hear from
     every rank within the context's timeout: a rank skipped the call, failed before it or
@@ -174,17 +169,27 @@ class PeerFailed(CommTimeout):
 
 
 class CallMismatch(CommTimeout):
-    """Ranks met in one collective kernel with different calls: a size, dtype, reduction,
-    algorithm or op that differs (found on the device, from a fingerprint of the call that
-    travels with the signals peers wait on). Every rank of the pair raises it."""
+    """Ranks made different calls at the same point: a size, dtype, reduction, algorithm
+    or op that differs, found on the device (a fingerprint of the call travels with the
+    signals peers wait on; `peer` is the rank of the pair), or a rank in another host-side
+    call (a barrier, reset, close, an op's first call: found by the host exchange, whose
+    `message` names each rank's call; `peer` is None). Every rank raises it."""
 
-    def __init__(self, op: str, rank: int, peer: int, theirs: str = ""):
+    def __init__(self, op: str, rank: int, peer: int | None, theirs: str = "",
+                 message: str = ""):
         self.op, self.rank, self.peer, self.timeout_s, self.theirs = op, rank, peer, 0.0, theirs
+        self.message = message
         RuntimeError.__init__(
-            self, f"rank {rank}: {op}: rank {peer} made a different call at the same point "
-                  f"({theirs or 'another size, dtype, reduction, algorithm or op'}). Every "
-                  f"rank must make the same calls with the same sizes; outputs of this call "
-                  f"are not valid; call ctx.reset() on every rank")
+            self, message or
+            f"rank {rank}: {op}: rank {peer} made a different call at the same point "
+            f"({theirs or 'another size, dtype, reduction, algorithm or op'}). Every "
+            f"rank must make the same calls with the same sizes; outputs of this call "
+            f"are not valid; call ctx.reset() on every rank")
 
     def __reduce__(self):
-        return CallMismatch, (self.op, self.rank, self.peer, self.theirs)
+        return CallMismatch, (self.op, self.rank, self.peer, self.theirs, self.message)
+
+
+# The name of host-side mismatches before issue 41: the same class now, so that one
+# `except CallMismatch` (or `except td.CommTimeout`) catches both kinds.
+CallMismatchError = CallMismatch

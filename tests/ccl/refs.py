@@ -15,17 +15,19 @@ def rank_inputs(world_size, shape, dtype, seed):
             x = torch.randn(shape, generator=g).to(dtype)
         elif dtype == torch.bool:
             x = torch.randint(0, 2, shape, generator=g).bool()
-        else:
-            x = torch.randint(-100, 100, shape, generator=g).to(dtype)
+        else:       # the whole range: int32 sums past fp32's 24 bits, int64's past 53, wrapping
+            info = torch.iinfo(dtype)
+            x = torch.randint(info.min, info.max, shape, generator=g, dtype=dtype)
         out.append(x)
     return out
 
 
 def reduce_ref(xs, op):
-    """op over the list in rank order, accumulated in fp32, cast back."""
-    acc = xs[0].float()
+    """op over the list in rank order, accumulated in fp32 (floats; cast back) or in the
+    integer type itself (wrapping around, as torch.distributed's sums do)."""
+    acc = xs[0].float() if xs[0].is_floating_point() else xs[0]
     for x in xs[1:]:
-        x = x.float()
+        x = x.to(acc.dtype)
         acc = acc + x if op == "sum" else torch.maximum(acc, x) if op == "max" else torch.minimum(acc, x)
     return acc.to(xs[0].dtype)
 

@@ -1,6 +1,6 @@
-"""all_reduce: every algorithm, dtype and op on odd sizes, against plain torch on the
-gathered inputs; back-to-back calls without synchronisation; identical results on
-every rank."""
+"""all_reduce: every algorithm, dtype (floats, integers) and op on odd sizes, against plain
+torch on the gathered inputs; back-to-back calls without synchronisation; identical results
+on every rank."""
 import pytest
 import torch
 
@@ -18,6 +18,11 @@ CASES = [
     ("lamport", torch.bfloat16, "max", 300, True, None),
     ("lamport", torch.float16, "min", 1, False, None),
     ("lamport", torch.bfloat16, "sum", 4099, False, 256),
+    # integers reduce in their own type (issue 41): exact int64, int32 sums that wrap
+    ("one_shot", torch.int64, "sum", 37, False, BLOCK),
+    ("two_shot", torch.int32, "sum", 129, True, BLOCK),
+    ("auto", torch.int8, "max", 5, False, None),
+    ("two_shot", torch.uint8, "min", 70, False, None),
 ]
 
 
@@ -105,8 +110,8 @@ def test_lamport_rounds_and_special_values(pool):
 
 
 def _bad_inputs(ctx):
-    with pytest.raises(TypeError, match="bfloat16, float16 and float32"):
-        ctx.all_reduce(torch.ones(4, dtype=torch.int32, device=ctx.device))
+    with pytest.raises(TypeError, match="float32, int8, uint8, int32 and int64, got torch.int16"):
+        ctx.all_reduce(torch.ones(4, dtype=torch.int16, device=ctx.device))
     with pytest.raises(ValueError, match="op must be one of"):
         ctx.all_reduce(torch.ones(4, device=ctx.device), op="prod")
     with pytest.raises(ValueError, match="contiguous"):
@@ -135,3 +140,46 @@ def _bad_inputs(ctx):
 
 def test_all_reduce_bad_inputs(pool):
     pool.run(_bad_inputs)
+
+
+def _floats_only_algorithm(ctx):
+    """An algorithm declared for floating types only (registry.py `dtypes="float"`, as a
+    Lamport all_reduce will be) never runs on integers: "auto" takes the first declared
+    algorithm that does instead, and naming it raises TypeError."""
+    import dataclasses
+
+    from trident.ccl import registry
+    from trident.plans import tensor_key
+    picked = _auto_pick(ctx, 33 * 4)          # what "auto" picks for this size
+    key = ("all_reduce", picked)
+    declared, table = registry._BY_KEY[key], registry.ALGORITHMS
+    floats = dataclasses.replace(declared, dtypes="float")
+    registry._BY_KEY[key] = floats
+    registry.ALGORITHMS = tuple(floats if a is declared else a for a in table)
+    try:
+        xs = rank_inputs(ctx.world_size, (33,), torch.int32, seed=5)
+        t = xs[ctx.rank].clone().to(ctx.device)
+        ctx.all_reduce(t)
+        ctx.sync()
+        assert_equal(t, reduce_ref(xs, "sum"), "auto on int32, its pick floats-only")
+        plan = ctx.plans._get(("all_reduce", tensor_key(t), "sum", "auto", None, None, (),
+                               False))
+        with pytest.raises(TypeError, match=f"{picked}' takes floating-point tensors only"):
+            ctx.all_reduce(torch.ones(5, dtype=torch.int64, device=ctx.device),
+                           algorithm=picked)
+        return picked, plan.name
+    finally:
+        registry._BY_KEY[key], registry.ALGORITHMS = declared, table
+
+
+def _auto_pick(ctx, nbytes: int) -> str:
+    from trident import ccl
+    return ccl.select("all_reduce", nbytes, ctx.world_size, graph=False,
+                      nccl=ccl._nccl_agreed(ctx))
+
+
+def test_a_floats_only_algorithm_never_gets_integers(pool):
+    if pool.world_size == 1:
+        pytest.skip("one rank launches no kernel")
+    for picked, ran in pool.run(_floats_only_algorithm):
+        assert ran != picked and ran in ("one_shot", "two_shot"), (picked, ran)

@@ -1,5 +1,6 @@
-"""reduce_scatter: push and pull, bf16/fp16/fp32, sum/max/min, odd block sizes, plain and
-heap tensors, back to back; against plain torch on the gathered inputs."""
+"""reduce_scatter: push and pull, bf16/fp16/fp32, int8/uint8/int32/int64, sum/max/min, odd
+block sizes, plain and heap tensors, back to back; against plain torch on the gathered
+inputs."""
 import pytest
 import torch
 
@@ -11,6 +12,10 @@ CASES = [
     ("push", torch.bfloat16, "max", (3, 5), True, None),
     ("pull", torch.bfloat16, "sum", (150,), True, BLOCK),
     ("pull", torch.float16, "min", (7,), False, None),
+    ("push", torch.int64, "sum", (3, 5), False, None),      # integers: in their own type
+    ("pull", torch.int32, "max", (37,), True, BLOCK),
+    ("pull", torch.int8, "sum", (9,), False, None),         # wraps around, as torch's
+    ("push", torch.uint8, "min", (7,), True, BLOCK),
 ]
 
 
@@ -36,9 +41,9 @@ def test_reduce_scatter(pool):
 def _bad_inputs(ctx):
     with pytest.raises(ValueError, match="inp must have shape"):
         ctx.reduce_scatter(torch.empty(4, device=ctx.device), torch.ones(4 * ctx.world_size + 2, device=ctx.device))
-    with pytest.raises(TypeError, match="bfloat16, float16 and float32"):
-        ctx.reduce_scatter(torch.empty(4, dtype=torch.int64, device=ctx.device),
-                           torch.ones(4 * ctx.world_size, dtype=torch.int64, device=ctx.device))
+    with pytest.raises(TypeError, match="int32 and int64, got torch.float64"):
+        ctx.reduce_scatter(torch.empty(4, dtype=torch.float64, device=ctx.device),
+                           torch.ones(4 * ctx.world_size, dtype=torch.float64, device=ctx.device))
 
 
 def test_reduce_scatter_bad_inputs(pool):

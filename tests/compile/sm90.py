@@ -167,15 +167,22 @@ def _ccl() -> list[Kernel]:
     pull_ag_block = PULL_AG_BLOCK_BYTES // 4
     from trident.ccl.reduce_scatter.pull import GPU_IN_FLIGHT_BYTES as PULL_IN_FLIGHT_BYTES
     reduce_types = {"*bf16": 2, "*fp16": 2, "*fp32": 4}
+    # integers reduce in their own type (device.py: to_acc): int32 keeps the 16-byte
+    # accesses; int64's are ld/st.v2.b64 and the bytes' .v4.b32 pairs, so those and the
+    # 8-bit ones are only compiled. Fewer ops than the floats: the compile is what differs
+    int_reductions = [("*i32", 4, 0, True), ("*i32", 4, 1, True), ("*i64", 8, 0, False),
+                      ("*i8", 1, 1, False), ("*u8", 1, 2, False)]
 
     def reductions(*data_args, word=False, vectors="all", **more):
         out = []
-        for dtype, size in reduce_types.items():
-            for op in REDUCE_OPS.values():
-                extra = {"WORD": size} if word else {}
-                out.append(V(vectors, w, types=dict.fromkeys(data_args, dtype), OP=op,
-                             BLOCK=GPU_BLOCK_BYTES // size, TRACE=op == 0 and size == 2,
-                             **extra, **more))
+        cases = [(dtype, size, op, True) for dtype, size in reduce_types.items()
+                 for op in REDUCE_OPS.values()] + int_reductions
+        for dtype, size, op, vector in cases:
+            extra = {"WORD": size} if word else {}
+            more_ = more if vector else {k: v for k, v in more.items() if k != "v4"}
+            out.append(V(vectors if vector else "", w, types=dict.fromkeys(data_args, dtype),
+                         OP=op, BLOCK=GPU_BLOCK_BYTES // size,
+                         TRACE=op == 0 and size == 2, **extra, **more_))
         return out
 
     def pulled_worlds(types, stores):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.context import CallMismatchError, HostTimeout
+from trident.errors import CallMismatch, HostTimeout
 from trident.errors import GroupUnusable
 from trident.launch import RankPool
 
@@ -159,7 +159,7 @@ def test_one_rank_skips_a_collective():
 def test_one_rank_skips_a_collective_debug():
     """Debug mode names the mismatch at once instead of aborting the process."""
     exc, text = _fault(_one_rank_skips, debug=True)
-    assert isinstance(exc, CallMismatchError), text
+    assert isinstance(exc, CallMismatch), text
     assert "rank 0 called all_reduce" in text and "rank 1 called ctx.barrier()" in text, text
 
 
@@ -172,7 +172,7 @@ def test_one_rank_skips_barrier(debug):
 
 def test_one_rank_skips_the_first_call_of_an_op():
     exc, text = _fault(_one_rank_skips_first_call)
-    assert isinstance(exc, CallMismatchError), text
+    assert isinstance(exc, CallMismatch), text
     assert "rank 0 called all_gather_matmul (a call that creates the workspace" in text, text
     assert "rank 1 called ctx.barrier()" in text, text
 
@@ -183,7 +183,7 @@ def test_sizes_in_different_scratch_classes():
     # rank 0's kernel times out waiting (device timeout) and reaches its barrier while
     # rank 1 still waits in the workspace's host exchange (host timeout = device + 5 s):
     # the headers meet and every rank names both calls
-    assert isinstance(exc, (CallMismatchError, td.CommTimeout)), text
+    assert isinstance(exc, (CallMismatch, td.CommTimeout)), text
     assert "rank 1 called all_reduce (a call that creates the workspace" in text \
         or "rank 1 failed too" in text, text
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.context import CallMismatchError
+from trident.errors import CallMismatch
 
 
 def _different_ops_debug(ctx):
@@ -13,12 +13,15 @@ def _different_ops_debug(ctx):
     try:
         t = ctx.ones(64)
         out = ctx.empty(64 * ctx.world_size)
-        with pytest.raises(CallMismatchError, match="rank 0 called all_reduce") as info:
+        with pytest.raises(CallMismatch, match="rank 0 called all_reduce") as info:
             if ctx.rank == 0:
                 ctx.all_reduce(t)
             else:
                 ctx.all_gather(out, t)
         assert "rank 1 called all_gather" in str(info.value)
+        # one family (issue 41): a host-side mismatch is the device-side's class, a CommTimeout
+        assert isinstance(info.value, td.CommTimeout)
+        assert info.value.op == ("all_reduce" if ctx.rank == 0 else "all_gather")
         ctx.all_reduce(t)                  # in step again
         ctx.barrier()
         assert torch.equal(t, torch.full_like(t, ctx.world_size))

@@ -4,7 +4,7 @@ return data, or return normally, from a call that no peer made. Before, the peer
 waited out the device timeout and raised CommTimeout, the rank in the host call waited out
 the host timeout (HostTimeout, the group unusable afterwards), and nothing named the two
 calls. Now the peers' waits find the rank in its host call (language/sync.py, "A peer in a
-host-side call"), their outputs are poisoned, and every rank raises CallMismatchError
+host-side call"), their outputs are poisoned, and every rank raises CallMismatch
 quickly, naming both calls; ctx.reset() then gives a context whose next call is right,
 and a peer of a rank that closed closes at once.
 
@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import trident as td
-from trident.errors import CallMismatchError
+from trident.errors import CallMismatch
 
 from ..conftest import WORLD_SIZES, get_pool
 
@@ -178,8 +178,8 @@ def test_a_rank_in_a_host_call_meets_no_collective(pool):
         for rank, r in enumerate(results):
             kind, text, took, returned, poisoned, after, closed = r[name]
             line = f"{name}, rank {rank}: {kind} in {took:.2f} s: {text[:300]}"
-            if kind != CallMismatchError.__name__:
-                bad.append(f"{line} (expected CallMismatchError)")
+            if kind != CallMismatch.__name__:
+                bad.append(f"{line} (expected CallMismatch)")
             elif described not in text or op.split()[0].replace("_single", "").replace(
                     "_into_tensor", "").replace("moe_", "") not in text:
                 bad.append(f"{line} (the message must name both calls)")

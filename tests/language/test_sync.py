@@ -98,7 +98,7 @@ def _silent_peer(ctx):
             assert ok.item() == 0
         else:
             # silent, and not yet in a host call: a peer's wait that saw it in the barrier
-            # below would raise CallMismatchError naming both calls instead (3a9f77a;
+            # below would raise CallMismatch naming both calls instead (3a9f77a;
             # tests/faults/test_mismatched_host_calls.py)
             time.sleep(3 * ctx.timeout_s)
         # the failure is sticky until reset (README "Reliability"): the barrier raises it

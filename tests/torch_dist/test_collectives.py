@@ -1,9 +1,12 @@
 """torch.distributed's collectives on a "trident" default group, checked against plain
 torch on every rank's inputs: odd sizes, every reduction trident serves (SUM, AVG, MAX,
-MIN on bf16/fp16/fp32) and the ones that fall back (PRODUCT, integers), async_op, splits
-for all_to_all_single, heap tensors in place, the functional collectives (DTensor's path
-through torch's C++ side), what falls back (send/recv, gather, scatter) and that it is
-counted, a sub-group, and a mismatched size raising on every rank."""
+MIN on bf16/fp16/fp32; SUM, MAX, MIN on integers) and one that falls back (PRODUCT),
+async_op, splits for all_to_all_single, heap tensors in place, the functional collectives
+(DTensor's path through torch's C++ side), what falls back (send/recv, gather, scatter)
+and that it is counted, a sub-group, a mismatched size raising on every rank (at the
+next call, or at destroy_process_group), and a wrong size on one rank repaired by reset."""
+import time
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -30,8 +33,9 @@ def _ref(xs, op):
 
 
 def _reductions(ctx):
-    """all_reduce and reduce_scatter_tensor: SUM, AVG, MAX, MIN and the float dtypes go to
-    trident; PRODUCT and int64 to the inner group. Then the list form of reduce_scatter."""
+    """all_reduce and reduce_scatter_tensor: SUM, AVG, MAX, MIN and the float dtypes, SUM,
+    MAX, MIN and the integer ones go to trident; PRODUCT to the inner group. Then the list
+    form of reduce_scatter."""
     pg, w, me = dist.group.WORLD, ctx.world_size, ctx.rank
     dev = ctx.device
     before = pg.fallbacks.copy()
@@ -39,7 +43,7 @@ def _reductions(ctx):
     # call interprets its kernel on the CPU)
     cases = [(torch.float32, op) for op in (R.SUM, R.AVG, R.MAX, R.MIN)] + \
         [(torch.bfloat16, R.SUM), (torch.bfloat16, R.AVG), (torch.float16, R.MAX),
-         (torch.float16, R.SUM)]
+         (torch.float16, R.SUM), (torch.int64, R.SUM), (torch.int32, R.MIN)]
     for i, (dtype, op) in enumerate(cases):
         xs = rank_inputs(w, (37,), dtype, seed=i)
         t = xs[me].clone().to(dev)
@@ -54,11 +58,7 @@ def _reductions(ctx):
     t = xs[me].clone().to(dev)
     dist.all_reduce(t, op=R.PRODUCT)
     torch.testing.assert_close(t.cpu(), _ref(xs, R.PRODUCT))
-    xs = rank_inputs(w, (11,), torch.int64, seed=8)
-    t = xs[me].clone().to(dev)
-    dist.all_reduce(t)
-    assert torch.equal(t.cpu(), sum(xs))
-    assert pg.fallbacks["all_reduce"] == before["all_reduce"] + 2, pg.fallbacks
+    assert pg.fallbacks["all_reduce"] == before["all_reduce"] + 1, pg.fallbacks
     # the list form: world tensors in, one out
     xs = rank_inputs(w, (w * 4,), torch.float32, seed=9)
     out = torch.empty(4, device=dev)
@@ -241,3 +241,54 @@ def test_a_mismatched_size_raises_on_every_rank(tpool):
         assert raised[0] in kinds, (rank, raised)
         assert raised[0] == CommTimeout.__name__ or "different call" in raised[1], raised
         assert after == [w * (w + 1) / 2] * 8, after
+
+
+def _wrong_size_on_one_rank(ctx):
+    """Issue 41 item 1 through the torch backend: rank 0 calls reduce_scatter_tensor with
+    an input of the wrong size as a new trident group's first call (the others' first
+    collective agrees on the context's facts: a host exchange rank 0 never makes). Rank 0
+    raises ValueError, the others PeerFailed naming it, at once; reset() on every rank, and
+    a correct call is right; then destroy_process_group raises nothing. Then item 4: sizes
+    that differ in the group's last call, and destroy_process_group raises the mismatch."""
+    from trident.torch_backend import Options, context
+    w, dev = ctx.world_size, ctx.device
+    g = dist.new_group(backend="trident", pg_options=Options(heap_size=8 << 20, timeout=20.0))
+    out = torch.empty(6, device=dev)
+    t0 = time.perf_counter()
+    try:
+        reduce_scatter_single(out, torch.ones(6 * w + (ctx.rank == 0), device=dev), group=g)
+        context(g).sync()
+        raised = None
+    except Exception as exc:        # noqa: BLE001 -- the test inspects what came
+        raised = (type(exc).__name__, str(exc), time.perf_counter() - t0)
+    context(g).reset()
+    xs = rank_inputs(w, (6 * w,), torch.int32, seed=11)
+    out = torch.empty(6, dtype=torch.int32, device=dev)
+    reduce_scatter_single(out, xs[ctx.rank].to(dev), group=g)
+    right = torch.equal(out.cpu(), reduce_ref(xs, "sum")[6 * ctx.rank:6 * ctx.rank + 6])
+    dist.destroy_process_group(g)
+    g = dist.new_group(backend="trident", pg_options=Options(heap_size=8 << 20, timeout=20.0))
+    for n in (10, 20):          # compiled first: a peer still compiling would time out
+        dist.all_reduce(torch.ones(n, device=dev), group=g)
+    dist.barrier(group=g)
+    dist.all_reduce(torch.randn(10 if ctx.rank == 0 else 20, device=dev), group=g)
+    try:
+        dist.destroy_process_group(g)
+        at_destroy = None
+    except Exception as exc:        # noqa: BLE001
+        at_destroy = (type(exc).__name__, str(exc))
+    return raised, right, at_destroy
+
+
+def test_a_wrong_size_on_one_rank_is_repaired_by_reset(tpool):
+    for rank, (raised, right, at_destroy) in enumerate(tpool.run(_wrong_size_on_one_rank)):
+        assert raised is not None and raised[2] < 5, (rank, raised)
+        if rank == 0:
+            assert raised[0] == "ValueError" and "reduce_scatter_tensor" in raised[1], raised
+        else:
+            assert raised[0] == PeerFailed.__name__, (rank, raised)
+            assert "rank 0" in raised[1] and "ValueError" in raised[1], raised
+        assert right, f"rank {rank}: the call after reset() is wrong"
+        assert at_destroy is not None, f"rank {rank}: destroy_process_group hid the mismatch"
+        assert at_destroy[0] in (CallMismatch.__name__, PeerFailed.__name__), at_destroy
+        assert "all_reduce" in at_destroy[1], at_destroy

@@ -42,7 +42,7 @@ def _nccl_agreed(ctx) -> bool:
     return common.agreed(ctx).nccl and nccl.available(ctx)
 
 
-def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
+def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool, dtype) -> str:
     """The algorithm a call runs: `algorithm` by name, or the selector's choice for "auto"
     (also None, the default of earlier versions).
 
@@ -50,7 +50,9 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
     a stand-in where they may differ) are the call's; whether NCCL can run and the
     selector's tables are agreed (common.Agreed); `graph` (a CUDA graph is being
     captured) is the same on every rank when the ranks capture the same calls, which
-    they must (debug mode checks it with the sizes)."""
+    they must (debug mode checks it with the sizes). An algorithm that does not take
+    `dtype` (registry.py `dtypes`) is never run: "auto" takes the op's first declared
+    algorithm that does instead; naming it raises TypeError."""
     auto = algorithm is None or algorithm == "auto"
     has_nccl = _nccl_agreed(ctx)          # not where ranks share a GPU (on any rank)
     if auto:
@@ -63,6 +65,12 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool) -> str:
     if declared.needs_nccl and not has_nccl:
         raise ValueError(f"{op}: algorithm {name!r}: {nccl.unavailable_reason(ctx)}; "
                          f"choose one of {choices}")
+    if not declared.takes(dtype):
+        takes = [a.name for a in registry.kernels(op) if a.takes(dtype)]
+        if not auto:
+            raise TypeError(f"{op}: algorithm {name!r} takes floating-point tensors only, "
+                            f"got {dtype}; choose one of {['auto'] + takes}")
+        name = next(a.name for a in registry.kernels(op) if a.auto and a.takes(dtype))
     return name
 
 
@@ -138,7 +146,7 @@ def _build(op: str, ctx, *args) -> Plan:
     tensors = args[:spec.tensors]
     *own, algorithm, block, programs, kw, graph = args[spec.tensors:]
     checked = spec.check(ctx, *tensors, *own)
-    name = _algorithm(ctx, op, algorithm, spec.nbytes(tensors, own), graph)
+    name = _algorithm(ctx, op, algorithm, spec.nbytes(tensors, own), graph, tensors[-1].dtype)
     kw = knobs(ctx, op, name, kw, block, programs,
                1 if spec.word is None else spec.word(tensors))
     if op == "all_to_all":
@@ -280,7 +288,8 @@ def _splits_differ(src: int, sends: int, dst: int, receives: int) -> str:
 # ---------------------------------------------------------------------------- entries
 def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, programs=None,
                **kw):
-    """In place: t = op over ranks of t (fp32 accumulation). Returns t."""
+    """In place: t = op over ranks of t (floats accumulate in fp32, integers in their own
+    type, wrapping around as torch's do). Returns t."""
     _collective(ctx, ("all_reduce", tensor_key(t), op, algorithm, block, programs,
                       tuple(sorted(kw.items())) if kw else (), ctx.capturing()), (t,))
     return t

@@ -21,7 +21,9 @@ import triton
 from . import device, nccl, selector
 
 REDUCE_OPS = {"sum": 0, "max": 1, "min": 2}
-REDUCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# floats accumulate in fp32; integers in their own type, wrapping around as torch's do
+REDUCE_DTYPES = (torch.bfloat16, torch.float16, torch.float32,
+                 torch.int8, torch.uint8, torch.int32, torch.int64)
 
 # Launch sizes. GPU: 16 KiB per program per step (16-byte vectors, 4 per thread with 8
 # warps), up to 128 programs (about one per SM of an H100/H200). The interpreter runs
@@ -219,7 +221,8 @@ def check_tensor(ctx, t, name: str) -> None:
 
 def check_reduce(t: torch.Tensor, name: str, op: str) -> int:
     if t.dtype not in REDUCE_DTYPES:
-        raise TypeError(f"{name}: reductions support bfloat16, float16 and float32, got {t.dtype}")
+        raise TypeError(f"{name}: reductions support bfloat16, float16, float32, int8, uint8, "
+                        f"int32 and int64, got {t.dtype}")
     if op not in REDUCE_OPS:
         raise ValueError(f"op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
     return REDUCE_OPS[op]

@@ -237,6 +237,8 @@ def _all_ones(x):
     """All bits set, in x's dtype: NaN in every floating format, -1 as a signed integer."""
     if x.dtype.is_floating():       # via fp32: the interpreter has no bf16 constants
         bad = (x.to(tl.float32) * float("nan")).to(x.dtype)
+    elif x.dtype.is_int_unsigned():  # the interpreter's ~ makes a -1 of the type: no uint8
+        bad = (x ^ x) - 1
     else:
         bad = ~(x ^ x)
     return bad
@@ -276,9 +278,20 @@ def fingerprint(kernel, *parts) -> int:
 
 
 @triton.jit
+def to_acc(x):
+    """x in the type reductions accumulate in: fp32 for floating types; an integer type
+    its own, so that int64 stays exact and sums wrap around as torch's do."""
+    if x.dtype.is_floating():
+        acc = x.to(tl.float32)
+    else:
+        acc = x
+    return acc
+
+
+@triton.jit
 def combine(acc, x, OP: tl.constexpr):
-    """acc (fp32) combined with x under SUM / MAX / MIN."""
-    x = x.to(tl.float32)
+    """acc (`to_acc`'s type) combined with x under SUM / MAX / MIN."""
+    x = to_acc(x)
     if OP == SUM:
         out = acc + x
     elif OP == MAX:
@@ -294,9 +307,9 @@ def reduce_slots(local, slots, stride, offs, mask, rank, world_size, OP: tl.cons
     the same block gets bit-identical results): rank `rank`'s contribution is read from
     `local + offs`, rank s's from `slots + s * stride + offs`."""
     if rank == 0:
-        acc = tl.load(local + offs, mask=mask).to(tl.float32)
+        acc = to_acc(tl.load(local + offs, mask=mask))
     else:
-        acc = tl.load(slots + offs, mask=mask).to(tl.float32)
+        acc = to_acc(tl.load(slots + offs, mask=mask))
     for src in range(1, world_size):
         if src == rank:
             x = tl.load(local + offs, mask=mask)
@@ -340,7 +353,7 @@ def reduce_peers(ptrs, oks, offs, mask, WORLD: tl.constexpr, OP: tl.constexpr,
     hoists independent loads above the combines anyway, so grouping them in the source
     does not bound the registers they take: the host bounds WORLD x BLOCK instead.)"""
     xs = load_peers(ptrs, oks, offs, mask, WORLD, VEC)
-    acc = xs[0].to(tl.float32)
+    acc = to_acc(xs[0])
     for src in tl.static_range(1, WORLD):
         acc = combine(acc, xs[src], OP)
     return acc

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")
 SCRATCH = ("message", "bounded")
 ENGINES = ("trident", "torch")
+DTYPES = ("any", "float")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class Algorithm:
     engine: "trident" -- it launches trident's kernels; "torch" -- it hands the call to
       torch.distributed (the "nccl" algorithm: no knobs, no launch sizes, NCCL needed).
     function: the run function's name in its module, where it is not `name`.
+    dtypes: "any" -- every dtype the op takes (a reduction's: ccl/common.py
+      REDUCE_DTYPES, integers included); "float" -- floating-point tensors only. The call
+      path never runs it on others: "auto" takes the op's first declared algorithm that
+      does instead, a call that names it raises TypeError (ccl/__init__.py `_algorithm`).
     """
     op: str
     name: str
@@ -58,11 +63,16 @@ class Algorithm:
     auto: bool = True
     engine: str = "trident"
     function: str = ""
+    dtypes: str = "any"
 
     def __post_init__(self):
         if (self.op not in OPS or self.scratch not in SCRATCH or self.engine not in ENGINES
-                or self.engine == "torch" and self.knobs):
+                or self.engine == "torch" and self.knobs or self.dtypes not in DTYPES):
             raise AssertionError(f"bad declaration {self}")
+
+    def takes(self, dtype) -> bool:
+        """Whether it runs on tensors of torch dtype `dtype` (see `dtypes`)."""
+        return self.dtypes == "any" or dtype.is_floating_point
 
     @property
     def needs_nccl(self) -> bool:
@@ -94,7 +104,7 @@ ALGORITHMS = (
     Algorithm("reduce_scatter", "push", "reduce_scatter.push"),
     Algorithm("reduce_scatter", "pull", "reduce_scatter.pull", ("warps",), "bounded"),
     Algorithm("all_reduce", "one_shot", "all_reduce.one_shot"),
-    Algorithm("all_reduce", "lamport", "all_reduce.lamport", ("warps",), "bounded"),
+    Algorithm("all_reduce", "lamport", "all_reduce.lamport", ("warps",), "bounded", dtypes="float"),
     Algorithm("all_reduce", "two_shot", "all_reduce.two_shot", ("warps",), "bounded"),
     Algorithm("all_to_all", "push", "all_to_all.push", ("warps",), "bounded"),
     Algorithm("all_to_all", "one_shot", "all_to_all.one_shot", (), "bounded"),

@@ -81,6 +81,17 @@ class Allocator:
     def live_offsets(self) -> list[int]:
         return sorted(self._used)
 
+    def mark(self) -> tuple:
+        """The request history now, for `rewind`."""
+        return self._hash.copy(), len(self.log)
+
+    def rewind(self, mark: tuple) -> None:
+        """Make the request history what it was at `mark`, as if the requests since (freed
+        again by the caller) had never been made: for a rank that undoes a call its peers
+        did not make."""
+        self._hash = mark[0].copy()
+        del self.log[mark[1]:]
+
     def restart_log(self) -> None:
         """Forget the request history (all ranks must do this at the same point)."""
         self._hash = hashlib.blake2b(digest_size=8)

@@ -28,7 +28,7 @@ such a call in CTRL_HOST_CALL (with the number of host exchanges it completed be
 a wait that polls its peer finds it there and records KIND_HOST_CALL (raised as a
 CallMismatch) at once, unless this rank has made that host call itself (CTRL_HOST_DONE: a
 stale word not yet cleared) or the flag came meanwhile. The host then joins the peer's
-host exchange (context_sync.py), so that every rank raises CallMismatchError naming each
+host exchange (context_sync.py), so that every rank raises CallMismatch naming each
 rank's call.
 
 The host reads the error word without a device sync: the wait that records the first

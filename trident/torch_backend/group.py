@@ -6,14 +6,16 @@ the group's trident Context or to the group's inner group (NCCL on GPUs, gloo on
 trident/torch_backend/inner.py), which is also the Context's host group.
 
 Goes to trident, on tensors of trident's device (CUDA on GPUs; CPU on the emulation):
-  all_reduce        SUM, AVG, MAX, MIN on bfloat16, float16, float32 (AVG: the sum, then
-                    one division on the stream)
-  all_gather_into_tensor, all_gather (lists), reduce_scatter_tensor (SUM, AVG, MAX, MIN
-  on those dtypes), reduce_scatter (lists), all_to_all_single (with splits), broadcast:
+  all_reduce        SUM, MAX, MIN on bfloat16, float16, float32, int8, uint8, int32,
+                    int64 (integers in their own type, wrapping as NCCL's); AVG on the
+                    floats (the sum, then one division on the stream)
+  all_gather_into_tensor, all_gather (lists), reduce_scatter_tensor (the same reductions
+  and dtypes), reduce_scatter (lists), all_to_all_single (with splits), broadcast:
                     moving ops take every dtype
   their coalesced forms (as one call each), barrier (trident's host barrier, which also
   raises every rank's trident errors on every rank, once the group has a context)
-Falls back to the inner group: other reductions (PRODUCT, PREMUL_SUM, bitwise) and dtypes,
+Falls back to the inner group: other reductions (PRODUCT, PREMUL_SUM, bitwise, AVG on
+integers) and dtypes,
 tensors of another device (CPU tensors on GPUs), send/recv, gather, scatter, reduce,
 all_to_all (lists), and everything on a group that spans nodes (its ranks have no heap in
 common). `fallbacks` counts what fell back, by op.
@@ -63,7 +65,7 @@ _AVG = _Mean("sum")
 # the value of torch's reduction -> trident's
 _REDUCE = {_Op.SUM.value: "sum", _Op.AVG.value: _AVG, _Op.MAX.value: "max",
            _Op.MIN.value: "min"}
-_FLOATS = frozenset((torch.bfloat16, torch.float16, torch.float32))
+_REDUCIBLE = None      # the dtypes trident reduces: _serves reads ccl/common.py's once
 
 TRIDENT_OPS = ("all_reduce", "all_gather_into_tensor", "all_gather", "reduce_scatter_tensor",
                "reduce_scatter", "all_to_all_single", "broadcast", "barrier")
@@ -150,7 +152,7 @@ class TridentProcessGroup(dist.ProcessGroup):
                                "maps its heap and cannot be captured into a CUDA graph; run "
                                "one collective (or trident.torch_backend.context(group)) "
                                "before capturing")
-        from .context import make_context
+        from .make_context import make_context
         self._ctx, self.context_error = make_context(self.inner, self._options)
         ctx = self._ctx
         if ctx is not None:
@@ -212,7 +214,7 @@ class TridentProcessGroup(dist.ProcessGroup):
             op = _REDUCE.get(red.op.value)
         if op is not None and len(tensors) == 1:
             t = tensors[0]
-            if t.dtype in _FLOATS and self._ours(t):
+            if _serves(op, t.dtype) and self._ours(t):
                 ctx = self._ready()
                 if ctx is not None:
                     ctx.all_reduce(t, op)
@@ -232,7 +234,7 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts):
         op = _op_of(opts)
-        if op is not None and tensors and all(t.dtype in _FLOATS and self._ours(t)
+        if op is not None and tensors and all(_serves(op, t.dtype) and self._ours(t)
                                               for t in tensors):
             ctx = self._ready()
             if ctx is not None:
@@ -247,8 +249,8 @@ class TridentProcessGroup(dist.ProcessGroup):
         if self._ours(input) and self._ours(output):
             ctx = self._ready()
             if ctx is not None:
-                _check_numel(output, input, self._size, "all_gather_into_tensor")
-                ctx.all_gather(_flat(output), _flat(input))
+                _check_numel(ctx, output, input, "all_gather_into_tensor")
+                ctx.all_gather(*_flat(ctx, "all_gather_into_tensor", output, input))
                 return self._done(opts, [output])
         return self._fall("all_gather_into_tensor", self.inner._allgather_base, output, input,
                           *_given(opts))
@@ -260,8 +262,8 @@ class TridentProcessGroup(dist.ProcessGroup):
             ctx = self._ready()
             if ctx is not None:
                 for out, inp in zip(outputs, inputs, strict=True):
-                    _check_numel(out, inp, self._size, "all_gather_into_tensor")
-                    ctx.all_gather(_flat(out), _flat(inp))
+                    _check_numel(ctx, out, inp, "all_gather_into_tensor")
+                    ctx.all_gather(*_flat(ctx, "all_gather_into_tensor", out, inp))
                 return self._done(opts, list(outputs))
         return self._fall("all_gather_into_tensor", self.inner.allgather_into_tensor_coalesced,
                           outputs, inputs, *_given(opts))
@@ -277,7 +279,7 @@ class TridentProcessGroup(dist.ProcessGroup):
                 if ctx is not None:
                     flat = torch.empty(self._size * inp.numel(), dtype=inp.dtype,
                                        device=inp.device)
-                    ctx.all_gather(flat, _flat(inp))
+                    ctx.all_gather(flat, *_flat(ctx, "all_gather", inp))
                     for out, part in zip(outs, flat.chunk(self._size)):
                         out.copy_(part.view(out.shape))
                     return self._done(opts, output_lists)
@@ -286,11 +288,11 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts):
         op = _op_of(opts)
-        if op is not None and input.dtype in _FLOATS and self._ours(input) and self._ours(output):
+        if _serves(op, input.dtype) and self._ours(input) and self._ours(output):
             ctx = self._ready()
             if ctx is not None:
-                _check_numel(input, output, self._size, "reduce_scatter_tensor", "input")
-                ctx.reduce_scatter(_flat(output), _flat(input), op)
+                _check_numel(ctx, input, output, "reduce_scatter_tensor", "input")
+                ctx.reduce_scatter(*_flat(ctx, "reduce_scatter_tensor", output, input), op)
                 if op is _AVG:
                     output.div_(self._size)
                 return self._done(opts, [output])
@@ -301,13 +303,13 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         op = _op_of(opts)
-        if op is not None and all(t.dtype in _FLOATS and self._ours(t)
+        if op is not None and all(_serves(op, t.dtype) and self._ours(t)
                                   for t in (*outputs, *inputs)):
             ctx = self._ready()
             if ctx is not None:
                 for out, inp in zip(outputs, inputs, strict=True):
-                    _check_numel(inp, out, self._size, "reduce_scatter_tensor", "input")
-                    ctx.reduce_scatter(_flat(out), _flat(inp), op)
+                    _check_numel(ctx, inp, out, "reduce_scatter_tensor", "input")
+                    ctx.reduce_scatter(*_flat(ctx, "reduce_scatter_tensor", out, inp), op)
                     if op is _AVG:
                         out.div_(self._size)
                 return self._done(opts, list(outputs))
@@ -321,13 +323,13 @@ class TridentProcessGroup(dist.ProcessGroup):
         if (op is not None and len(outputs) == 1 and len(input_lists) == 1
                 and len(input_lists[0]) == self._size):
             out, ins = outputs[0], input_lists[0]
-            if out.dtype in _FLOATS and self._ours(out) and all(
+            if _serves(op, out.dtype) and self._ours(out) and all(
                     self._ours(i) and i.dtype == out.dtype and i.numel() == out.numel()
                     for i in ins):
                 ctx = self._ready()
                 if ctx is not None:
                     flat = torch.cat([i.reshape(-1) for i in ins])
-                    ctx.reduce_scatter(_flat(out), flat, op)
+                    ctx.reduce_scatter(*_flat(ctx, "reduce_scatter", out), flat, op)
                     if op is _AVG:
                         out.div_(self._size)
                     return self._done(opts, outputs)
@@ -403,6 +405,19 @@ def _raw_stream(device_index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device_index)
 
 
+def _serves(op, dtype) -> bool:
+    """Whether trident reduces `dtype` under `op` (trident's name, or None: not one it
+    has): the dtypes of trident/ccl/common.py REDUCE_DTYPES (read on first use, so that
+    `import trident` does not import the kernels), AVG on floating types only (an integer
+    tensor cannot take the division; the inner group averages it)."""
+    global _REDUCIBLE
+    if _REDUCIBLE is None:
+        from ..ccl.common import REDUCE_DTYPES
+        _REDUCIBLE = frozenset(REDUCE_DTYPES)
+    return (op is not None and dtype in _REDUCIBLE
+            and (op is not _AVG or dtype.is_floating_point))
+
+
 def _op_of(opts) -> str | None:
     """trident's name of opts.reduceOp (_AVG for AVG), or None where trident has none."""
     red = opts.reduceOp
@@ -413,18 +428,23 @@ def _given(opts) -> tuple:
     return () if opts is None else (opts,)
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """t as one dimension (a view; contiguous tensors only, as NCCL requires)."""
-    if not t.is_contiguous():
-        raise ValueError(f"trident backend: tensors must be contiguous (as with NCCL), got "
-                         f"shape {list(t.shape)} with strides {list(t.stride())}")
-    return t.view(-1)
+def _flat(ctx, op: str, *ts: torch.Tensor) -> list:
+    """Each of `ts` as one dimension (views; contiguous tensors only, as NCCL requires)."""
+    for t in ts:
+        if not t.is_contiguous():
+            raise ctx.fail_call(op, ValueError(
+                f"trident backend: {op}: tensors must be contiguous (as with NCCL), got "
+                f"shape {list(t.shape)} with strides {list(t.stride())}"))
+    return [t.view(-1) for t in ts]
 
 
-def _check_numel(big, small, size: int, op: str, which: str = "output") -> None:
-    if big.numel() != size * small.numel():
-        raise ValueError(f"{op}: the {which} tensor must hold world_size ({size}) times the "
-                         f"elements of the other ({small.numel()}), got {big.numel()}")
+def _check_numel(ctx, big, small, op: str, which: str = "output") -> None:
+    """The sizes of a gather or scatter, checked before the call goes to `ctx`; a bad one
+    on this rank alone stops its peers' call at once (Context.fail_call)."""
+    if big.numel() != ctx.world_size * small.numel():
+        raise ctx.fail_call(op, ValueError(
+            f"{op}: the {which} tensor must hold world_size ({ctx.world_size}) times the "
+            f"elements of the other ({small.numel()}), got {big.numel()}"))
 
 
 def _share_gpu_before_cuda(size: int) -> None:

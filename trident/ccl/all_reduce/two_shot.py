@@ -1,8 +1,8 @@
 """Two-shot all-reduce: reduce-scatter by pulling, then all-gather by pushing.
 
 Rank r owns segment r (about n/world elements): it reads that segment from every
-rank's tensor over NVLink, reduces it in fp32 and stores the result into every rank's
-tensor, in place. Each rank moves 2*(world-1)/world*n, the bandwidth optimum, so this
+rank's tensor over NVLink, reduces it in fp32 (integers: in their own type) and stores the
+result into every rank's tensor, in place. Each rank moves 2*(world-1)/world*n, the bandwidth optimum, so this
 wins from a few hundred KiB up (crossover in selector.py); one-shot wins below.
 The tensor must be on the heap (a plain tensor is staged through a heap buffer).
 Handshakes per program: ARRIVE (peers' inputs are in place) before reading, DONE

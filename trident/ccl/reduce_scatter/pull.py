@@ -1,5 +1,5 @@
 """Pull reduce-scatter: every rank reads its block from every rank's input over NVLink
-and reduces it in fp32, in rank order.
+and reduces it in fp32 (integers: in their own type), in rank order.
 
 No scratch and no extra copy, so it wins for large blocks; the ARRIVE and DONE
 handshakes cost a round trip, so push wins for small blocks (see selector.py). The

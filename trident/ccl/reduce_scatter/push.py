@@ -3,7 +3,8 @@ rank p, then each rank reduces its slots (and its own block, read in place).
 
 One NVLink hop and no handshake before sending, so it wins for small blocks; pull
 (no scratch, reads in place) wins for large ones (crossover in selector.py). Works on
-any tensors: only the scratch is on the heap. Accumulates in fp32, in rank order.
+any tensors: only the scratch is on the heap. Accumulates in fp32 (integers: in their
+own type, device.to_acc), in rank order.
 """
 import triton
 import triton.language as tl
