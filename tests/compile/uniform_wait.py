@@ -12,6 +12,14 @@ left counts -1 with expert_x not poisoned). Checked here, with the real compiler
   - no error record is a thread-0 CAS (`@%p atom...cas`): record_error runs in every
     thread that reaches it, with no barrier, so a branch some warps skip is harmless.
 
+The Lamport wait (ccl/lamport.py) has the same rule in another form: it polls payload words
+and decides from a reduction over the block, which for a block smaller than the program's
+threads (copies of it, one per warp) is done inside each warp with no barrier; the decision
+must then go through a program vote (bar.red.or.pred, `lamport._agree`) before any thread
+stores: a warp that left the wait early cleared words another warp still polled (on one
+H200, 2026-11-28: timeouts and stale words). Checked on the all-reduce kernel with a
+16-element block and 4 warps: every poll load has a vote after it before the next store.
+
 Run in a process of its own (tests/compile/test_sm90.py does): python -m tests.compile.uniform_wait
 """
 from __future__ import annotations
@@ -55,10 +63,32 @@ def problems(ptx: str) -> list[str]:
     return found
 
 
+def lamport_problems(ptx: str) -> list[str]:
+    """Poll loads (volatile, 16/32-bit words) of the Lamport wait not followed by a program
+    vote before the next global store."""
+    found = []
+    for m in re.finditer(r"ld\.volatile\.global(?:\.v\d)?\.b(?:16|32)\b", ptx):
+        vote = ptx.find("bar.red.or.pred", m.end())
+        store = re.search(r"\bst\.global", ptx[m.end():])
+        if vote < 0 or (store is not None and m.end() + store.start() < vote):
+            found.append("a Lamport poll load with a store before its program vote")
+    return found
+
+
+def _lamport_ptx() -> str:
+    from trident.ccl.all_reduce.lamport import _lamport_kernel
+    types = {"t": "*bf16", "data": "*i16", "heads": "*i64", "lsync": "*i64", "fsync": "*i64",
+             "ctrl": "*i64", "heap_bases": "*i64", "trace_buf": "*i64", "rank": "i32",
+             "n": "i32", "slot": "i32", "fp": "i32"}
+    constexprs = {"WORLD": 2, "OP": 0, "BLOCK": 16, "TRACE": False}
+    sig = {a: "constexpr" if a in constexprs else types[a] for a in _lamport_kernel.arg_names}
+    return compile_ptx(_lamport_kernel, sig, constexprs, num_warps=4)
+
+
 def main() -> None:
     ptx = compile_ptx(_waits, {"flags": "*i64", "ctrl": "*i64", "out": "*i64", "value": "i64",
                                "rank": "i32", "world": "i32", "fp": "i32"})
-    bad = problems(ptx)
+    bad = problems(ptx) + lamport_problems(_lamport_ptx())
     if bad:
         raise SystemExit("uniform_wait: " + "; ".join(sorted(set(bad))))
     print("uniform_wait: ok")
