@@ -137,3 +137,44 @@ def test_sizes_with_no_graph_time_leave_the_graph_table_out():
     assert "graph" not in entry and "not measured" in entry["source"]
     assert selection.describe_rows(entry["eager"]["all_reduce"]) == \
         "<= 4 KiB one_shot, larger nccl"
+
+
+def _auto_passes_over_what_does_not_fit(ctx):
+    """A table that names lamport for every size: "auto" runs it where it fits and takes
+    the dtype, and one_shot where the message is past its capacity or integer."""
+    import torch
+    from trident.ccl import lamport
+    from trident.plans import tensor_key
+    rows = [[None, "lamport"]]
+    tables = selector.Tables({"eager": {"all_reduce": rows}, "graph": {"all_reduce": rows}},
+                             selector.builtin()["cost_model"], "test: lamport everywhere")
+    saved, capacity = selector._active.get(ctx.world_size), lamport.capacity
+    selector._active[ctx.world_size] = tables
+    cap = 4096                    # as with a small heap: a message past it stays small here
+    lamport.capacity = lambda heap_size, world_size: cap
+    try:
+        ran = {}
+        for name, t in (("small", torch.arange(300.0, device=ctx.device)),     # exact sums
+                        ("past capacity", torch.arange(cap / 4 + 64, device=ctx.device)),
+                        ("integers", torch.arange(300, dtype=torch.int32, device=ctx.device))):
+            want = t * ctx.world_size
+            ctx.all_reduce(t)
+            ctx.sync()
+            assert torch.equal(t, want), name
+            plan = ctx.plans._get(("all_reduce", tensor_key(t), "sum", "auto", None, None, (),
+                                   False))
+            ran[name] = plan.name
+    finally:
+        lamport.capacity = capacity
+        if saved is None:
+            selector._active.pop(ctx.world_size, None)
+        else:
+            selector._active[ctx.world_size] = saved
+    return ran
+
+
+def test_auto_passes_over_an_algorithm_a_message_does_not_fit(pool):
+    if pool.world_size == 1:
+        pytest.skip("one rank launches nothing")
+    for ran in pool.run(_auto_passes_over_what_does_not_fit):
+        assert ran == {"small": "lamport", "past capacity": "one_shot", "integers": "one_shot"}

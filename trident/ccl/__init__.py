@@ -52,7 +52,8 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool, dtype) -> str:
     captured) is the same on every rank when the ranks capture the same calls, which
     they must (debug mode checks it with the sizes). An algorithm that does not take
     `dtype` (registry.py `dtypes`) is never run: "auto" takes the op's first declared
-    algorithm that does instead; naming it raises TypeError."""
+    algorithm that does instead; naming it raises TypeError. Likewise "auto" passes over
+    one whose capacity (`fits`) the message exceeds."""
     auto = algorithm is None or algorithm == "auto"
     has_nccl = _nccl_agreed(ctx)          # not where ranks share a GPU (on any rank)
     if auto:
@@ -71,6 +72,9 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool, dtype) -> str:
             raise TypeError(f"{op}: algorithm {name!r} takes floating-point tensors only, "
                             f"got {dtype}; choose one of {['auto'] + takes}")
         name = next(a.name for a in registry.kernels(op) if a.auto and a.takes(dtype))
+    if auto and not registry.get(op, name).fits(ctx, nbytes):
+        name = next(a.name for a in registry.kernels(op)
+                    if a.auto and a.takes(dtype) and a.fits(ctx, nbytes))
     return name
 
 

@@ -86,6 +86,13 @@ class Algorithm:
         """The run function (its module imported on first use)."""
         return getattr(self._module(), self.function or self.name)
 
+    def fits(self, ctx, nbytes: int) -> bool:
+        """Whether a message of `nbytes` per rank is within what it takes (a module-level
+        `fits(ctx, nbytes)` in its file says; else any size): "auto" passes over it
+        where it does not (a table may name it up to a size a smaller heap cannot hold)."""
+        fits = getattr(self._module(), "fits", None)
+        return fits is None or fits(ctx, nbytes)
+
     def check_options(self, ctx, word: int, block, knobs: dict) -> None:
         """The algorithm's own check of its knob values (`word`: the bytes of the elements
         it moves), where its file defines one."""

@@ -54,6 +54,11 @@ def _lamport_kernel(t, data, heads, lsync, fsync, ctrl, heap_bases, trace_buf, r
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
+def fits(ctx, nbytes: int) -> bool:
+    """Whether `nbytes` per rank is within this context's Lamport capacity (registry.py)."""
+    return nbytes <= proto.capacity(common.agreed(ctx).heap_size, ctx.world_size)
+
+
 def check(ctx, t) -> None:
     """ValueError/TypeError unless `t` can go this way (its dtype and size: the same on
     every rank, so every rank raises alike)."""
@@ -61,9 +66,9 @@ def check(ctx, t) -> None:
         raise TypeError(f"all_reduce algorithm 'lamport' reduces bfloat16, float16 and float32 "
                         f"(its ready sentinel is a float bit pattern), got {t.dtype}; use "
                         f"'one_shot'")
-    cap = proto.capacity(common.agreed(ctx).heap_size, ctx.world_size)
     nbytes = t.numel() * t.element_size()
-    if nbytes > cap:
+    if not fits(ctx, nbytes):
+        cap = proto.capacity(common.agreed(ctx).heap_size, ctx.world_size)
         raise ValueError(f"all_reduce algorithm 'lamport' takes at most {cap} bytes per rank "
                          f"with this heap ({ctx.heap_size} bytes), got {nbytes}; use "
                          f"'one_shot' or 'two_shot'")
