@@ -409,6 +409,14 @@ def _ops() -> list[Kernel]:
         Kernel("trident.ops.epilogue", "_push_reduce_kernel",
                dict(flags=P64, sync=P64, **epi_ints), epi_rs,
                aligned=("N", "K", "stride_am", "stride_wn", "stride_om", "half", "slot")),
+        # its Lamport exchange (epilogue_lamport.py): the same tiles, data words as flags
+        Kernel("trident.ops.epilogue_lamport", "_push_reduce_lamport_kernel",
+               dict(data=P16, heads=P64, lsync=P64, fsync=P64, **epi_ints),
+               [V("", v.num_warps, v.num_stages, types={k: t for k, t in v.types.items()
+                                                    if k != "scratch"},
+                  WORLD=world, **{k: c for k, c in v.constexprs.items()})
+                for v, world in zip(epi_rs[:2] + epi_rs[4:6], (2, 4, 8, 2))],
+               aligned=("N", "K", "stride_am", "stride_wn", "stride_om", "slot")),
         Kernel("trident.ops.epilogue", "_pull_gemm_kernel",
                dict(offsets=P64, my_offset=I64, flags=P64, sync=P64, **split_k, **epi_ints),
                epi_ag, aligned=("K", "stride_wn", "stride_om")),

@@ -16,7 +16,7 @@ from .reference import assert_close, make
 MULTI = [w for w in WORLD_SIZES if w >= 2][:1] or [2]
 MEET = 20.0         # the ranks meet: a mismatch is found when both arrive
 SHORT = 2.0         # "fused": the ranks wait on different workspaces (below)
-SCHEDULES = ("fused", "sequential", "epilogue")
+SCHEDULES = ("fused", "sequential", "epilogue", "epilogue:lamport")   # name:exchange
 
 
 @pytest.fixture(params=MULTI, ids=lambda w: f"world{w}")
@@ -37,7 +37,10 @@ def _inputs(ctx, op, shared, seed):
 
 def _mismatch(ctx, op, name):
     small, large = (8, 16) if op == "all_gather_matmul" else (64, 128)
+    name, _, exchange = name.partition(":")
     fn = getattr(ctx, op)
+    if exchange:
+        fn = lambda a, w, schedule, f=fn: f(a, w, schedule=schedule, exchange=exchange)
     for size in (small, large):         # plans and workspaces of both sizes on every rank
         fn(*_inputs(ctx, op, size, 1), schedule=name)
     ctx.sync()
@@ -64,6 +67,8 @@ def _mismatch(ctx, op, name):
                                 "all_gather_matmul"])
 def test_sizes_that_differ(pool, op):
     for name in SCHEDULES:
+        if op == "all_gather_matmul" and ":" in name:      # a row-parallel exchange
+            continue
         for rank, (poisoned, kind, bad_after_reset) in enumerate(pool.run(_mismatch, op, name)):
             where = f"{op} {name} rank {rank}"
             # "fused" keeps a workspace per size class, with its own flags: ranks whose

@@ -25,7 +25,7 @@ def _runnable(ctx, op):
     return [n for n in schedules.registered(op) if schedules.unavailable(ctx, op, n) is None]
 
 
-def _case(ctx, op, name, M, N, K, with_bias, out_given, seed):
+def _case(ctx, op, name, M, N, K, with_bias, out_given, seed, **opts):
     world, rank = ctx.world_size, ctx.rank
     rows = M if op != "matmul_reduce_scatter" else M * world
     if op == "all_gather_matmul":
@@ -47,11 +47,11 @@ def _case(ctx, op, name, M, N, K, with_bias, out_given, seed):
         ref = ref.chunk(world)[rank]
     out = torch.full(tuple(ref.shape), float("nan"), dtype=torch.bfloat16,
                      device=ctx.device) if out_given else None
-    got = getattr(ctx, op)(a, w, bias, out=out, schedule=name)
+    got = getattr(ctx, op)(a, w, bias, out=out, schedule=name, **opts)
     if out_given:
         assert got is out
     ctx.sync()
-    what = f"{op} {name} M={M} N={N} K={K} bias={with_bias} out={out_given} rank {rank}"
+    what = f"{op} {name} {opts} M={M} N={N} K={K} bias={with_bias} out={out_given} rank {rank}"
     assert_close(got, ref, what)
     if op == "matmul_all_reduce" and name != "plain":   # rank order: identical everywhere
         everyone = [torch.empty_like(got) for _ in range(world)]
@@ -62,12 +62,15 @@ def _case(ctx, op, name, M, N, K, with_bias, out_given, seed):
 def _every_schedule(ctx):
     ran = []
     for op in OPS:
-        for name in _runnable(ctx, op):
+        variants = [(name, {}) for name in _runnable(ctx, op)]
+        if op != "all_gather_matmul":          # the row-parallel ops' other exchange
+            variants.append(("epilogue", {"exchange": "lamport"}))
+        for name, opts in variants:
             for i, (M, N, K) in enumerate(SHAPES):
                 # twice per signature (a warm call runs the plan), bias and out= alternating
                 for call in range(2):
                     _case(ctx, op, name, M, N, K, (i + call) % 2 == 1, call == 1,
-                          seed=100 * i + 10 * call + len(name))
+                          seed=100 * i + 10 * call + len(name), **opts)
             ran.append((op, name))
     return ran
 

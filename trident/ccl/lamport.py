@@ -196,7 +196,15 @@ def _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP: tl.
             acc = x.to(tl.float32)
         else:
             acc = device.combine(acc, x, OP)
-    return acc, _agree(tl.max(miss | stop, axis=0))
+    return acc, _agree(_block_max(miss | stop))
+
+
+@triton.jit
+def _block_max(x):
+    """The largest element of `x`, a block of one or two dimensions (a GEMM tile)."""
+    if len(x.shape) == 2:
+        x = tl.max(x, axis=1)
+    return tl.max(x, axis=0)
 
 
 @triton.jit

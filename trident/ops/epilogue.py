@@ -118,7 +118,7 @@ def _push_reduce_kernel(
         trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
-def _row_parallel(ctx, plan, op, a, w, bias, out, config=None) -> None:
+def _row_parallel(ctx, plan, op, a, w, bias, out, config=None, exchange="flags") -> None:
     M, K = a.shape
     N = w.shape[0]
     world = ctx.world_size
@@ -132,6 +132,11 @@ def _row_parallel(ctx, plan, op, a, w, bias, out, config=None) -> None:
             bn //= 2
     num_units = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     grid = max(1, min(num_units, sms))
+    if exchange == "lamport":
+        from . import epilogue_lamport
+        epilogue_lamport.launch(ctx, plan, op, a, w, bias, out, cfg, bm, bn, grid, num_units,
+                                _live_out())
+        return
     slot = ccl_common.round_up(m_local * N)
     scratch = ccl_common.scratch(ctx, 2 * world * slot * a.element_size(), a.dtype)
     st = ccl_common.state(ctx)
@@ -273,20 +278,29 @@ def _live_out():
     return Live(3)
 
 
-def build(ctx, plan, op, a, w, bias, out, config=None, split_k=None) -> None:
+EXCHANGES = ("flags", "lamport")
+
+
+def build(ctx, plan, op, a, w, bias, out, config=None, split_k=None, exchange="flags") -> None:
     """Add the epilogue schedule's one launch for `op` to `plan` (module docstring).
     config: tile overrides (BM, BN, BK, num_warps, num_stages; the row-parallel ops also
     SWAP_AB); split_k: all_gather_matmul's K slices per tile (default: enough units to
-    fill the grid)."""
+    fill the grid); exchange: how the row-parallel ops' tiles meet, "flags" (above) or
+    "lamport" (epilogue_lamport.py: the data is its own ready flag; small M)."""
     ccl_common.agreed(ctx)
+    if exchange not in EXCHANGES:
+        raise ValueError(f"{op}: exchange must be one of {EXCHANGES}, got {exchange!r}")
     if op == "all_gather_matmul":
+        if exchange != "flags":
+            raise ValueError(f"{op}: exchange {exchange!r} is for the row-parallel ops "
+                             f"(matmul_all_reduce, matmul_reduce_scatter)")
         _all_gather(ctx, plan, op, a, w, bias, out, config, split_k)
     else:
         if split_k not in (None, 1):
             raise ValueError(f"{op}: the epilogue schedule does not split K (each tile's "
                              f"pusher is fixed); got split_k={split_k!r}")
-        _row_parallel(ctx, plan, op, a, w, bias, out, config)
+        _row_parallel(ctx, plan, op, a, w, bias, out, config, exchange)
 
 
-register("epilogue", build, options=("config", "split_k"),
+register("epilogue", build, options=("config", "split_k", "exchange"),
          about="small M: tiles pushed/pulled by the GEMM programs, reduced where they meet")

@@ -1,0 +1,138 @@
+"""The epilogue schedule's row-parallel kernel with the Lamport exchange
+(`schedule="epilogue", exchange="lamport"`): matmul_all_reduce / matmul_reduce_scatter at
+decode sizes, one launch, no fence, no flag round.
+
+Program p owns the same tiles of out on every rank (epilogue.py). It sends its head (the
+Lamport round and the call's fingerprint) to every peer first, then for each of its tiles:
+computes this rank's partial [BM, BN] tile once, stores it as words (ccl/lamport.py
+`to_words`) into slot `rank` of the current Lamport buffer of every rank that needs it (all
+of them for all_reduce; each owner its rows of the tile for reduce_scatter), and receives
+the peers' partials of its own rows of that tile (`lamport.receive`: polled until no word
+is the sentinel, summed in rank order with its own partial in registers, cleared), adds the
+bias and stores out. A tile's exchange starts as soon as the tile is computed, and nothing
+waits on a peer's other tiles. The round counter is the one every Lamport kernel of the
+context shares, so a peer in another call (a collective, another size) is caught by its
+head; a wait that fails poisons the program's tiles (NaN).
+
+Slot layout: the partial rows a rank sends to an owner, [m_local, N] row-major from the
+owner's first row. So a call fits where m_local * N elements fit a Lamport slot
+(`fits`); bf16/fp16/fp32. When it should win: where "epilogue" with flags costs what the
+separate collective does (row-parallel, M <= 16 on 2x H100: docs/fused-ops.md), since it
+drops the release fence per peer and the flag trip; not yet measured on GPUs, so "auto"
+does not pick it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import language as tdl
+from ..ccl import common as ccl_common, lamport
+from ..ccl.device import fingerprint, poison
+from ..errors import OP_CODES
+from ..trace import device as trd
+from ..trace import kernel_args, tags
+from ._common import add_bias
+from .fused_tile import op_tile
+from .gemm import addresses_only, host_descriptors, operand, tma_compatible
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _push_reduce_lamport_kernel(
+        a, w, bias, out, data, heads, lsync, fsync, ctrl, heap_bases, trace_buf,
+        rank, M, N, K, m_local, owner_rows, stride_am, stride_wn, stride_om, slot,
+        num_units, fp,
+        WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+        EVEN_K: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
+        HAS_BIAS: tl.constexpr, OP: tl.constexpr, TRACE: tl.constexpr):
+    """Units u = (row block, column block) of out's M x N, the same on every rank; slot s of
+    this round's buffer holds rank s's partial of this rank's rows (from row
+    rank * owner_rows; owner_rows = 0 for all_reduce, m_local = M)."""
+    pid = tl.program_id(0)
+    epoch = lamport.begin(lsync)
+    buf = epoch % 3
+    base = data + buf * WORLD * slot
+    expect = lamport.head(epoch, fp)
+    lamport.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
+    heads_row = heads + buf * WORLD * lamport.MAX_PROGRAMS + pid
+    a = operand(a, M, K, stride_am, BM, BK, TMA)
+    w = operand(w, N, K, stride_wn, BN, BK, TMA)
+    num_nb = tl.cdiv(N, BN)
+    rows = tl.arange(0, BM)[:, None]
+    cols = tl.arange(0, BN)[None, :]
+    lo = rank * owner_rows
+    ok = tl.cast(1, tl.int1)
+    for u in range(pid, num_units, tl.num_programs(0)):
+        m0 = (u // num_nb) * BM
+        n0 = (u % num_nb) * BN
+        t0 = trd.begin(TRACE)
+        acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
+                      EVEN_K, TMA, SWAP_AB, False)
+        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+        t0 = trd.begin(TRACE)
+        part = acc.to(out.dtype.element_ty)
+        words = lamport.to_words(part)
+        for i in tl.static_range(1, WORLD):
+            dst = (rank + i) % WORLD
+            first = dst * owner_rows
+            theirs = (m0 + rows >= first) & (m0 + rows < first + m_local) & (n0 + cols < N)
+            offs = (m0 + rows - first).to(tl.int64) * N + n0 + cols
+            tdl.store(base + rank * slot + offs, words, rank, dst, heap_bases, mask=theirs)
+        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+        t0 = trd.begin(TRACE)
+        mine = (m0 + rows >= lo) & (m0 + rows < lo + m_local) & (n0 + cols < N)
+        offs = (m0 + rows - lo).to(tl.int64) * N + n0 + cols
+        total, ok = lamport.receive(base, slot, heads_row, lamport.canonical(part), offs,
+                                    mine, expect, ok, ctrl, fsync, rank, heap_bases, 0,
+                                    WORLD, OP)
+        total = poison(add_bias(total, bias, n0, N, BN, HAS_BIAS), ok)
+        dst_ptr = out + (m0 + rows - lo).to(tl.int64) * stride_om + n0 + cols
+        tl.store(dst_ptr, total.to(out.dtype.element_ty), mask=mine)
+        trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+    lamport.clear_heads(heads_row, rank, WORLD)
+    lamport.end(lsync, epoch)
+
+
+def fits(ctx, op: str, M: int, N: int, elem: int) -> bool:
+    """Whether the partial rows one rank sends an owner fit a Lamport slot."""
+    m_local = M if op == "matmul_all_reduce" else M // ctx.world_size
+    cap = lamport.capacity(ccl_common.agreed(ctx).heap_size, ctx.world_size)
+    return m_local * N * elem <= cap
+
+
+def launch(ctx, plan, op, a, w, bias, out, cfg, bm, bn, grid, num_units, live_out) -> None:
+    """Add the kernel's launch (the tile config and grid from epilogue._row_parallel)."""
+    M, K = a.shape
+    N = w.shape[0]
+    if a.dtype not in DTYPES:
+        raise TypeError(f"{op}: exchange 'lamport' takes bfloat16, float16 or float32, got "
+                        f"{a.dtype}")
+    if not fits(ctx, op, M, N, a.element_size()):
+        cap = lamport.capacity(ccl_common.agreed(ctx).heap_size, ctx.world_size)
+        raise ValueError(f"{op}: exchange 'lamport' holds at most {cap} bytes of partial rows "
+                         f"per rank (M x N x element size, M / world for reduce_scatter) with "
+                         f"this heap; got M={M}, N={N}: use exchange='flags'")
+    all_reduce = op == "matmul_all_reduce"
+    m_local = M if all_reduce else M // ctx.world_size
+    cap = lamport.capacity(ccl_common.agreed(ctx).heap_size, ctx.world_size)
+    ws = lamport.state(ctx, cap)
+    data, slot = ws.slots(a.dtype)
+    tma = cfg["PERSISTENT"] and K > 0 and tma_compatible(a, w)
+    a_op, w_op = host_descriptors(a, w, bm, bn, cfg["BK"]) if tma else (a, w)
+    trace_buf, trace = kernel_args(ctx)
+    fp = fingerprint(_push_reduce_lamport_kernel, op, M, N, str(a.dtype), grid, bm, bn)
+    plan.launch(
+        _push_reduce_lamport_kernel, (grid,),
+        a_op, w_op, bias if bias is not None else a, live_out, data, ws.heads, ws.sync,
+        ccl_common.state(ctx).sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, M, N, K,
+        m_local, 0 if all_reduce else m_local, a.stride(0), w.stride(0), out.stride(0), slot,
+        num_units, fp,
+        WORLD=ctx.world_size, BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, TMA=tma,
+        SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=bias is not None, OP=OP_CODES[op], TRACE=trace,
+        **({} if ctx.backend != "cuda" else
+           dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
+    if tma:
+        addresses_only(plan.steps[-1], (a_op, w_op))
