@@ -8,6 +8,8 @@ Mixtral 8x22B, Qwen2.5-72B) and each total M (tokens; default 1, 16, 64, 256, 10
   trident_<schedule>  each schedule the registry offers for the op at run time
                   (trident/ops/schedules.py: fused, sequential, epilogue, pipelined, ...;
                   "plain" is the baseline row below)
+  trident_epilogue_lamport  the row-parallel ops' epilogue with exchange="lamport"
+                  (ops/epilogue_lamport.py), where its buffers hold the call
   trident_auto    schedule="auto", and its choice (eager / graph): the schedules of the
                   plans its timed calls ran (auto.choose's pick), printed in the table
   plain           NCCL (torch.distributed) + cuBLAS (torch.matmul): the baseline
@@ -215,6 +217,12 @@ def _impls(ctx, op, a, wt, only=None):
         why = schedules.unavailable(ctx, op, s)
         out[f"trident_{s}"] = ((lambda s=s: fn(a, wt, schedule=s)), None) if why is None \
             else (None, why)
+    if op != "all_gather_matmul" and "trident_epilogue" in out:    # its Lamport exchange
+        from ..ops import epilogue_lamport
+        fits = epilogue_lamport.fits(ctx, op, a.shape[0], wt.shape[0], a.element_size())
+        out["trident_epilogue_lamport"] = (
+            (lambda: fn(a, wt, schedule="epilogue", exchange="lamport")), None) if fits else \
+            (None, "past the Lamport buffers' capacity (M x N per rank)")
     out["trident_auto"] = (lambda: fn(a, wt, schedule="auto")), None
     out["torch_symm_mem"] = _torch_async_tp(ctx, op, a, wt)
     nccl = common.nccl_runs(ctx)
