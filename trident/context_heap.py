@@ -73,6 +73,14 @@ class HeapMethods:
         every peer's heap too (translate: peer base + offset)."""
         return t.data_ptr() - self._heap_ptr
 
+    def value_synchronised(self, t: torch.Tensor) -> None:
+        """Declare heap tensor `t` synchronised by its values rather than by signals (the
+        Lamport buffers, ccl/lamport.py: each word is its own ready flag). The race detector
+        (trident.sanitize) does not check accesses to it: no signal orders them, and its
+        vector clocks cannot see a value standing for one."""
+        self.__dict__.setdefault("_value_synchronised", []).append(
+            (self.heap_offset(t), t.numel() * t.element_size()))
+
     def peer_view(self, peer: int, t: torch.Tensor) -> torch.Tensor:
         """A torch tensor over `peer`'s copy of heap tensor `t` (same offset, shape and
         dtype; `t` contiguous). On GPUs, torch copies into it go over NVLink on the copy

@@ -36,6 +36,11 @@ PEER_POLL rounds, whether a peer failed, waits in a host call, or has entered a 
 the flag protocol that this rank did not (its epoch in ccl's state is past this rank's:
 the ranks called different algorithms), and records the error; a program whose wait
 failed poisons what it owns. After a failure `ctx.reset()` refills the buffers.
+
+The race detector (TRIDENT_SANITIZE, CPU emulation) leaves the buffers and heads out
+(`Context.value_synchronised`): a word read as data is ordered after its store by the
+value itself, which vector clocks do not model. The rest of a Lamport kernel's accesses
+(the round counter, the user's tensors, the flag-protocol epoch it reads) are checked.
 """
 from __future__ import annotations
 
@@ -82,6 +87,8 @@ class Lamport:
         self.data = ctx.empty(3 * w * cap, dtype=torch.uint8)
         self.heads = ctx.empty(3 * w * MAX_PROGRAMS, dtype=torch.int64)
         self.sync = ctx.empty(2, dtype=torch.int64)
+        ctx.value_synchronised(self.data)     # the race detector leaves them out
+        ctx.value_synchronised(self.heads)
         self.reset()
 
     def reset(self) -> None:
@@ -110,8 +117,10 @@ def begin(sync):
 @triton.jit
 def end(sync, epoch):
     """Count this program out; the last one stores the next round (every program has read
-    this one by then, at its start)."""
-    done = tl.atomic_add(sync + 1, 1, sem="relaxed", scope="gpu")
+    this one by then, at its start). acq_rel: each program's read of the round happens
+    before the last one's store of the next (the race detector holds a relaxed count to
+    that, rightly: relaxed atomics order nothing between programs)."""
+    done = tl.atomic_add(sync + 1, 1, sem="acq_rel", scope="gpu")
     if done == tl.num_programs(0) - 1:
         tl.store(sync + 1, 0)
         tl.store(sync, epoch + 1)

@@ -55,6 +55,8 @@ class Sanitizer(Checking):
         self.order = np.argsort(bases)
         self.sbases = bases[self.order]
         self.heap_size = int(ctx.heap_size)
+        # heap ranges synchronised by values (Context.value_synchronised), kept live
+        self.exempt = ctx.__dict__.setdefault("_value_synchronised", [])
         self.launches = 0             # since enable: seeds each launch's schedule
         self.gen = 0
         for b in self.banks[self.rank]:
@@ -110,6 +112,8 @@ class Sanitizer(Checking):
         ok = i >= 0
         off = addrs - self.sbases[np.maximum(i, 0)]
         ok &= off < self.heap_size
+        for lo, size in self.exempt:
+            ok &= (off < lo) | (off >= lo + size)
         if not ok.all():
             addrs, i, off = addrs[ok], i[ok], off[ok]
             if addrs.size == 0:
