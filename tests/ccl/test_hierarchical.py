@@ -56,7 +56,8 @@ def _collectives(ctx, seed):
         for i, (shape, dtype, op, heap) in enumerate([
                 ((7,), torch.float32, "sum", False), ((1,), torch.float32, "max", False),
                 ((3, 5), torch.float32, "min", True), ((64,), torch.bfloat16, "sum", True),
-                ((0,), torch.float32, "sum", False)]):
+                ((0,), torch.float32, "sum", False), ((9,), torch.int32, "sum", False),
+                ((5,), torch.int64, "max", True)]):       # integers: in their own type
             xs = rank_inputs(w, shape, dtype, seed + i)
             out = ctx.all_reduce(place(ctx, xs[me], heap), op=op, algorithm=alg)
             ref = reduce_ref(xs, op)
@@ -127,7 +128,7 @@ def _bad_inputs(ctx):
     calls = [
         ("out shape", lambda: ctx.all_gather(torch.empty(3), torch.empty(1))),
         ("rs shape", lambda: ctx.reduce_scatter(torch.empty(2), torch.empty(2 * w + 1))),
-        ("int reduce", lambda: ctx.all_reduce(torch.zeros(4, dtype=torch.int32))),
+        ("int reduce", lambda: ctx.all_reduce(torch.zeros(4, dtype=torch.float64))),
         ("bad op", lambda: ctx.all_reduce(torch.zeros(4), op="prod")),
         ("src", lambda: ctx.broadcast(torch.zeros(4), src=w)),
         ("src bool", lambda: ctx.broadcast(torch.zeros(4), src=True)),
