@@ -274,11 +274,19 @@ def _ccl() -> list[Kernel]:
         Kernel("trident.ccl.all_reduce.one_shot", "_one_shot_kernel", dict(t=P32, **push),
                reductions("t", "scratch"), aligned=("n", "stride", "half")),
         # Lamport (ccl/lamport.py): the data words are the ready flags; 4 warps, 2 KiB a
-        # program per step (all_reduce/lamport.py: WARPS, BLOCK_BYTES)
+        # program per step (ccl/lamport.py: WARPS, BLOCK_BYTES)
         Kernel("trident.ccl.all_reduce.lamport", "_lamport_kernel",
                dict(t=PBF16, data=P16, heads=P64, lsync=P64, fsync=P64, n=I32, slot=I32),
                [V("ld+st", 4, types=types, WORLD=world, OP=op, BLOCK=block, TRACE=trace)
                 for types, block in ((dict(), 1024), (dict(t=PF32, data=P32), 512))
+                for world, op, trace in ((2, 0, False), (4, 0, False), (8, 1, False),
+                                         (4, 0, True))],
+               aligned=("n", "slot")),
+        Kernel("trident.ccl.reduce_scatter.lamport", "_lamport_kernel",
+               dict(out=PBF16, inp=PBF16, data=P16, heads=P64, lsync=P64, fsync=P64, n=I32,
+                    slot=I32),
+               [V("ld+st", 4, types=types, WORLD=world, OP=op, BLOCK=block, TRACE=trace)
+                for types, block in ((dict(), 1024), (dict(out=PF32, inp=PF32, data=P32), 512))
                 for world, op, trace in ((2, 0, False), (4, 0, False), (8, 1, False),
                                          (4, 0, True))],
                aligned=("n", "slot")),

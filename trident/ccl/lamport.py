@@ -48,10 +48,11 @@ from trident.language.sync import (CTRL_ERROR, CTRL_TIMEOUT, KIND_HOST_CALL, KIN
                                    KIND_PEER_FAILED, KIND_TIMEOUT, PEER_POLL, peer_failed,
                                    peer_in_host_call, program_any)
 
-from . import device
+from . import common, device
 
 SENTINEL16 = tl.constexpr(-32768)            # 0x8000 as int16
 SENTINEL32 = tl.constexpr(-2147450880)       # 0x80008000 as int32
+SENTINEL64 = tl.constexpr(-9223231297218904064)   # 0x8000800080008000: an LL unit's fill
 FILL32 = -2147450880                         # the host's fill of a buffer, as int32 words
 MAX_PROGRAMS = device.MAX_PROGRAMS
 # stop reasons folded into a wait's one reduction (bit 0: still pending)
@@ -92,12 +93,56 @@ class Lamport:
     def slots(self, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
         """The data buffer as integers of `dtype`'s width, and a slot's length in them."""
         size = torch.empty((), dtype=dtype).element_size()
-        view = {2: torch.int16, 4: torch.int32}[size]
+        view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[size]     # 8: LL units
         return self.data.view(view), self.cap // size
 
 
 def state(ctx, cap: int) -> Lamport:
     return ctx.workspace(("ccl.lamport", cap), lambda c: Lamport(c, cap))
+
+
+# ---------------------------------------------------------------------------- host
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)     # what the sentinel protects
+WARPS, BLOCK_BYTES = 4, 2048          # GPU default: 4 warps, 2 KiB a program per step
+
+
+def check(ctx, op: str, dtype, nbytes: int, other: str, larger: str, what: str = "",
+          floats: bool = True) -> int:
+    """The checks of a Lamport algorithm of `op` on a message of `nbytes` per rank (the
+    same on every rank, so every rank raises alike): TypeError unless `dtype` is a float
+    the sentinel protects (`floats`), naming the algorithm `other` to use instead;
+    ValueError past the capacity, naming `larger` (the algorithms, as text). `what`: the
+    message, where not the tensor. Returns the capacity."""
+    if floats and dtype not in DTYPES:
+        raise TypeError(f"{op} algorithm 'lamport' reduces bfloat16, float16 and float32 "
+                        f"(its ready sentinel is a float bit pattern), got {dtype}; use "
+                        f"'{other}'")
+    cap = capacity(common.agreed(ctx).heap_size, ctx.world_size)
+    if nbytes > cap:
+        raise ValueError(f"{op} algorithm 'lamport' takes {what}at most {cap} bytes per rank "
+                         f"with this heap ({ctx.heap_size} bytes), got {nbytes}; use {larger}")
+    return cap
+
+
+def launch(ctx, plan, kernel, before: tuple, word, n: int, fp: tuple, block=None,
+           programs=None, warps=None, **constexprs) -> None:
+    """Add a Lamport kernel's launch: kernel(*before, data, heads, lsync, fsync, ctrl,
+    heap_bases, trace_buf, rank, n, slot, fp, WORLD=, ..., BLOCK=, TRACE=), over `n`
+    elements of the torch dtype `word` (the buffers are viewed in its width: `slots`);
+    fp: the fingerprint's parts besides the kernel. GPUs: WARPS warps and BLOCK_BYTES a
+    program per step unless `block`/`warps` say otherwise."""
+    from ..trace import kernel_args
+    size = torch.empty((), dtype=word).element_size()
+    ws = state(ctx, capacity(common.agreed(ctx).heap_size, ctx.world_size))
+    data, slot = ws.slots(word)
+    if block is None and ctx.backend == "cuda":     # 16 bytes a thread: a short poll
+        block = BLOCK_BYTES * (warps or WARPS) // 4 // size
+    block, grid = common.launch_size(ctx, n, size, block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    plan.launch(kernel, (grid,), *before, data, ws.heads, ws.sync, common.state(ctx).sync,
+                ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, slot,
+                device.fingerprint(kernel, *fp), WORLD=ctx.world_size, BLOCK=block,
+                TRACE=trace, **constexprs, **common.kernel_options(ctx, warps or WARPS))
 
 
 # ---------------------------------------------------------------------------- device
@@ -129,11 +174,14 @@ def sentinel(bits):
 
 @triton.jit
 def _fill(base, offs):
-    """A block of the sentinel in the width of `base`'s elements (int16 or int32)."""
+    """A block of the sentinel in the width of `base`'s elements (int16 or int32; int64:
+    LL units, whose flag word then holds the sentinel too)."""
     if base.dtype.element_ty.primitive_bitwidth == 16:
         block = tl.full(offs.shape, SENTINEL16, tl.int16)
-    else:
+    elif base.dtype.element_ty.primitive_bitwidth == 32:
         block = tl.full(offs.shape, SENTINEL32, tl.int32)
+    else:
+        block = tl.full(offs.shape, SENTINEL64, tl.int64)
     return block
 
 
@@ -255,13 +303,28 @@ def _first_missing(heads_row, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, rank,
-            heap_bases, OP: tl.constexpr, WORLD: tl.constexpr, OPCODE: tl.constexpr):
-    """Wait (bounded) until every peer's words of this block (`base + src * slot + offs`)
-    and its head have come, then clear those words. Returns (the block reduced over ranks
-    in rank order, in fp32; whether it may be trusted). `ok`: the program's earlier waits
-    succeeded (else nothing is awaited, and the result is not trusted)."""
-    acc, seen = _probe(base, slot, heads_row, local, offs, mask, expect, 0, rank, OP, WORLD)
+def _look(base, slot, heads_row, local, offs, mask, expect, src, flag, stop, rank,
+          OP: tl.constexpr, WORLD: tl.constexpr, LL: tl.constexpr):
+    """One look of a wait: `_probe` (every peer's sentinel words, reduced) or, with LL,
+    `_probe_ll` (peer `src`'s LL units of round flag `flag`)."""
+    if LL:
+        got, seen = _probe_ll(base + src * slot + offs, heads_row + src * MAX_PROGRAMS, mask,
+                              flag, expect, stop)
+    else:
+        got, seen = _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP,
+                           WORLD)
+    return got, seen
+
+
+@triton.jit
+def _wait(base, slot, heads_row, local, offs, mask, expect, src, flag, ok, ctrl, fsync, rank,
+          heap_bases, OP: tl.constexpr, WORLD: tl.constexpr, OPCODE: tl.constexpr,
+          LL: tl.constexpr):
+    """The bounded wait of `receive` and `receive_ll` (`_look` says what it waits for):
+    (what the last look got; whether it came: never where `ok` is not). A wait that fails
+    records why."""
+    got, seen = _look(base, slot, heads_row, local, offs, mask, expect, src, flag, 0, rank, OP,
+                      WORLD, LL)
     if not ok:
         seen = seen | _GONE
     if (seen & _PENDING) != 0:
@@ -272,8 +335,8 @@ def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, r
             tdl.backoff()
             rounds += 1
             why = _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD)
-            acc, seen = _probe(base, slot, heads_row, local, offs, mask, expect, why, rank,
-                               OP, WORLD)
+            got, seen = _look(base, slot, heads_row, local, offs, mask, expect, src, flag, why,
+                              rank, OP, WORLD, LL)
     came = seen == 0
     if (not came) & ok:
         kind = tl.cast(KIND_TIMEOUT, tl.int64)
@@ -284,10 +347,62 @@ def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, r
         elif (seen & _HOST_CALL) != 0:
             kind = tl.cast(KIND_HOST_CALL, tl.int64)
         tdl.record_error(ctrl, rank, _first_missing(heads_row, rank, WORLD), OPCODE, kind)
+    return got, came
+
+
+@triton.jit
+def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, rank,
+            heap_bases, OP: tl.constexpr, WORLD: tl.constexpr, OPCODE: tl.constexpr):
+    """Wait (bounded) until every peer's words of this block (`base + src * slot + offs`)
+    and its head have come, then clear those words. Returns (the block reduced over ranks
+    in rank order, in fp32; whether it may be trusted). `ok`: the program's earlier waits
+    succeeded (else nothing is awaited, and the result is not trusted)."""
+    acc, came = _wait(base, slot, heads_row, local, offs, mask, expect, 0, 0, ok, ctrl, fsync,
+                      rank, heap_bases, OP, WORLD, OPCODE, False)
     clear = _fill(base, offs)
     for src in tl.static_range(WORLD):          # back to the sentinel, for round e + 3
         tl.store(base + src * slot + offs, clear, mask=mask & (src != rank))
     return acc, came & ok
+
+
+# ---------------------------------------------------------------------------- LL units
+@triton.jit
+def ll_flag(epoch):
+    """The flag word of round `epoch`'s LL units: never negative, so never the fill's."""
+    return (epoch & 0x7FFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def ll_units(lanes, flag):
+    """LL units of the int32 payload `lanes`: (flag << 32) | lane, each one 8-byte word."""
+    return (tl.cast(flag, tl.int64) << 32) | (lanes.to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _probe_ll(units_ptr, head_ptr, mask, flag, expect, stop):
+    """One look at a peer's LL units of this block and its head: (their payload lanes,
+    int32; a verdict as `_probe`'s: _PENDING -- a unit without this round's flag, or no
+    head --, _MISMATCH, `stop`). Each unit is one 8-byte load, so its payload is the one
+    its flag came with."""
+    units = tl.load(units_ptr, mask=mask, other=0, volatile=True)
+    theirs = tl.load(head_ptr, volatile=True)
+    pending = (((units >> 32).to(tl.int32) != flag) & mask) | (theirs == 0)
+    wrong = (theirs != 0) & (theirs != expect)
+    miss = tl.where(pending, _PENDING, 0) | tl.where(wrong, _MISMATCH, 0)
+    return units.to(tl.int32), _agree(tl.max(miss | stop, axis=0))
+
+
+@triton.jit
+def receive_ll(base, slot, heads_row, src, offs, mask, flag, expect, ok, ctrl, fsync, rank,
+               heap_bases, WORLD: tl.constexpr, OPCODE: tl.constexpr):
+    """Wait (bounded) until peer `src`'s LL units of this block (`base + src * slot +
+    offs`, int64) carry `flag` and its head has come, then clear them (back to the fill,
+    for round e + 3). Returns (their payload lanes, int32; whether they may be trusted);
+    `ok` as receive's."""
+    lanes, came = _wait(base, slot, heads_row, offs, offs, mask, expect, src, flag, ok, ctrl,
+                        fsync, rank, heap_bases, 0, WORLD, OPCODE, True)
+    tl.store(base + src * slot + offs, _fill(base, offs), mask=mask)
+    return lanes, came & ok
 
 
 @triton.jit

@@ -103,6 +103,8 @@ ALGORITHMS = (
     Algorithm("all_gather", "gluon", "all_gather.gluon", ("warps",), auto=False),
     Algorithm("reduce_scatter", "push", "reduce_scatter.push"),
     Algorithm("reduce_scatter", "pull", "reduce_scatter.pull", ("warps",), "bounded"),
+    Algorithm("reduce_scatter", "lamport", "reduce_scatter.lamport", ("warps",), "bounded",
+              dtypes="float"),
     Algorithm("all_reduce", "one_shot", "all_reduce.one_shot"),
     Algorithm("all_reduce", "lamport", "all_reduce.lamport", ("warps",), "bounded", dtypes="float"),
     Algorithm("all_reduce", "two_shot", "all_reduce.two_shot", ("warps",), "bounded"),
