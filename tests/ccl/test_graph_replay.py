@@ -60,7 +60,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, alg_rs, replays):
 
 @pytest.mark.parametrize("alg_ar, alg_ag, alg_rs", [("one_shot", "push", "pull"),
                                                    ("two_shot", "pull", "push"),
-                                                   ("lamport", "push", "lamport")])
+                                                   ("lamport", "lamport", "lamport")])
 def test_graph_capture_and_replay(pool, alg_ar, alg_ag, alg_rs):
     if pool.backend != "cuda":
         pytest.skip("CUDA graphs need GPUs")

@@ -31,6 +31,25 @@ compares them with its own call's: ranks that made different calls (sizes, dtype
 algorithms) record CallMismatch, and their outputs are poisoned. `sync`: [epoch, programs
 finished].
 
+LL units (all_gather/lamport.py). Data of any dtype leaves no value free for a sentinel, so
+the all-gather sends LL units instead (NCCL's LL protocol): each 8-byte word of a buffer is
+one unit, 4 bytes of payload in its low half and the round's flag (`ll_flag`: the epoch
+mod 2^31, never negative) in its high half -- in memory [payload, flag], a thread's two
+units [data0, flag, data1, flag], sent with one 16-byte st.v2.b64 and polled with one
+ld.volatile.v2.b64 (tests/compile/sm90.py checks both). A naturally aligned 8-byte access
+is single-copy atomic, so a receiver that sees this round's flag in a unit sees the
+payload that was stored with it; nothing relies on the 16 bytes arriving together. Half
+of the bytes on the wire are flags, which small messages do not miss.
+Why a stale unit never passes for this round's: units live in the same buffers and rounds
+as the sentinel words (`data` viewed as int64), and a receiver clears every unit it read
+back to the fill, 0x8000800080008000 -- the sentinel in every half, so the buffer is again
+what the sentinel kernels expect, and a negative flag, which no round has. Every unit a
+peer wrote into buffer e % 3 in an earlier round was read and cleared by this rank in that
+round (both made the same call; else their heads differ: CallMismatch, and ctx.reset()
+refills). So in round e a unit of buffer e % 3 holds the fill or round e's data, and only
+the latter carries ll_flag(e). Hence the wrap of flags at 2^31 rounds is harmless: no unit
+outlives its round, so no older flag is there to be taken for a newer one.
+
 The guarantees of the flag protocol hold. Every wait is bounded and checks, every
 PEER_POLL rounds, whether a peer failed, waits in a host call, or has entered a launch of
 the flag protocol that this rank did not (its epoch in ccl's state is past this rank's:
@@ -44,6 +63,7 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
+from trident.trace import device as trd, tags
 from trident.language.sync import (CTRL_ERROR, CTRL_TIMEOUT, KIND_HOST_CALL, KIND_MISMATCH,
                                    KIND_PEER_FAILED, KIND_TIMEOUT, PEER_POLL, peer_failed,
                                    peer_in_host_call, program_any)
@@ -106,22 +126,29 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)     # what the sentinel 
 WARPS, BLOCK_BYTES = 4, 2048          # GPU default: 4 warps, 2 KiB a program per step
 
 
+def limit(ctx, op: str) -> int:
+    """The bytes per rank (the selector's measure: all_gather's input block,
+    reduce_scatter's output block, all_reduce's tensor) a Lamport algorithm of `op` takes:
+    the capacity of a slot, half of it in all_gather's LL units."""
+    return capacity(common.agreed(ctx).heap_size, ctx.world_size) // (
+        2 if op == "all_gather" else 1)
+
+
 def check(ctx, op: str, dtype, nbytes: int, other: str, larger: str, what: str = "",
-          floats: bool = True) -> int:
+          floats: bool = True) -> None:
     """The checks of a Lamport algorithm of `op` on a message of `nbytes` per rank (the
     same on every rank, so every rank raises alike): TypeError unless `dtype` is a float
     the sentinel protects (`floats`), naming the algorithm `other` to use instead;
-    ValueError past the capacity, naming `larger` (the algorithms, as text). `what`: the
-    message, where not the tensor. Returns the capacity."""
+    ValueError past `limit`, naming `larger` (the algorithms, as text). `what`: the
+    message, where not the tensor."""
     if floats and dtype not in DTYPES:
         raise TypeError(f"{op} algorithm 'lamport' reduces bfloat16, float16 and float32 "
                         f"(its ready sentinel is a float bit pattern), got {dtype}; use "
                         f"'{other}'")
-    cap = capacity(common.agreed(ctx).heap_size, ctx.world_size)
+    cap = limit(ctx, op)
     if nbytes > cap:
         raise ValueError(f"{op} algorithm 'lamport' takes {what}at most {cap} bytes per rank "
                          f"with this heap ({ctx.heap_size} bytes), got {nbytes}; use {larger}")
-    return cap
 
 
 def launch(ctx, plan, kernel, before: tuple, word, n: int, fp: tuple, block=None,
@@ -150,6 +177,26 @@ def launch(ctx, plan, kernel, before: tuple, word, n: int, fp: tuple, block=None
 def begin(sync):
     """This launch's round (read by every program first)."""
     return tl.load(sync, volatile=True)
+
+
+@triton.jit
+def open_round(data, lsync, slot, fp, WORLD: tl.constexpr):
+    """A kernel's start: (its round, the round's buffer index, that buffer's slot 0 in
+    `data`'s width, the head every peer's program of this id must send)."""
+    epoch = begin(lsync)
+    buf = epoch % 3
+    return epoch, buf, data + buf * WORLD * slot, head(epoch, fp)
+
+
+@triton.jit
+def sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD: tl.constexpr,
+         TRACE: tl.constexpr):
+    """After a program's sends: its head to every peer (the SEND span of the trace ends).
+    Returns (its row of this round's heads, ok = True, the next span's start)."""
+    send_heads(heads, buf, expect, rank, heap_bases, WORLD)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    return heads + buf * WORLD * MAX_PROGRAMS + tl.program_id(0), tl.cast(1, tl.int1), t0
 
 
 @triton.jit

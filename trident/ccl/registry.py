@@ -101,6 +101,7 @@ ALGORITHMS = (
     Algorithm("all_gather", "pull", "all_gather.pull", ("warps", "order"), "bounded"),
     Algorithm("all_gather", "push_direct", "all_gather.push_direct", ("warps",), "bounded"),
     Algorithm("all_gather", "gluon", "all_gather.gluon", ("warps",), auto=False),
+    Algorithm("all_gather", "lamport", "all_gather.lamport", ("warps",), "bounded"),
     Algorithm("reduce_scatter", "push", "reduce_scatter.push"),
     Algorithm("reduce_scatter", "pull", "reduce_scatter.pull", ("warps",), "bounded"),
     Algorithm("reduce_scatter", "lamport", "reduce_scatter.lamport", ("warps",), "bounded",

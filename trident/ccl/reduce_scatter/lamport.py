@@ -27,10 +27,7 @@ def _lamport_kernel(out, inp, data, heads, lsync, fsync, ctrl, heap_bases, trace
                     slot, fp, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                     TRACE: tl.constexpr):
     t0 = trd.begin(TRACE)
-    epoch = proto.begin(lsync)
-    buf = epoch % 3
-    base = data + buf * WORLD * slot              # this round's buffer, slot 0
-    expect = proto.head(epoch, fp)
+    epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD)
     pid, programs = tl.program_id(0), tl.num_programs(0)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -39,11 +36,8 @@ def _lamport_kernel(out, inp, data, heads, lsync, fsync, ctrl, heap_bases, trace
             peer = (rank + i) % WORLD
             words = proto.to_words(tl.load(inp + peer * n + offs, mask=mask))
             tdl.store(base + rank * slot + offs, words, rank, peer, heap_bases, mask=mask)
-    proto.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
-    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    heads_row = heads + buf * WORLD * proto.MAX_PROGRAMS + pid
-    ok = tl.cast(1, tl.int1)
+    heads_row, ok, t0 = proto.sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD,
+                                   TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
