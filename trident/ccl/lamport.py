@@ -276,7 +276,7 @@ def _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP: tl.
     """One look at every peer's words of this block and head: (the block reduced over
     ranks in rank order, as far as it came, and a verdict the same in every thread
     (`_agree`): the bits _PENDING -- a word or head not there yet --, _MISMATCH -- a head
-    of another call -- and `stop`)."""
+    of another call -- and `stop`, unless everything came: `_unless_came`)."""
     miss = tl.zeros_like(offs)
     for src in tl.static_range(WORLD):
         peer = src != rank
@@ -291,7 +291,17 @@ def _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP: tl.
             acc = x.to(tl.float32)
         else:
             acc = device.combine(acc, x, OP)
-    return acc, _agree(tl.max(miss | stop, axis=0))
+    return acc, _agree(tl.max(miss | _unless_came(miss, stop), axis=0))
+
+
+@triton.jit
+def _unless_came(miss, stop):
+    """`stop` where this thread still waits for something, else 0. What came wins over a
+    reason to stop found in the same look (as the flag protocol's wait reads its flag
+    again): a peer that has finished this round may already wait in its next host call,
+    or be in a later flag-protocol launch, and what it sent stays until this program
+    clears it. (Dropped here, before `_agree`: the verdict stays one for all threads.)"""
+    return tl.where((miss & _PENDING) != 0, stop, 0)
 
 
 @triton.jit
@@ -436,7 +446,7 @@ def _probe_ll(units_ptr, head_ptr, mask, flag, expect, stop):
     pending = (((units >> 32).to(tl.int32) != flag) & mask) | (theirs == 0)
     wrong = (theirs != 0) & (theirs != expect)
     miss = tl.where(pending, _PENDING, 0) | tl.where(wrong, _MISMATCH, 0)
-    return units.to(tl.int32), _agree(tl.max(miss | stop, axis=0))
+    return units.to(tl.int32), _agree(tl.max(miss | _unless_came(miss, stop), axis=0))
 
 
 @triton.jit
