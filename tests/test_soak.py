@@ -240,3 +240,34 @@ def _naive(spec, ins, r):
     out = stacked.sum(0) if how == "sum" else stacked.max(0).values if how == "max" \
         else stacked.min(0).values
     return out.to(spec["dtype"])
+
+
+def _lamport_over_capacity(ctx):
+    """Ops that name "lamport" with a message beyond its buffers go through "auto" (the
+    algorithm would raise ValueError): a heap of 4 MiB keeps them small."""
+    import trident as td
+    w, me = ctx.world_size, ctx.rank
+    with td.init(heap_size=4 << 20, group=ctx.group) as sub:
+        limits = {op: soak._lamport_limit(sub, op)
+                  for op in ("all_reduce", "reduce_scatter", "all_gather")}
+        n = limits["all_reduce"] // 4 + 16
+        t = torch.full((n,), 1.0 + me, device=ctx.device)
+        soak._trident(sub, {"op": "all_reduce", "algorithm": "lamport", "reduce": "sum"}, t, t)
+        n = limits["reduce_scatter"] // 4 + 16
+        out = torch.empty(n, device=ctx.device)
+        soak._trident(sub, {"op": "reduce_scatter", "algorithm": "lamport", "reduce": "sum"},
+                      out, torch.full((w * n,), 1.0 + me, device=ctx.device))
+        n = limits["all_gather"] // 4 + 16
+        gathered = torch.empty(w * n, device=ctx.device)
+        soak._trident(sub, {"op": "all_gather", "algorithm": "lamport"}, gathered,
+                      torch.full((n,), 1.0 + me, device=ctx.device))
+        sub.sync()
+        total = w * (w + 1) / 2
+        assert (t == total).all() and (out == total).all(), (t, out)
+        assert torch.equal(gathered.cpu(), torch.arange(1.0, w + 1).repeat_interleave(n))
+    return limits
+
+
+def test_lamport_beyond_its_capacity_goes_through_auto(pool2):
+    limits = pool2.run(_lamport_over_capacity)[0]
+    assert limits["all_gather"] * 2 == limits["all_reduce"] == limits["reduce_scatter"], limits

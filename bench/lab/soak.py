@@ -245,6 +245,10 @@ def _trident(ctx, spec: dict, got: torch.Tensor, inp: torch.Tensor) -> None:
     """The op through trident (in place on `got` for all_reduce and broadcast)."""
     op = spec["op"]
     algo = {"algorithm": spec["algorithm"]} if spec["algorithm"] else {}
+    if spec["algorithm"] == "lamport" and _message_bytes(spec, got, inp) > _lamport_limit(ctx, op):
+        # lamport refuses a message beyond its buffers (a named ValueError): such ops go
+        # through "auto"
+        algo = {}
     if op == "all_reduce":
         ctx.all_reduce(got, op=spec["reduce"], **algo)
     elif op == "broadcast":
@@ -261,6 +265,18 @@ def _trident(ctx, spec: dict, got: torch.Tensor, inp: torch.Tensor) -> None:
             # by the first one-GPU soak): such ops go through push
             algo = {"algorithm": "push"}
         ctx.all_to_all(got, inp, out_splits=[row[r] for row in S], in_splits=S[r], **algo)
+
+
+def _message_bytes(spec: dict, got: torch.Tensor, inp: torch.Tensor) -> int:
+    """The bytes per rank a Lamport algorithm counts: all_gather's input block,
+    reduce_scatter's output block, the tensor of the others."""
+    t = inp if spec["op"] == "all_gather" else got
+    return t.numel() * t.element_size()
+
+
+def _lamport_limit(ctx, op: str) -> int:
+    from trident.ccl import lamport
+    return lamport.limit(ctx, op)
 
 
 def _one_shot_limit(ctx) -> int:

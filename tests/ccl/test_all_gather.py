@@ -1,5 +1,6 @@
-"""all_gather: push and pull, float and non-float dtypes, odd shapes, plain and heap
-tensors, back to back; against torch.cat of the gathered inputs."""
+"""all_gather: push, pull and lamport, float and non-float dtypes, odd shapes, plain and heap
+tensors, back to back; against torch.cat of the gathered inputs. Lamport's rounds (LL
+units) also bit for bit, with the values a Lamport sentinel would reserve."""
 import pytest
 import torch
 
@@ -12,6 +13,10 @@ CASES = [
     ("pull", torch.float32, (300,), False, BLOCK),
     ("pull", torch.bool, (6, 2), True, None),
     (None, torch.float16, (9, 4), False, None),          # the selector's choice
+    ("lamport", torch.bfloat16, (37,), False, 16),       # int16 words
+    ("lamport", torch.int8, (5, 3), True, None),         # 15 bytes: int8 words
+    ("lamport", torch.float32, (300,), True, 64),
+    ("lamport", torch.bool, (6, 2), False, None),
 ]
 
 
@@ -31,6 +36,47 @@ def test_all_gather(pool):
     pool.run(_all_gather_cases, CASES)
 
 
+def _lamport_rounds(ctx):
+    """Lamport rounds (ccl/lamport.py, "Rounds": the counter is the context's, shared by
+    every Lamport kernel): ten all-gathers back to back, sizes, dtypes (word widths) and
+    grids changing every call, interleaved with the all-reduce's lamport and, once, a
+    flag-protocol call; every output equal to torch.cat bit for bit (so the same on every
+    rank). Then the bit patterns a Lamport sentinel reserves (-0.0, the fp32 denormal
+    0x80008000, 0x8000 halves, NaNs) travel unchanged."""
+    w, me = ctx.world_size, ctx.rank
+    shapes = [(37, torch.float32, 16, 3), (500, torch.bfloat16, 64, 8), (5, torch.int8, 4, 2),
+              (256, torch.float32, 256, 1), (129, torch.float16, 32, 5), (11, torch.int64, 4, 3)]
+    calls = []
+    for i in range(10):
+        n, dtype, block, programs = shapes[i % len(shapes)]
+        xs = rank_inputs(w, (n,), dtype, seed=500 + i)
+        out = torch.empty(w * n, dtype=dtype, device=ctx.device)
+        ctx.all_gather(out, place(ctx, xs[me], i % 2 == 1), algorithm="lamport", block=block,
+                       programs=programs)
+        if i % 3 == 0:
+            t = place(ctx, rank_inputs(w, (n + 7,), torch.bfloat16, seed=600 + i)[me], False)
+            ctx.all_reduce(t, algorithm="lamport", block=block, programs=programs)
+        if i == 4:
+            ctx.all_gather(torch.empty(64 * w, device=ctx.device),
+                           torch.ones(64, device=ctx.device), algorithm="push")
+        calls.append((out, torch.cat(xs), i))
+    ctx.sync()
+    for out, want, i in calls:
+        assert torch.equal(out.cpu(), want), f"lamport round {i}"
+    odd = torch.tensor([0x80008000, 0x80000000, 0x00008000, 0x7FC00001, 0xFFFFFFFF, 0x80008000],
+                       dtype=torch.int64).to(torch.int32) + me
+    for dtype in (torch.float32, torch.bfloat16, torch.int16, torch.uint8):
+        x = odd.view(dtype).to(ctx.device)
+        out = torch.empty(w * x.numel(), dtype=dtype, device=ctx.device)
+        ctx.all_gather(out, x, algorithm="lamport")
+        want = torch.cat([(odd - me + r).view(dtype) for r in range(w)])
+        assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), (dtype, out)
+
+
+def test_lamport_rounds(pool):
+    pool.run(_lamport_rounds)
+
+
 def _bad_inputs(ctx):
     inp = torch.ones(4, device=ctx.device)
     with pytest.raises(ValueError, match="out must have shape"):
@@ -39,6 +85,9 @@ def _bad_inputs(ctx):
         ctx.all_gather(torch.empty(4 * ctx.world_size, dtype=torch.float16, device=ctx.device), inp)
     if ctx.world_size == 1:     # one rank cannot differ from itself
         return
+    with pytest.raises(ValueError, match="'lamport' takes a block of at most"):
+        ctx.all_gather(torch.empty(ctx.world_size << 18, device=ctx.device),
+                       torch.ones(1 << 18, device=ctx.device), algorithm="lamport")
     ctx.debug = True
     try:
         with pytest.raises(ValueError, match="same sizes"):

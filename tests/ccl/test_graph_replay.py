@@ -7,7 +7,7 @@ import torch
 from .refs import assert_equal, rank_inputs, reduce_ref
 
 
-def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
+def _capture_and_replay(ctx, alg_ar, alg_ag, alg_rs, replays):
     w, n = ctx.world_size, 4096 + 17
     x = torch.empty(n, dtype=torch.bfloat16, device=ctx.device)
     ag_out = torch.empty(w * n, dtype=torch.bfloat16, device=ctx.device)
@@ -24,7 +24,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
         ar.copy_(x.float())
         ctx.all_reduce(ar, algorithm=alg_ar)
         ctx.all_gather(ag_out, x, algorithm=alg_ag)
-        ctx.reduce_scatter(rs_out, rs_in, algorithm="pull")
+        ctx.reduce_scatter(rs_out, rs_in, algorithm=alg_rs)
         ctx.all_to_all(a2a_out, a2a_in, algorithm="push")
         ctx.all_to_all(a2a_one_shot, a2a_in, algorithm="one_shot")
         ctx.broadcast(bc, src=w - 1, algorithm="push")
@@ -58,9 +58,10 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, replays):
         ctx.barrier()     # the next round's inputs are written by the host
 
 
-@pytest.mark.parametrize("alg_ar, alg_ag", [("one_shot", "push"), ("two_shot", "pull"),
-                                           ("lamport", "push")])
-def test_graph_capture_and_replay(pool, alg_ar, alg_ag):
+@pytest.mark.parametrize("alg_ar, alg_ag, alg_rs", [("one_shot", "push", "pull"),
+                                                   ("two_shot", "pull", "push"),
+                                                   ("lamport", "lamport", "lamport")])
+def test_graph_capture_and_replay(pool, alg_ar, alg_ag, alg_rs):
     if pool.backend != "cuda":
         pytest.skip("CUDA graphs need GPUs")
-    pool.run(_capture_and_replay, alg_ar, alg_ag, 20)
+    pool.run(_capture_and_replay, alg_ar, alg_ag, alg_rs, 20)

@@ -274,7 +274,7 @@ def _ccl() -> list[Kernel]:
         Kernel("trident.ccl.all_reduce.one_shot", "_one_shot_kernel", dict(t=P32, **push),
                reductions("t", "scratch"), aligned=("n", "stride", "half")),
         # Lamport (ccl/lamport.py): the data words are the ready flags; 4 warps, 2 KiB a
-        # program per step (all_reduce/lamport.py: WARPS, BLOCK_BYTES)
+        # program per step (ccl/lamport.py: WARPS, BLOCK_BYTES)
         Kernel("trident.ccl.all_reduce.lamport", "_lamport_kernel",
                dict(t=PBF16, data=P16, heads=P64, lsync=P64, fsync=P64, n=I32, slot=I32),
                [V("ld+st", 4, types=types, WORLD=world, OP=op, BLOCK=block, TRACE=trace)
@@ -282,6 +282,25 @@ def _ccl() -> list[Kernel]:
                 for world, op, trace in ((2, 0, False), (4, 0, False), (8, 1, False),
                                          (4, 0, True))],
                aligned=("n", "slot")),
+        Kernel("trident.ccl.reduce_scatter.lamport", "_lamport_kernel",
+               dict(out=PBF16, inp=PBF16, data=P16, heads=P64, lsync=P64, fsync=P64, n=I32,
+                    slot=I32),
+               [V("ld+st", 4, types=types, WORLD=world, OP=op, BLOCK=block, TRACE=trace)
+                for types, block in ((dict(), 1024), (dict(out=PF32, inp=PF32, data=P32), 512))
+                for world, op, trace in ((2, 0, False), (4, 0, False), (8, 1, False),
+                                         (4, 0, True))],
+               aligned=("n", "slot")),
+        # LL units (ccl/lamport.py): 8-byte [payload, flag] words, two a thread, so that a
+        # thread's sends and polls are 16-byte (v2.b64) accesses; any word width
+        Kernel("trident.ccl.all_gather.lamport", "_lamport_kernel",
+               dict(out=P32, inp=P32, count=I32, data=P64, heads=P64, lsync=P64, fsync=P64,
+                    n=I32, slot=I32),
+               [V("", 4, types=types, WORLD=world, WORD=word, BLOCK=256, TRACE=trace,
+                  ptx_has=("st.global.v2.b64", "ld.volatile.global.v2.b64"))
+                for types, word in ((dict(), 4), (dict(out=P16, inp=P16), 2),
+                                    (dict(out=P8, inp=P8), 1))
+                for world, trace in ((2, False), (4, False), (8, False), (4, True))],
+               aligned=("count", "n", "slot")),
         Kernel("trident.ccl.all_reduce.two_shot", "_two_shot_kernel",
                dict(t=P32, seg=I32, **pull),
                reductions("t", word=True, vectors="ld+st", WORLD=4, v4=(16, 16))

@@ -19,8 +19,10 @@ from ..conftest import WORLD_SIZES
 # worlds 2 and 4 (3 adds half a minute to CI and no case: the grids differ at any world)
 MULTI = [w for w in WORLD_SIZES if w >= 2 and w != 3] or [w for w in WORLD_SIZES if w >= 2] or [2]
 CASES = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_reduce", "lamport"), ("reduce_scatter", "push"),
+         ("reduce_scatter", "lamport"),
          ("reduce_scatter", "pull"), ("all_gather", "push"), ("all_gather", "pull"),
-         ("all_gather", "push_direct"), ("broadcast", "push"), ("broadcast", "relay")]
+         ("all_gather", "push_direct"), ("all_gather", "lamport"), ("broadcast", "push"),
+         ("broadcast", "relay")]
 SMALL, LARGE, BLOCK, PROGRAMS = 40, 400, 16, 8
 TIMEOUT = 30.0       # seconds: a wait that ran out would take this long
 

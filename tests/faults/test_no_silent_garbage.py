@@ -167,7 +167,7 @@ def _gather_sizes_differ(ctx, algorithm):
         ctx.set_timeout(timeout)
 
 
-@pytest.mark.parametrize("algorithm", ["push", "pull", "push_direct", "gluon"])
+@pytest.mark.parametrize("algorithm", ["push", "pull", "push_direct", "gluon", "lamport"])
 def test_all_gather_sizes_that_differ(pool, algorithm):
     results = pool.run(_gather_sizes_differ, algorithm)
     for rank, (poisoned, kind) in enumerate(results):

@@ -31,6 +31,25 @@ compares them with its own call's: ranks that made different calls (sizes, dtype
 algorithms) record CallMismatch, and their outputs are poisoned. `sync`: [epoch, programs
 finished].
 
+LL units (all_gather/lamport.py). Data of any dtype leaves no value free for a sentinel, so
+the all-gather sends LL units instead (NCCL's LL protocol): each 8-byte word of a buffer is
+one unit, 4 bytes of payload in its low half and the round's flag (`ll_flag`: the epoch
+mod 2^31, never negative) in its high half -- in memory [payload, flag], a thread's two
+units [data0, flag, data1, flag], sent with one 16-byte st.v2.b64 and polled with one
+ld.volatile.v2.b64 (tests/compile/sm90.py checks both). A naturally aligned 8-byte access
+is single-copy atomic, so a receiver that sees this round's flag in a unit sees the
+payload that was stored with it; nothing relies on the 16 bytes arriving together. Half
+of the bytes on the wire are flags, which small messages do not miss.
+Why a stale unit never passes for this round's: units live in the same buffers and rounds
+as the sentinel words (`data` viewed as int64), and a receiver clears every unit it read
+back to the fill, 0x8000800080008000 -- the sentinel in every half, so the buffer is again
+what the sentinel kernels expect, and a negative flag, which no round has. Every unit a
+peer wrote into buffer e % 3 in an earlier round was read and cleared by this rank in that
+round (both made the same call; else their heads differ: CallMismatch, and ctx.reset()
+refills). So in round e a unit of buffer e % 3 holds the fill or round e's data, and only
+the latter carries ll_flag(e). Hence the wrap of flags at 2^31 rounds is harmless: no unit
+outlives its round, so no older flag is there to be taken for a newer one.
+
 The guarantees of the flag protocol hold. Every wait is bounded and checks, every
 PEER_POLL rounds, whether a peer failed, waits in a host call, or has entered a launch of
 the flag protocol that this rank did not (its epoch in ccl's state is past this rank's:
@@ -49,14 +68,16 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
+from trident.trace import device as trd, tags
 from trident.language.sync import (CTRL_ERROR, CTRL_TIMEOUT, KIND_HOST_CALL, KIND_MISMATCH,
                                    KIND_PEER_FAILED, KIND_TIMEOUT, PEER_POLL, peer_failed,
                                    peer_in_host_call, program_any)
 
-from . import device
+from . import common, device
 
 SENTINEL16 = tl.constexpr(-32768)            # 0x8000 as int16
 SENTINEL32 = tl.constexpr(-2147450880)       # 0x80008000 as int32
+SENTINEL64 = tl.constexpr(-9223231297218904064)   # 0x8000800080008000: an LL unit's fill
 FILL32 = -2147450880                         # the host's fill of a buffer, as int32 words
 MAX_PROGRAMS = device.MAX_PROGRAMS
 # stop reasons folded into a wait's one reduction (bit 0: still pending)
@@ -99,7 +120,7 @@ class Lamport:
     def slots(self, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
         """The data buffer as integers of `dtype`'s width, and a slot's length in them."""
         size = torch.empty((), dtype=dtype).element_size()
-        view = {2: torch.int16, 4: torch.int32}[size]
+        view = {2: torch.int16, 4: torch.int32, 8: torch.int64}[size]     # 8: LL units
         return self.data.view(view), self.cap // size
 
 
@@ -107,11 +128,82 @@ def state(ctx, cap: int) -> Lamport:
     return ctx.workspace(("ccl.lamport", cap), lambda c: Lamport(c, cap))
 
 
+# ---------------------------------------------------------------------------- host
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)     # what the sentinel protects
+WARPS, BLOCK_BYTES = 4, 2048          # GPU default: 4 warps, 2 KiB a program per step
+
+
+def limit(ctx, op: str) -> int:
+    """The bytes per rank (the selector's measure: all_gather's input block,
+    reduce_scatter's output block, all_reduce's tensor) a Lamport algorithm of `op` takes:
+    the capacity of a slot, half of it in all_gather's LL units."""
+    return capacity(common.agreed(ctx).heap_size, ctx.world_size) // (
+        2 if op == "all_gather" else 1)
+
+
+def check(ctx, op: str, dtype, nbytes: int, other: str, larger: str, what: str = "",
+          floats: bool = True) -> None:
+    """The checks of a Lamport algorithm of `op` on a message of `nbytes` per rank (the
+    same on every rank, so every rank raises alike): TypeError unless `dtype` is a float
+    the sentinel protects (`floats`), naming the algorithm `other` to use instead;
+    ValueError past `limit`, naming `larger` (the algorithms, as text). `what`: the
+    message, where not the tensor."""
+    if floats and dtype not in DTYPES:
+        raise TypeError(f"{op} algorithm 'lamport' reduces bfloat16, float16 and float32 "
+                        f"(its ready sentinel is a float bit pattern), got {dtype}; use "
+                        f"'{other}'")
+    cap = limit(ctx, op)
+    if nbytes > cap:
+        raise ValueError(f"{op} algorithm 'lamport' takes {what}at most {cap} bytes per rank "
+                         f"with this heap ({ctx.heap_size} bytes), got {nbytes}; use {larger}")
+
+
+def launch(ctx, plan, kernel, before: tuple, word, n: int, fp: tuple, block=None,
+           programs=None, warps=None, **constexprs) -> None:
+    """Add a Lamport kernel's launch: kernel(*before, data, heads, lsync, fsync, ctrl,
+    heap_bases, trace_buf, rank, n, slot, fp, WORLD=, ..., BLOCK=, TRACE=), over `n`
+    elements of the torch dtype `word` (the buffers are viewed in its width: `slots`);
+    fp: the fingerprint's parts besides the kernel. GPUs: WARPS warps and BLOCK_BYTES a
+    program per step unless `block`/`warps` say otherwise."""
+    from ..trace import kernel_args
+    size = torch.empty((), dtype=word).element_size()
+    ws = state(ctx, capacity(common.agreed(ctx).heap_size, ctx.world_size))
+    data, slot = ws.slots(word)
+    if block is None and ctx.backend == "cuda":     # 16 bytes a thread: a short poll
+        block = BLOCK_BYTES * (warps or WARPS) // 4 // size
+    block, grid = common.launch_size(ctx, n, size, block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    plan.launch(kernel, (grid,), *before, data, ws.heads, ws.sync, common.state(ctx).sync,
+                ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, slot,
+                device.fingerprint(kernel, *fp), WORLD=ctx.world_size, BLOCK=block,
+                TRACE=trace, **constexprs, **common.kernel_options(ctx, warps or WARPS))
+
+
 # ---------------------------------------------------------------------------- device
 @triton.jit
 def begin(sync):
     """This launch's round (read by every program first)."""
     return tl.load(sync, volatile=True)
+
+
+@triton.jit
+def open_round(data, lsync, slot, fp, WORLD: tl.constexpr):
+    """A kernel's start: (its round, the round's buffer index, that buffer's slot 0 in
+    `data`'s width, the head every peer's program of this id must send)."""
+    epoch = begin(lsync)
+    buf = epoch % 3
+    return epoch, buf, data + buf * WORLD * slot, head(epoch, fp)
+
+
+@triton.jit
+def sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD: tl.constexpr,
+         TRACE: tl.constexpr):
+    """After a program's sends: its head to every peer (the SEND span of the trace ends).
+    Returns (its row of this round's heads, ok = True, the next span's start)."""
+    send_heads(heads, buf, expect, rank, heap_bases, WORLD)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    return heads + buf * WORLD * MAX_PROGRAMS + tl.program_id(0), tl.cast(1, tl.int1), t0
 
 
 @triton.jit
@@ -138,11 +230,14 @@ def sentinel(bits):
 
 @triton.jit
 def _fill(base, offs):
-    """A block of the sentinel in the width of `base`'s elements (int16 or int32)."""
+    """A block of the sentinel in the width of `base`'s elements (int16 or int32; int64:
+    LL units, whose flag word then holds the sentinel too)."""
     if base.dtype.element_ty.primitive_bitwidth == 16:
         block = tl.full(offs.shape, SENTINEL16, tl.int16)
-    else:
+    elif base.dtype.element_ty.primitive_bitwidth == 32:
         block = tl.full(offs.shape, SENTINEL32, tl.int32)
+    else:
+        block = tl.full(offs.shape, SENTINEL64, tl.int64)
     return block
 
 
@@ -190,7 +285,7 @@ def _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP: tl.
     """One look at every peer's words of this block and head: (the block reduced over
     ranks in rank order, as far as it came, and a verdict the same in every thread
     (`_agree`): the bits _PENDING -- a word or head not there yet --, _MISMATCH -- a head
-    of another call -- and `stop`)."""
+    of another call -- and `stop`, unless everything came: `_unless_came`)."""
     miss = tl.zeros_like(offs)
     for src in tl.static_range(WORLD):
         peer = src != rank
@@ -205,7 +300,7 @@ def _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP: tl.
             acc = x.to(tl.float32)
         else:
             acc = device.combine(acc, x, OP)
-    return acc, _agree(_block_max(miss | stop))
+    return acc, _agree(_block_max(miss | _unless_came(miss, stop)))
 
 
 @triton.jit
@@ -214,6 +309,16 @@ def _block_max(x):
     if len(x.shape) == 2:
         x = tl.max(x, axis=1)
     return tl.max(x, axis=0)
+
+
+@triton.jit
+def _unless_came(miss, stop):
+    """`stop` where this thread still waits for something, else 0. What came wins over a
+    reason to stop found in the same look (as the flag protocol's wait reads its flag
+    again): a peer that has finished this round may already wait in its next host call,
+    or be in a later flag-protocol launch, and what it sent stays until this program
+    clears it. (Dropped here, before `_agree`: the verdict stays one for all threads.)"""
+    return tl.where((miss & _PENDING) != 0, stop, 0)
 
 
 @triton.jit
@@ -272,13 +377,28 @@ def _first_missing(heads_row, rank, WORLD: tl.constexpr):
 
 
 @triton.jit
-def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, rank,
-            heap_bases, OP: tl.constexpr, WORLD: tl.constexpr, OPCODE: tl.constexpr):
-    """Wait (bounded) until every peer's words of this block (`base + src * slot + offs`)
-    and its head have come, then clear those words. Returns (the block reduced over ranks
-    in rank order, in fp32; whether it may be trusted). `ok`: the program's earlier waits
-    succeeded (else nothing is awaited, and the result is not trusted)."""
-    acc, seen = _probe(base, slot, heads_row, local, offs, mask, expect, 0, rank, OP, WORLD)
+def _look(base, slot, heads_row, local, offs, mask, expect, src, flag, stop, rank,
+          OP: tl.constexpr, WORLD: tl.constexpr, LL: tl.constexpr):
+    """One look of a wait: `_probe` (every peer's sentinel words, reduced) or, with LL,
+    `_probe_ll` (peer `src`'s LL units of round flag `flag`)."""
+    if LL:
+        got, seen = _probe_ll(base + src * slot + offs, heads_row + src * MAX_PROGRAMS, mask,
+                              flag, expect, stop)
+    else:
+        got, seen = _probe(base, slot, heads_row, local, offs, mask, expect, stop, rank, OP,
+                           WORLD)
+    return got, seen
+
+
+@triton.jit
+def _wait(base, slot, heads_row, local, offs, mask, expect, src, flag, ok, ctrl, fsync, rank,
+          heap_bases, OP: tl.constexpr, WORLD: tl.constexpr, OPCODE: tl.constexpr,
+          LL: tl.constexpr):
+    """The bounded wait of `receive` and `receive_ll` (`_look` says what it waits for):
+    (what the last look got; whether it came: never where `ok` is not). A wait that fails
+    records why."""
+    got, seen = _look(base, slot, heads_row, local, offs, mask, expect, src, flag, 0, rank, OP,
+                      WORLD, LL)
     if not ok:
         seen = seen | _GONE
     if (seen & _PENDING) != 0:
@@ -289,8 +409,8 @@ def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, r
             tdl.backoff()
             rounds += 1
             why = _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD)
-            acc, seen = _probe(base, slot, heads_row, local, offs, mask, expect, why, rank,
-                               OP, WORLD)
+            got, seen = _look(base, slot, heads_row, local, offs, mask, expect, src, flag, why,
+                              rank, OP, WORLD, LL)
     came = seen == 0
     if (not came) & ok:
         kind = tl.cast(KIND_TIMEOUT, tl.int64)
@@ -301,10 +421,62 @@ def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, r
         elif (seen & _HOST_CALL) != 0:
             kind = tl.cast(KIND_HOST_CALL, tl.int64)
         tdl.record_error(ctrl, rank, _first_missing(heads_row, rank, WORLD), OPCODE, kind)
+    return got, came
+
+
+@triton.jit
+def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, rank,
+            heap_bases, OP: tl.constexpr, WORLD: tl.constexpr, OPCODE: tl.constexpr):
+    """Wait (bounded) until every peer's words of this block (`base + src * slot + offs`)
+    and its head have come, then clear those words. Returns (the block reduced over ranks
+    in rank order, in fp32; whether it may be trusted). `ok`: the program's earlier waits
+    succeeded (else nothing is awaited, and the result is not trusted)."""
+    acc, came = _wait(base, slot, heads_row, local, offs, mask, expect, 0, 0, ok, ctrl, fsync,
+                      rank, heap_bases, OP, WORLD, OPCODE, False)
     clear = _fill(base, offs)
     for src in tl.static_range(WORLD):          # back to the sentinel, for round e + 3
         tl.store(base + src * slot + offs, clear, mask=mask & (src != rank))
     return acc, came & ok
+
+
+# ---------------------------------------------------------------------------- LL units
+@triton.jit
+def ll_flag(epoch):
+    """The flag word of round `epoch`'s LL units: never negative, so never the fill's."""
+    return (epoch & 0x7FFFFFFF).to(tl.int32)
+
+
+@triton.jit
+def ll_units(lanes, flag):
+    """LL units of the int32 payload `lanes`: (flag << 32) | lane, each one 8-byte word."""
+    return (tl.cast(flag, tl.int64) << 32) | (lanes.to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _probe_ll(units_ptr, head_ptr, mask, flag, expect, stop):
+    """One look at a peer's LL units of this block and its head: (their payload lanes,
+    int32; a verdict as `_probe`'s: _PENDING -- a unit without this round's flag, or no
+    head --, _MISMATCH, `stop`). Each unit is one 8-byte load, so its payload is the one
+    its flag came with."""
+    units = tl.load(units_ptr, mask=mask, other=0, volatile=True)
+    theirs = tl.load(head_ptr, volatile=True)
+    pending = (((units >> 32).to(tl.int32) != flag) & mask) | (theirs == 0)
+    wrong = (theirs != 0) & (theirs != expect)
+    miss = tl.where(pending, _PENDING, 0) | tl.where(wrong, _MISMATCH, 0)
+    return units.to(tl.int32), _agree(tl.max(miss | _unless_came(miss, stop), axis=0))
+
+
+@triton.jit
+def receive_ll(base, slot, heads_row, src, offs, mask, flag, expect, ok, ctrl, fsync, rank,
+               heap_bases, WORLD: tl.constexpr, OPCODE: tl.constexpr):
+    """Wait (bounded) until peer `src`'s LL units of this block (`base + src * slot +
+    offs`, int64) carry `flag` and its head has come, then clear them (back to the fill,
+    for round e + 3). Returns (their payload lanes, int32; whether they may be trusted);
+    `ok` as receive's."""
+    lanes, came = _wait(base, slot, heads_row, offs, offs, mask, expect, src, flag, ok, ctrl,
+                        fsync, rank, heap_bases, 0, WORLD, OPCODE, True)
+    tl.store(base + src * slot + offs, _fill(base, offs), mask=mask)
+    return lanes, came & ok
 
 
 @triton.jit
