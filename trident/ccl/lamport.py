@@ -340,13 +340,14 @@ def _agree(mine):
 
 @triton.jit
 def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD: tl.constexpr):
-    """Why a wait that has not come should stop (bits, 0: go on): past the timeout; every
-    PEER_POLL rounds (and the first), this rank or a peer failed, a peer waits in a host
-    call, or a peer whose head has not come is in a flag-protocol launch this rank never
-    entered (its epoch in ccl's state is past mine: it made another call). Only such a
-    peer: one whose head came may rightly be in the next call already. Its epoch is read
-    first, with acquire, then its head: a peer past this launch had finished it, so its
-    head would be here."""
+    """Why a wait that has not come should stop (bits, 0: go on): past the timeout; this
+    rank failed; and every PEER_POLL rounds (and the first), for each peer whose head has
+    not come -- the peers still waited for: one whose head came may rightly have finished
+    this round and be in a host call or the next launch already -- that it failed, waits
+    in a host call, or is in a flag-protocol launch this rank never entered (its epoch in
+    ccl's state is past mine: it made another call). Its epoch is read first, with
+    acquire, then its head: a peer past this launch had finished it, so its head would be
+    here."""
     why = tl.where(tdl.timestamp() - start > limit, _TIMEOUT, 0)
     if rounds % PEER_POLL == 1:
         if tl.load(ctrl + CTRL_ERROR, volatile=True) != 0:
@@ -354,26 +355,31 @@ def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD:
         mine = tl.load(fsync, volatile=True)
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            if peer_failed(ctrl, peer):
-                why = why | _GONE
-            if peer_in_host_call(ctrl, peer):
-                why = why | _HOST_CALL
-            if tdl.load_acquire(tdl.translate(fsync, rank, peer, heap_bases)) > mine:
-                if tl.load(heads_row + peer * MAX_PROGRAMS, volatile=True) == 0:
+            ahead = tdl.load_acquire(tdl.translate(fsync, rank, peer, heap_bases)) > mine
+            if tl.load(heads_row + peer * MAX_PROGRAMS, volatile=True) == 0:
+                if peer_failed(ctrl, peer):
+                    why = why | _GONE
+                if peer_in_host_call(ctrl, peer):
+                    why = why | _HOST_CALL
+                if ahead:
                     why = why | _MISMATCH
     return why
 
 
 @triton.jit
-def _first_missing(heads_row, rank, WORLD: tl.constexpr):
-    """The peer a failed wait names: the first (after this rank) whose head has not come,
-    else the next rank."""
-    who = (rank + 1) % WORLD
+def _culprit(heads_row, expect, rank, WORLD: tl.constexpr):
+    """The peer a failed wait names: the first (after this rank) whose head came from
+    another call, else the first whose head has not come, else the next rank."""
+    missing = (rank + 1) % WORLD
+    wrong = -1
     for i in tl.static_range(WORLD - 1, 0, -1):
         peer = (rank + i) % WORLD
-        if tl.load(heads_row + peer * MAX_PROGRAMS, volatile=True) == 0:
-            who = peer
-    return who
+        theirs = tl.load(heads_row + peer * MAX_PROGRAMS, volatile=True)
+        if theirs == 0:
+            missing = peer
+        elif theirs != expect:
+            wrong = peer
+    return tl.where(wrong >= 0, wrong, missing)
 
 
 @triton.jit
@@ -420,7 +426,7 @@ def _wait(base, slot, heads_row, local, offs, mask, expect, src, flag, ok, ctrl,
             kind = tl.cast(KIND_MISMATCH, tl.int64)
         elif (seen & _HOST_CALL) != 0:
             kind = tl.cast(KIND_HOST_CALL, tl.int64)
-        tdl.record_error(ctrl, rank, _first_missing(heads_row, rank, WORLD), OPCODE, kind)
+        tdl.record_error(ctrl, rank, _culprit(heads_row, expect, rank, WORLD), OPCODE, kind)
     return got, came
 
 
