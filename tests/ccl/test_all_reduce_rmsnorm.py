@@ -182,6 +182,11 @@ def _compiled(ctx):
     close(out, ref1, "compiled functional")
     close(new_res, r1, "compiled functional residual")
     assert torch.equal(res0.cpu(), residual), "the functional form must not touch residual"
+    # an algorithm by name reaches the kernel through the custom op (eager here)
+    out, new_res = torch.ops.trident.all_reduce_add_rmsnorm(x, res0, w, 1e-6, ctx.name,
+                                                             "lamport")
+    close(out, ref1, "custom op, algorithm='lamport'")
+    close(new_res, r1, "custom op, algorithm='lamport': residual")
     torch.library.opcheck(torch.ops.trident.all_reduce_add_rmsnorm_.default,
                           (x, residual.clone().to(ctx.device), w, 1e-6, ctx.name, None),
                           test_utils=("test_schema", "test_faketensor"))
