@@ -136,7 +136,10 @@ def _lamport_kernel(x, residual, weight, out, data, heads, lsync, fsync, ctrl, h
     # ccl/lamport.py: this round's buffer; element i of x goes to offset i of my slot
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch, buf, base, expect = proto.start(lsync, data, slot, fp, WORLD)
+    epoch = proto.begin(lsync)
+    buf = epoch % 3
+    base = data + buf * WORLD * slot              # this round's buffer, slot 0
+    expect = proto.head(epoch, fp)
     t0 = trd.begin(TRACE)
     for row in range(pid, rows, nprog):
         start = row * hidden
@@ -148,7 +151,7 @@ def _lamport_kernel(x, residual, weight, out, data, heads, lsync, fsync, ctrl, h
     proto.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     t0 = trd.begin(TRACE)
-    heads_row = proto.heads_of(heads, buf, WORLD)
+    heads_row = heads + buf * WORLD * proto.MAX_PROGRAMS + pid
     ok = tl.cast(1, tl.int1)
     for row in range(pid, rows, nprog):
         start = row * hidden

@@ -108,22 +108,6 @@ def begin(sync):
 
 
 @triton.jit
-def start(sync, data, slot, fp, WORLD: tl.constexpr):
-    """A launch's round, read by every program first: (its epoch, its buffer `epoch % 3`,
-    that buffer's slot 0 in `data` (slots of `slot` elements), the head to send)."""
-    epoch = begin(sync)
-    buf = epoch % 3
-    return epoch, buf, data + buf * WORLD * slot, head(epoch, fp)
-
-
-@triton.jit
-def heads_of(heads, buf, WORLD: tl.constexpr):
-    """This program's heads of buffer `buf`, one a rank (stride MAX_PROGRAMS): receive's
-    and clear_heads' `heads_row`."""
-    return heads + buf * WORLD * MAX_PROGRAMS + tl.program_id(0)
-
-
-@triton.jit
 def end(sync, epoch):
     """Count this program out; the last one stores the next round (every program has read
     this one by then, at its start)."""

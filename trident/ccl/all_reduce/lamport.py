@@ -27,7 +27,10 @@ def _lamport_kernel(t, data, heads, lsync, fsync, ctrl, heap_bases, trace_buf, r
                     fp, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
                     TRACE: tl.constexpr):
     t0 = trd.begin(TRACE)
-    epoch, buf, base, expect = proto.start(lsync, data, slot, fp, WORLD)
+    epoch = proto.begin(lsync)
+    buf = epoch % 3
+    base = data + buf * WORLD * slot              # this round's buffer, slot 0
+    expect = proto.head(epoch, fp)
     pid, programs = tl.program_id(0), tl.num_programs(0)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
@@ -37,7 +40,7 @@ def _lamport_kernel(t, data, heads, lsync, fsync, ctrl, heap_bases, trace_buf, r
     proto.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     t0 = trd.begin(TRACE)
-    heads_row = proto.heads_of(heads, buf, WORLD)
+    heads_row = heads + buf * WORLD * proto.MAX_PROGRAMS + pid
     ok = tl.cast(1, tl.int1)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
