@@ -17,7 +17,7 @@ def test_bench_tp_tiny(tmp_path):
     with open(paths[0]) as f:
         rows = json.load(f)["rows"]
     baseline = "gloo" if pool.backend == "cpu" else "nccl"
-    impls = {baseline, "trident", "trident_fused"}
+    impls = {baseline, "trident", "trident_fused", "trident_fused_lamport"}
     nccl_runs = nccl_available(pool)
     for batch in (1, 3):
         mine = [r for r in rows if r["batch"] == batch]

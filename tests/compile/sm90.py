@@ -317,6 +317,20 @@ def _ccl() -> list[Kernel]:
                     (dict(x=PF16, residual=PF16, out=PF16, scratch=PF16, weight=PF32),
                      4096, 8, False))],
                aligned=("hidden", "stride", "half")),
+        # its Lamport algorithm (add_rmsnorm.py: _lamport_kernel): the same launch sizes,
+        # the exchange by ccl/lamport.py (data words of x's width, int64 heads)
+        Kernel("trident.ccl.add_rmsnorm", "_lamport_kernel",
+               dict(x=PBF16, residual=PBF16, weight=PBF16, out=PBF16, data=P16, heads=P64,
+                    lsync=P64, fsync=P64, rows=I32, hidden=I32, slot=I32, eps="fp32"),
+               [V("all", warps, types=types, WORLD=world, BLOCK=block, TRACE=trace)
+                for types, block, warps, world, trace in (
+                    ({}, 4096, 8, 2, False), ({}, 4096, 8, 4, False), ({}, 4096, 8, 8, False),
+                    ({}, 4096, 8, 4, True), ({}, 1024, 4, 4, False),
+                    (dict(x=PF32, residual=PF32, out=PF32, data=P32, weight=PF32),
+                     4096, 8, 4, False),
+                    (dict(x=PF16, residual=PF16, out=PF16, data=P16, weight=PF32),
+                     4096, 8, 8, False))],
+               aligned=("hidden", "slot")),
         # ALIGN = the rows' alignment in words (all_to_all/rows.py: alignment): 16 keeps
         # 16-byte accesses; odd rows (ALIGN 1, or int16/int8 words) cannot have them.
         Kernel("trident.ccl.all_to_all.push", "_push_kernel",

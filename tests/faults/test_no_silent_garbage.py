@@ -11,14 +11,10 @@ import trident as td
 from trident.errors import CallMismatch, CommTimeout, HeapMismatchError, PeerFailed
 
 from ..conftest import WORLD_SIZES
+from .mismatch import MEET, assert_found_when_ranks_meet
 
 MULTI = [w for w in WORLD_SIZES if w >= 2] or [2]
 SHORT = 2.0          # seconds: the device timeout of the cases that time out on purpose
-# the cases whose ranks do meet: long enough for a slow peer (4 ranks sharing one GPU's
-# host) not to pass for a missing one; a mismatch is found as soon as both ranks arrive,
-# so this costs a passing run nothing. (The CommTimeouts these cases gave on GPUs were a
-# host word that named a later wait's record instead of the first: language/sync.py.)
-MEET = 20.0
 
 
 @pytest.fixture(params=MULTI, ids=lambda w: f"world{w}")
@@ -72,19 +68,7 @@ def _sizes_differ(ctx, algorithm):
 
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "lamport|one_shot"])
 def test_sizes_that_differ_are_poisoned_and_raised(pool, algorithm):
-    results = pool.run(_sizes_differ, algorithm)
-    every = "\n".join(f"rank {r}: call {c:.2f} s, poisoned={p}, next call raised {k} in "
-                       f"{t:.2f} s: {x}" for r, (p, k, x, t, c) in enumerate(results))
-    for rank, (poisoned, kind, text, took, call_s) in enumerate(results):
-        assert poisoned, f"rank {rank}: the output of a mismatched call is not NaN\n{every}"
-        # found when the ranks meet, not by a wait that ran out its MEET seconds
-        assert call_s < MEET / 2, every
-        # the rank that finds the difference raises CallMismatch; a peer that was still
-        # waiting for it may stop first on its published error: PeerFailed naming it
-        assert kind in (CallMismatch.__name__, PeerFailed.__name__), every
-        assert f"rank {rank}: all_reduce" in text, every
-        assert "different call" in text, every    # PeerFailed quotes the peer's CallMismatch
-        assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise\n{every}"
+    assert_found_when_ranks_meet(pool.run(_sizes_differ, algorithm), "all_reduce")
 
 
 def _close_raises_the_pending_mismatch(ctx):

@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from trident.ccl import ALGORITHMS as CCL_ALGORITHMS
+from trident.ccl.add_rmsnorm import ALGORITHMS as ADD_RMSNORM_ALGORITHMS
 from trident.ops import schedules
 
 from ..ops.reference import assert_close, make
@@ -266,7 +267,7 @@ CASES = {
     "reduce_scatter": (reduce_scatter, sorted(CCL_ALGORITHMS["reduce_scatter"]) + ["auto", "nccl"]),
     "all_to_all": (all_to_all, sorted(CCL_ALGORITHMS["all_to_all"]) + ["auto", "nccl"]),
     "broadcast": (broadcast, sorted(CCL_ALGORITHMS["broadcast"]) + ["auto", "nccl"]),
-    "all_reduce_add_rmsnorm": (add_rmsnorm, ["one_shot", "unfused", "auto", "nccl"]),
+    "all_reduce_add_rmsnorm": (add_rmsnorm, [*ADD_RMSNORM_ALGORITHMS, "auto"]),
     "all_gather_matmul": (all_gather_matmul, fused_variants("all_gather_matmul")),
     "matmul_reduce_scatter": (row_parallel("matmul_reduce_scatter"),
                               fused_variants("matmul_reduce_scatter")),

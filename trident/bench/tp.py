@@ -1,5 +1,5 @@
 """`trident bench tp`: a tensor-parallel decode step of Llama-3-8B-shaped layers with the
-row-parallel sum + residual add + RMSNorm done four ways, in one run.
+row-parallel sum + residual add + RMSNorm done five ways, in one run.
 
 Each layer (per rank, TP = world size): qkv GEMM (column-parallel) -> attention of the new
 token over a KV cache (this rank's heads, context 1024) -> o_proj GEMM (row-parallel
@@ -12,6 +12,7 @@ SUM_NORM, where SUM_NORM(partial, residual, w) is: residual += all-reduce sum of
                   (never multimem ops) + torch add / rmsnorm (GPUs, where torch has it)
   trident         ctx.all_reduce + torch add / rmsnorm
   trident_fused   ctx.all_reduce_add_rmsnorm: one kernel (trident/ccl/add_rmsnorm.py)
+  trident_fused_lamport  the same with algorithm="lamport" (its Lamport exchange)
 Rows: kind "step" (a whole decode step of --layers layers) and kind "sum_norm" (SUM_NORM
 alone on [batch, hidden]; with trident_all_reduce_alone, ctx.all_reduce alone, for the
 issue's target: fused <= 1.2x the all-reduce alone). Times from common.time_modes: eager
@@ -37,7 +38,7 @@ from . import common
 
 DTYPE = torch.bfloat16
 EPS = 1e-5
-IMPLS = ("nccl", "torch_symm_mem", "trident", "trident_fused")
+IMPLS = ("nccl", "torch_symm_mem", "trident", "trident_fused", "trident_fused_lamport")
 
 
 @dataclass
@@ -88,6 +89,8 @@ def _sum_norms(ctx, batch: int, hidden: int) -> dict:
             (dist.all_reduce(p, group=ctx.group), p)[1], r, w),
         "trident": lambda p, r, w: torch_add_rmsnorm(ctx.all_reduce(p), r, w),
         "trident_fused": lambda p, r, w: ctx.all_reduce_add_rmsnorm(p, r, w, EPS),
+        "trident_fused_lamport": lambda p, r, w: ctx.all_reduce_add_rmsnorm(
+            p, r, w, EPS, algorithm="lamport"),
     }
     if not common.nccl_runs(ctx):
         del impls["nccl"]

@@ -24,12 +24,25 @@ squares, pass 2 (after a barrier of the program) re-reads the residual rows it j
 and writes out. Rounding: s stays fp32; residual is rounded to its dtype once; the norm
 is computed in fp32 from the rounded residual; out is rounded once.
 
-Algorithms: "one_shot" (above), "unfused" (trident's all_reduce of a copy of x, then the
-add and the norm in torch: several launches, any size), "nccl" (torch.distributed
-all_reduce, then torch; not graphable; not where ranks share a GPU, see ccl/nccl.py).
-"auto" picks one_shot up to ONE_SHOT_MAX_BYTES of x per rank (the one-shot scratch is
-2 * world * that), unfused above (whose all_reduce is the selector's, never NCCL where
-NCCL cannot run).
+"lamport": the same computation, rounding and rank order, with the exchange done by the
+Lamport protocol (ccl/lamport.py, as all_reduce/lamport.py): every program stores its rows'
+chunks as words (element i of x at offset i of my slot of every peer's buffer of this
+round) and its head, then receives chunk by chunk (`lamport.receive`: the data is its own
+ready flag; what was read is cleared at once) and adds and normalises as above. It shares
+the Lamport workspace and round counter of every Lamport kernel of the context. A -0.0 of
+x travels as +0.0 (and every rank reduces its own x so), so the residual of an all-zero
+sum may differ in the sign of a zero from one_shot's, never across ranks. At most
+`lamport.capacity` bytes of x per rank (1 MiB with the default heap; ValueError above).
+It is expected to win at decode sizes (a few rows, latency-bound), where it saves
+one_shot's release fence and flag round trip per program -- not yet measured on GPUs, so
+"auto" does not pick it: name it (algorithm="lamport").
+
+Algorithms: "one_shot" (above), "lamport" (above), "unfused" (trident's all_reduce of a
+copy of x, then the add and the norm in torch: several launches, any size), "nccl"
+(torch.distributed all_reduce, then torch; not graphable; not where ranks share a GPU, see
+ccl/nccl.py). "auto" picks one_shot up to ONE_SHOT_MAX_BYTES of x per rank (the one-shot
+scratch is 2 * world * that), unfused above (whose all_reduce is the selector's, never
+NCCL where NCCL cannot run).
 """
 from __future__ import annotations
 
@@ -43,18 +56,42 @@ import torch.distributed as dist
 import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
-from . import common, nccl
+from . import common, lamport as proto, nccl
 from .device import (DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, fingerprint, poison,
                      reduce_slots, scratch_half)
 from ..graph_pools import outside_graph_pools
 from ..plans import Live, Plan, tensor_key
 
 NAME = "all_reduce_add_rmsnorm"
-ALGORITHMS = ("one_shot", "unfused", "nccl")
+ALGORITHMS = ("one_shot", "lamport", "unfused", "nccl")
 ONE_SHOT_MAX_BYTES = 1 << 20        # x per rank; above: "unfused"
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 GPU_MAX_BLOCK = 4096                # elements of a row per chunk (8 warps: 16 per thread)
 CPU_MAX_BLOCK = 256
+
+
+@triton.jit
+def _add_residual(residual, offs, mask, s):
+    """residual[offs] += s (fp32), rounded once to residual's dtype and stored; returns the
+    rounded values' squares (0 outside `mask`), for the norm."""
+    r = (tl.load(residual + offs, mask=mask).to(tl.float32) + s).to(residual.dtype.element_ty)
+    tl.store(residual + offs, r, mask=mask)
+    rf = r.to(tl.float32)
+    return tl.where(mask, rf * rf, 0.0)
+
+
+@triton.jit
+def _norm_row(residual, weight, out, base, hidden, squares, eps, BLOCK: tl.constexpr):
+    """out[row] = residual[row] * rsqrt(mean of squares + eps) * weight, from the residual
+    row this program has just stored (starting at `base`)."""
+    rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / hidden + eps)
+    tl.debug_barrier()               # the residual stores before the loads below
+    for c in range(0, hidden, BLOCK):
+        cols = c + tl.arange(0, BLOCK)
+        mask = cols < hidden
+        rf = tl.load(residual + base + cols, mask=mask).to(tl.float32)
+        w = tl.load(weight + cols, mask=mask).to(tl.float32)
+        tl.store(out + base + cols, (rf * rstd * w).to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -87,19 +124,51 @@ def _add_rmsnorm_kernel(x, residual, weight, out, scratch, flags, sync, ctrl, he
             mask = offs < base + hidden
             # a failed exchange leaves NaN in the residual and the output (poison)
             s = poison(reduce_slots(x, slots, stride, offs, mask, rank, world_size, SUM), ok)
-            r = tl.load(residual + offs, mask=mask).to(tl.float32) + s
-            r = r.to(residual.dtype.element_ty)
-            tl.store(residual + offs, r, mask=mask)
-            rf = r.to(tl.float32)
-            squares += tl.where(mask, rf * rf, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / hidden + eps)
-        tl.debug_barrier()           # the residual stores above before the loads below
+            squares += _add_residual(residual, offs, mask, s)
+        _norm_row(residual, weight, out, base, hidden, squares, eps, BLOCK)
+    trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+
+
+@triton.jit
+def _lamport_kernel(x, residual, weight, out, data, heads, lsync, fsync, ctrl, heap_bases,
+                    trace_buf, rank, rows, hidden, slot, eps, fp, WORLD: tl.constexpr,
+                    BLOCK: tl.constexpr, TRACE: tl.constexpr):
+    # ccl/lamport.py: this round's buffer; element i of x goes to offset i of my slot
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    epoch = proto.begin(lsync)
+    buf = epoch % 3
+    base = data + buf * WORLD * slot              # this round's buffer, slot 0
+    expect = proto.head(epoch, fp)
+    t0 = trd.begin(TRACE)
+    for row in range(pid, rows, nprog):
+        start = row * hidden
         for c in range(0, hidden, BLOCK):
-            cols = c + tl.arange(0, BLOCK)
-            mask = cols < hidden
-            rf = tl.load(residual + base + cols, mask=mask).to(tl.float32)
-            w = tl.load(weight + cols, mask=mask).to(tl.float32)
-            tl.store(out + base + cols, (rf * rstd * w).to(out.dtype.element_ty), mask=mask)
+            offs = start + c + tl.arange(0, BLOCK)
+            mask = offs < start + hidden
+            words = proto.to_words(tl.load(x + offs, mask=mask))
+            proto.send(base + rank * slot, words, offs, mask, rank, heap_bases, WORLD)
+    proto.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    heads_row = heads + buf * WORLD * proto.MAX_PROGRAMS + pid
+    ok = tl.cast(1, tl.int1)
+    for row in range(pid, rows, nprog):
+        start = row * hidden
+        squares = tl.zeros([BLOCK], dtype=tl.float32)
+        for c in range(0, hidden, BLOCK):
+            offs = start + c + tl.arange(0, BLOCK)
+            mask = offs < start + hidden
+            # every rank reduces what travels (-0.0 as +0.0): the same values everywhere
+            local = proto.canonical(tl.load(x + offs, mask=mask))
+            s, ok = proto.receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl,
+                                  fsync, rank, heap_bases, SUM, WORLD, OP_ALL_REDUCE)
+            # a failed wait leaves NaN in the residual and the output (poison), from this
+            # chunk on (the chunks before it came whole, in a call of this fingerprint)
+            squares += _add_residual(residual, offs, mask, poison(s, ok))
+        _norm_row(residual, weight, out, start, hidden, squares, eps, BLOCK)
+    proto.clear_heads(heads_row, rank, WORLD)
+    proto.end(lsync, epoch)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
@@ -191,8 +260,10 @@ def _plan(ctx, x, residual, weight, out, fresh, eps, algorithm, block, programs,
     plan = Plan((x, residual, weight, out), name)
     plan.out_shape = tuple(x.shape)
     eps = float(eps)
-    if name == "one_shot":      # its launch checks these; so does an empty x
+    if name in ("one_shot", "lamport"):     # their launch checks these; so does an empty x
         common.check_launch(block, programs)
+    if name == "lamport":
+        _check_lamport(ctx, x)
     if rows == 0 or hidden == 0:
         return plan
     if name == "nccl":
@@ -209,6 +280,8 @@ def _plan(ctx, x, residual, weight, out, fresh, eps, algorithm, block, programs,
             ctx.all_reduce(s)
             torch_add_rmsnorm(s, ts[1], ts[2], ts[3], eps)
         plan.add(step)
+    elif name == "lamport":
+        _lamport(ctx, plan, rows, hidden, x, eps, fresh, block, programs)
     else:
         _one_shot(ctx, plan, rows, hidden, x, eps, fresh, block, programs)
     return plan
@@ -240,3 +313,29 @@ def _one_shot(ctx, plan, rows, hidden, x, eps, fresh, block, programs):
         st.flags, st.sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, ctx.world_size,
         rows, hidden, stride, slots.numel() // 2, eps,
         fingerprint(_add_rmsnorm_kernel, rows, hidden, str(x.dtype), eps), BLOCK=block, TRACE=trace, **options)
+
+
+def _check_lamport(ctx, x) -> None:
+    """ValueError unless x fits a Lamport slot (the same on every rank: the agreed heap)."""
+    cap = proto.capacity(common.agreed(ctx).heap_size, ctx.world_size)
+    nbytes = x.numel() * x.element_size()
+    if nbytes > cap:
+        raise ValueError(f"{NAME}: algorithm 'lamport' takes at most {cap} bytes of x per rank "
+                         f"with this heap ({ctx.heap_size} bytes), got {nbytes}; use "
+                         f"'one_shot' or 'unfused'")
+
+
+def _lamport(ctx, plan, rows, hidden, x, eps, fresh, block, programs):
+    """The Lamport workspace of every Lamport kernel of the context (all_reduce's too): one
+    round counter, so the ranks' rounds stay aligned across the ops."""
+    ws = proto.state(ctx, proto.capacity(common.agreed(ctx).heap_size, ctx.world_size))
+    data, slot = ws.slots(x.dtype)
+    block, grid, warps = launch_size(ctx, rows, hidden, block, programs)
+    trace_buf, trace = kernel_args(ctx)
+    out = Live(3) if fresh else plan.tensors[3]
+    options = {"num_warps": warps} if ctx.backend == "cuda" else {}
+    plan.launch(
+        _lamport_kernel, (grid,), x, plan.tensors[1], plan.tensors[2], out, data, ws.heads,
+        ws.sync, common.state(ctx).sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, rows,
+        hidden, slot, eps, fingerprint(_lamport_kernel, rows, hidden, str(x.dtype), eps),
+        WORLD=ctx.world_size, BLOCK=block, TRACE=trace, **options)

@@ -1,0 +1,26 @@
+"""What the cases of a call that differs between ranks share (sizes, algorithms): how long
+they let a wait run, and the verdict on what every rank saw."""
+from trident.errors import CallMismatch, PeerFailed
+
+# the cases whose ranks do meet: long enough for a slow peer (4 ranks sharing one GPU's
+# host) not to pass for a missing one; a mismatch is found as soon as both ranks arrive,
+# so this costs a passing run nothing. (The CommTimeouts these cases gave on GPUs were a
+# host word that named a later wait's record instead of the first: language/sync.py.)
+MEET = 20.0
+
+
+def assert_found_when_ranks_meet(results, op: str) -> None:
+    """`results`: every rank's (output poisoned, the next call's exception type name and
+    message, seconds it took to raise, seconds the mismatched call took)."""
+    every = "\n".join(f"rank {r}: call {c:.2f} s, poisoned={p}, next call raised {k} in "
+                      f"{t:.2f} s: {x}" for r, (p, k, x, t, c) in enumerate(results))
+    for rank, (poisoned, kind, text, took, call_s) in enumerate(results):
+        assert poisoned, f"rank {rank}: the output of a mismatched call is not NaN\n{every}"
+        # found when the ranks meet, not by a wait that ran out its MEET seconds
+        assert call_s < MEET / 2, every
+        # the rank that finds the difference raises CallMismatch; a peer that was still
+        # waiting for it may stop first on its published error: PeerFailed naming it
+        assert kind in (CallMismatch.__name__, PeerFailed.__name__), every
+        assert f"rank {rank}: {op}" in text, every
+        assert "different call" in text, every    # PeerFailed quotes the peer's CallMismatch
+        assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise\n{every}"
