@@ -159,17 +159,12 @@ def _lamport_debug_rounds(ctx, op, rounds=20):
     return error
 
 
-# Known defect of ccl/lamport.py, not fixed here: a rank done with a Lamport launch and in a
-# host call (here debug mode's barrier; any ctx.barrier() after a call) makes a peer's
-# wait fail as CallMismatch "(a host-side call ...)" although that rank sent everything:
-# `_stop` flags a peer in a host call whether or not its head came (its epoch check has
-# that guard), while this rank still waits for a third rank's words (on the emulation:
-# its program 1 waits for a peer whose program 0 is still running); and `_probe` returns
-# the stop reasons even when it found every word and head. Both fixed (a head guard in
-# _stop; stop reasons only while something is pending) it passed 3 runs of 3 at world 4;
-# unfixed, within a few rounds most runs. Not strict: the race need not hit.
-@pytest.mark.xfail(reason="lamport.py: a peer in a host call fails a wait whose data came",
-                   strict=False)
+# A rank done with a Lamport launch and in a host call (debug mode's barrier; any
+# ctx.barrier() after a call) once made a peer's wait fail as CallMismatch "(a host-side
+# call ...)" although that rank had sent everything, within a few rounds at world 4 (found
+# here): a wait stopped for a peer in a host call whose head had come, and a look that
+# found everything reported its stop reasons. Both fixed in ccl/lamport.py (_stop's head
+# guard, _unless_came).
 @pytest.mark.parametrize("op", ["all_reduce", "all_reduce_add_rmsnorm"])
 def test_lamport_in_debug_mode(pool, op):
     errors = pool.run(_lamport_debug_rounds, op)
