@@ -64,6 +64,29 @@ STAGE_KEY = "ops.epilogue.a"
 
 
 @triton.jit
+def unit_partial(u, num_nb, a, stride_am, w, stride_wn, M, N, K, trace_buf, rank,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                 TMA: tl.constexpr, SWAP_AB: tl.constexpr, TRACE: tl.constexpr):
+    """Unit u's corner (m0, n0) and this rank's fp32 partial [BM, BN] of it (traced as a
+    GEMM tile): the row-parallel kernels' first step, whatever their exchange."""
+    m0 = (u // num_nb) * BM
+    n0 = (u % num_nb) * BN
+    t0 = trd.begin(TRACE)
+    acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
+                  EVEN_K, TMA, SWAP_AB, False)
+    trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+    return m0, n0, acc
+
+
+@triton.jit
+def owned(m0, n0, rows, cols, first, m_local, N):
+    """(mask, offsets) of a tile's elements among the m_local rows from row `first` (an
+    owner's rows), offsets counted in a [m_local, N] row-major block from that row."""
+    mask = (m0 + rows >= first) & (m0 + rows < first + m_local) & (n0 + cols < N)
+    return mask, (m0 + rows - first).to(tl.int64) * N + n0 + cols
+
+
+@triton.jit
 def _push_reduce_kernel(
         a, w, bias, out, scratch, flags, sync, ctrl, heap_bases, trace_buf,
         rank, world_size, M, N, K, m_local, owner_rows, stride_am, stride_wn, stride_om,
@@ -85,20 +108,14 @@ def _push_reduce_kernel(
     rows = tl.arange(0, BM)[:, None]
     cols = tl.arange(0, BN)[None, :]
     for u in range(pid, num_units, tl.num_programs(0)):
-        m0 = (u // num_nb) * BM
-        n0 = (u % num_nb) * BN
-        t0 = trd.begin(TRACE)
-        acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
-                      EVEN_K, TMA, SWAP_AB, False)
-        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+        m0, n0, acc = unit_partial(u, num_nb, a, stride_am, w, stride_wn, M, N, K, trace_buf,
+                                   rank, BM, BN, BK, EVEN_K, TMA, SWAP_AB, TRACE)
         t0 = trd.begin(TRACE)
         part = acc.to(slots.dtype.element_ty)
         for j in range(world_size):             # this rank's own slot last
             dst = (rank + 1 + j) % world_size
-            lo = dst * owner_rows
-            mine = (m0 + rows >= lo) & (m0 + rows < lo + m_local) & (n0 + cols < N)
-            offs = (m0 + rows - lo).to(tl.int64) * N + n0 + cols + rank * slot
-            tdl.store(slots + offs, part, rank, dst, heap_bases, mask=mine)
+            mine, offs = owned(m0, n0, rows, cols, dst * owner_rows, m_local, N)
+            tdl.store(slots + offs + rank * slot, part, rank, dst, heap_bases, mask=mine)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases, OP, fp,
                   trace_buf, TRACE)
@@ -107,8 +124,7 @@ def _push_reduce_kernel(
         t0 = trd.begin(TRACE)
         m0 = (u // num_nb) * BM
         n0 = (u % num_nb) * BN
-        mine = (m0 + rows >= lo) & (m0 + rows < lo + m_local) & (n0 + cols < N)
-        offs = (m0 + rows - lo).to(tl.int64) * N + n0 + cols
+        mine, offs = owned(m0, n0, rows, cols, lo, m_local, N)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for s in range(world_size):             # rank order: the same sum everywhere
             acc += tl.load(slots + s * slot + offs, mask=mine, other=0.0).to(tl.float32)

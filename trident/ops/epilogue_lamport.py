@@ -34,7 +34,7 @@ from ..errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from ._common import add_bias
-from .fused_tile import op_tile
+from .epilogue import owned, unit_partial
 from .gemm import addresses_only, host_descriptors, operand, tma_compatible
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -66,25 +66,18 @@ def _push_reduce_lamport_kernel(
     lo = rank * owner_rows
     ok = tl.cast(1, tl.int1)
     for u in range(pid, num_units, tl.num_programs(0)):
-        m0 = (u // num_nb) * BM
-        n0 = (u % num_nb) * BN
-        t0 = trd.begin(TRACE)
-        acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
-                      EVEN_K, TMA, SWAP_AB, False)
-        trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+        m0, n0, acc = unit_partial(u, num_nb, a, stride_am, w, stride_wn, M, N, K, trace_buf,
+                                   rank, BM, BN, BK, EVEN_K, TMA, SWAP_AB, TRACE)
         t0 = trd.begin(TRACE)
         part = acc.to(out.dtype.element_ty)
         words = lamport.to_words(part)
         for i in tl.static_range(1, WORLD):
             dst = (rank + i) % WORLD
-            first = dst * owner_rows
-            theirs = (m0 + rows >= first) & (m0 + rows < first + m_local) & (n0 + cols < N)
-            offs = (m0 + rows - first).to(tl.int64) * N + n0 + cols
+            theirs, offs = owned(m0, n0, rows, cols, dst * owner_rows, m_local, N)
             tdl.store(base + rank * slot + offs, words, rank, dst, heap_bases, mask=theirs)
         trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
         t0 = trd.begin(TRACE)
-        mine = (m0 + rows >= lo) & (m0 + rows < lo + m_local) & (n0 + cols < N)
-        offs = (m0 + rows - lo).to(tl.int64) * N + n0 + cols
+        mine, offs = owned(m0, n0, rows, cols, lo, m_local, N)
         total, ok = lamport.receive(base, slot, heads_row, lamport.canonical(part), offs,
                                     mine, expect, ok, ctrl, fsync, rank, heap_bases, 0,
                                     WORLD, OP)
