@@ -55,35 +55,12 @@ from ..errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from ._common import add_bias, dot_ptrs, finish_slice, num_sms, store_tile, workspace
-from .fused_tile import fused_gemm_config, op_tile, tile_shape
+from .fused_tile import fused_gemm_config, owned, tile_shape, unit_partial
 from .gemm import addresses_only, host_descriptors, operand, tma_compatible
 from .schedules import register
 
 MIN_COLUMNS = 32           # the narrowest column tile the row-parallel config shrinks to
 STAGE_KEY = "ops.epilogue.a"
-
-
-@triton.jit
-def unit_partial(u, num_nb, a, stride_am, w, stride_wn, M, N, K, trace_buf, rank,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                 TMA: tl.constexpr, SWAP_AB: tl.constexpr, TRACE: tl.constexpr):
-    """Unit u's corner (m0, n0) and this rank's fp32 partial [BM, BN] of it (traced as a
-    GEMM tile): the row-parallel kernels' first step, whatever their exchange."""
-    m0 = (u // num_nb) * BM
-    n0 = (u % num_nb) * BN
-    t0 = trd.begin(TRACE)
-    acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
-                  EVEN_K, TMA, SWAP_AB, False)
-    trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
-    return m0, n0, acc
-
-
-@triton.jit
-def owned(m0, n0, rows, cols, first, m_local, N):
-    """(mask, offsets) of a tile's elements among the m_local rows from row `first` (an
-    owner's rows), offsets counted in a [m_local, N] row-major block from that row."""
-    mask = (m0 + rows >= first) & (m0 + rows < first + m_local) & (n0 + cols < N)
-    return mask, (m0 + rows - first).to(tl.int64) * N + n0 + cols
 
 
 @triton.jit

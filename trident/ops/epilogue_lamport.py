@@ -34,7 +34,7 @@ from ..errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from ._common import add_bias
-from .epilogue import owned, unit_partial
+from .fused_tile import owned, unit_partial
 from .gemm import addresses_only, host_descriptors, operand, tma_compatible
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ._common import GEMM_MODE, GEMM_MODES, TMA_MIN_M, gemm_config
 from .gemm import dot_slice, dot_tile
+from ..trace import device as trd, tags
 
 ANY = 1 << 30              # a size above every edge of the GEMM table: its largest bucket
 
@@ -167,3 +168,25 @@ def op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, s, split_k, BM: tl.cons
                            TMA)
     return acc
 
+
+@triton.jit
+def unit_partial(u, num_nb, a, stride_am, w, stride_wn, M, N, K, trace_buf, rank,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                 TMA: tl.constexpr, SWAP_AB: tl.constexpr, TRACE: tl.constexpr):
+    """Unit u's corner (m0, n0) and this rank's fp32 partial [BM, BN] of it (traced as a
+    GEMM tile): the row-parallel kernels' first step, whatever their exchange."""
+    m0 = (u // num_nb) * BM
+    n0 = (u % num_nb) * BN
+    t0 = trd.begin(TRACE)
+    acc = op_tile(a, stride_am, w, stride_wn, m0, n0, M, N, K, 0, 1, BM, BN, BK,
+                  EVEN_K, TMA, SWAP_AB, False)
+    trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
+    return m0, n0, acc
+
+
+@triton.jit
+def owned(m0, n0, rows, cols, first, m_local, N):
+    """(mask, offsets) of a tile's elements among the m_local rows from row `first` (an
+    owner's rows), offsets counted in a [m_local, N] row-major block from that row."""
+    mask = (m0 + rows >= first) & (m0 + rows < first + m_local) & (n0 + cols < N)
+    return mask, (m0 + rows - first).to(tl.int64) * N + n0 + cols
