@@ -22,8 +22,7 @@ SHAPES = [(37, torch.float32, 16, 3), (1000, torch.bfloat16, 64, 8), (5, torch.f
 
 def _state(ctx) -> str:
     from trident.ccl import common, lamport
-    cap = lamport.capacity(common.agreed(ctx).heap_size, ctx.world_size)
-    ws = lamport.state(ctx, cap)
+    ws = lamport.workspace(ctx)
     words = ws.data.view(torch.int32)
     per = words.numel() // 3
     dirty = [int((words[b * per:(b + 1) * per] != lamport.FILL32).sum()) for b in range(3)]

@@ -66,13 +66,11 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool, dtype) -> str:
     if declared.needs_nccl and not has_nccl:
         raise ValueError(f"{op}: algorithm {name!r}: {nccl.unavailable_reason(ctx)}; "
                          f"choose one of {choices}")
-    if not declared.takes(dtype):
+    if not auto and not declared.takes(dtype):
         takes = [a.name for a in registry.kernels(op) if a.takes(dtype)]
-        if not auto:
-            raise TypeError(f"{op}: algorithm {name!r} takes floating-point tensors only, "
-                            f"got {dtype}; choose one of {['auto'] + takes}")
-        name = next(a.name for a in registry.kernels(op) if a.auto and a.takes(dtype))
-    if auto and not registry.get(op, name).fits(ctx, nbytes):
+        raise TypeError(f"{op}: algorithm {name!r} takes floating-point tensors only, "
+                        f"got {dtype}; choose one of {['auto'] + takes}")
+    if auto and not (declared.takes(dtype) and declared.fits(ctx, nbytes)):
         name = next(a.name for a in registry.kernels(op)
                     if a.auto and a.takes(dtype) and a.fits(ctx, nbytes))
     return name

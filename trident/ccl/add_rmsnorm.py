@@ -136,11 +136,8 @@ def _lamport_kernel(x, residual, weight, out, data, heads, lsync, fsync, ctrl, h
     # ccl/lamport.py: this round's buffer; element i of x goes to offset i of my slot
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    epoch = proto.begin(lsync)
-    buf = epoch % 3
-    base = data + buf * WORLD * slot              # this round's buffer, slot 0
-    expect = proto.head(epoch, fp)
     t0 = trd.begin(TRACE)
+    epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD)
     for row in range(pid, rows, nprog):
         start = row * hidden
         for c in range(0, hidden, BLOCK):
@@ -148,11 +145,8 @@ def _lamport_kernel(x, residual, weight, out, data, heads, lsync, fsync, ctrl, h
             mask = offs < start + hidden
             words = proto.to_words(tl.load(x + offs, mask=mask))
             proto.send(base + rank * slot, words, offs, mask, rank, heap_bases, WORLD)
-    proto.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
-    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    heads_row = heads + buf * WORLD * proto.MAX_PROGRAMS + pid
-    ok = tl.cast(1, tl.int1)
+    heads_row, ok, t0 = proto.sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD,
+                                   TRACE)
     for row in range(pid, rows, nprog):
         start = row * hidden
         squares = tl.zeros([BLOCK], dtype=tl.float32)
@@ -317,7 +311,7 @@ def _one_shot(ctx, plan, rows, hidden, x, eps, fresh, block, programs):
 
 def _check_lamport(ctx, x) -> None:
     """ValueError unless x fits a Lamport slot (the same on every rank: the agreed heap)."""
-    cap = proto.capacity(common.agreed(ctx).heap_size, ctx.world_size)
+    cap = proto.slot_bytes(ctx)
     nbytes = x.numel() * x.element_size()
     if nbytes > cap:
         raise ValueError(f"{NAME}: algorithm 'lamport' takes at most {cap} bytes of x per rank "
@@ -326,9 +320,8 @@ def _check_lamport(ctx, x) -> None:
 
 
 def _lamport(ctx, plan, rows, hidden, x, eps, fresh, block, programs):
-    """The Lamport workspace of every Lamport kernel of the context (all_reduce's too): one
-    round counter, so the ranks' rounds stay aligned across the ops."""
-    ws = proto.state(ctx, proto.capacity(common.agreed(ctx).heap_size, ctx.world_size))
+    """The kernel's launch, on the context's Lamport buffers (lamport.workspace)."""
+    ws = proto.workspace(ctx)
     data, slot = ws.slots(x.dtype)
     block, grid, warps = launch_size(ctx, rows, hidden, block, programs)
     trace_buf, trace = kernel_args(ctx)

@@ -133,12 +133,23 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)     # what the sentinel 
 WARPS, BLOCK_BYTES = 4, 2048          # GPU default: 4 warps, 2 KiB a program per step
 
 
+def slot_bytes(ctx) -> int:
+    """This context's slot size (`capacity` of the agreed smallest heap: every rank's)."""
+    return capacity(common.agreed(ctx).heap_size, ctx.world_size)
+
+
+def workspace(ctx) -> Lamport:
+    """The context's Lamport buffers: one set, and one round counter, for every Lamport
+    kernel of the context (collectives and fused ops), so the ranks' rounds stay aligned
+    across them."""
+    return state(ctx, slot_bytes(ctx))
+
+
 def limit(ctx, op: str) -> int:
     """The bytes per rank (the selector's measure: all_gather's input block,
     reduce_scatter's output block, all_reduce's tensor) a Lamport algorithm of `op` takes:
     the capacity of a slot, half of it in all_gather's LL units."""
-    return capacity(common.agreed(ctx).heap_size, ctx.world_size) // (
-        2 if op == "all_gather" else 1)
+    return slot_bytes(ctx) // (2 if op == "all_gather" else 1)
 
 
 def check(ctx, op: str, dtype, nbytes: int, other: str, larger: str, what: str = "",
@@ -167,7 +178,7 @@ def launch(ctx, plan, kernel, before: tuple, word, n: int, fp: tuple, block=None
     program per step unless `block`/`warps` say otherwise."""
     from ..trace import kernel_args
     size = torch.empty((), dtype=word).element_size()
-    ws = state(ctx, capacity(common.agreed(ctx).heap_size, ctx.world_size))
+    ws = workspace(ctx)
     data, slot = ws.slots(word)
     if block is None and ctx.backend == "cuda":     # 16 bytes a thread: a short poll
         block = BLOCK_BYTES * (warps or WARPS) // 4 // size
@@ -444,6 +455,23 @@ def receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync, r
         tl.store(base + src * slot + offs, clear, mask=mask & (src != rank))
     return acc, came & ok
 
+
+
+@triton.jit
+def receive_blocks(out, src, base, slot, heads_row, expect, ok, ctrl, fsync, rank, heap_bases,
+                   n, OP: tl.constexpr, WORLD: tl.constexpr, OPCODE: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """This program's blocks of out[:n] (grid-stride): this rank's own block from `src` and
+    the peers' words of it (`receive`), reduced in rank order, poisoned from the first wait
+    that failed. Returns whether every wait came (and `ok` did)."""
+    for blk in range(tl.program_id(0), tl.cdiv(n, BLOCK), tl.num_programs(0)):
+        offs = blk * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < n
+        local = canonical(tl.load(src + offs, mask=mask))
+        acc, ok = receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl, fsync,
+                          rank, heap_bases, OP, WORLD, OPCODE)
+        tl.store(out + offs, device.poison(acc.to(out.dtype.element_ty), ok), mask=mask)
+    return ok
 
 # ---------------------------------------------------------------------------- LL units
 @triton.jit

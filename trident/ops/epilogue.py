@@ -125,26 +125,28 @@ def _row_parallel(ctx, plan, op, a, w, bias, out, config=None, exchange="flags")
             bn //= 2
     num_units = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     grid = max(1, min(num_units, sms))
-    if exchange == "lamport":
-        from . import epilogue_lamport
-        epilogue_lamport.launch(ctx, plan, op, a, w, bias, out, cfg, bm, bn, grid, num_units,
-                                _live_out())
-        return
-    slot = ccl_common.round_up(m_local * N)
-    scratch = ccl_common.scratch(ctx, 2 * world * slot * a.element_size(), a.dtype)
-    st = ccl_common.state(ctx)
     tma = cfg["PERSISTENT"] and K > 0 and tma_compatible(a, w)
     a_op, w_op = host_descriptors(a, w, bm, bn, cfg["BK"]) if tma else (a, w)
     trace_buf, trace = kernel_args(ctx)
-    fp = fingerprint(_push_reduce_kernel, op, M, N, str(a.dtype), grid, bm, bn)
-    plan.launch(
-        _push_reduce_kernel, (grid,),
-        a_op, w_op, bias if bias is not None else a, _live_out(), scratch, st.flags, st.sync,
-        ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
-        0 if all_reduce else m_local, a.stride(0), w.stride(0), out.stride(0),
-        scratch.numel() // 2, slot, num_units, fp,
-        BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, TMA=tma,
-        SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=bias is not None, OP=OP_CODES[op], TRACE=trace, **_launch_options(ctx, cfg))
+    # what the flags and the Lamport kernel take alike: operands first, constexprs last
+    operands = (a_op, w_op, bias if bias is not None else a, _live_out())
+    meta = dict(BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, TMA=tma,
+                SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=bias is not None, OP=OP_CODES[op],
+                TRACE=trace, **_launch_options(ctx, cfg))
+    if exchange == "lamport":
+        from . import epilogue_lamport
+        epilogue_lamport.launch(ctx, plan, op, a, w, out, operands, trace_buf, grid, num_units,
+                                meta)
+    else:
+        slot = ccl_common.round_up(m_local * N)
+        scratch = ccl_common.scratch(ctx, 2 * world * slot * a.element_size(), a.dtype)
+        st = ccl_common.state(ctx)
+        fp = fingerprint(_push_reduce_kernel, op, M, N, str(a.dtype), grid, bm, bn)
+        plan.launch(
+            _push_reduce_kernel, (grid,), *operands, scratch, st.flags, st.sync, ctx.ctrl,
+            ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
+            0 if all_reduce else m_local, a.stride(0), w.stride(0), out.stride(0),
+            scratch.numel() // 2, slot, num_units, fp, **meta)
     if tma:
         addresses_only(plan.steps[-1], (a_op, w_op))
 

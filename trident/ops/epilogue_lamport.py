@@ -30,12 +30,11 @@ import triton.language as tl
 from .. import language as tdl
 from ..ccl import common as ccl_common, lamport
 from ..ccl.device import fingerprint, poison
-from ..errors import OP_CODES
 from ..trace import device as trd
-from ..trace import kernel_args, tags
+from ..trace import tags
 from ._common import add_bias
 from .fused_tile import owned, unit_partial
-from .gemm import addresses_only, host_descriptors, operand, tma_compatible
+from .gemm import operand
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -52,10 +51,7 @@ def _push_reduce_lamport_kernel(
     this round's buffer holds rank s's partial of this rank's rows (from row
     rank * owner_rows; owner_rows = 0 for all_reduce, m_local = M)."""
     pid = tl.program_id(0)
-    epoch = lamport.begin(lsync)
-    buf = epoch % 3
-    base = data + buf * WORLD * slot
-    expect = lamport.head(epoch, fp)
+    epoch, buf, base, expect = lamport.open_round(data, lsync, slot, fp, WORLD)
     lamport.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
     heads_row = heads + buf * WORLD * lamport.MAX_PROGRAMS + pid
     a = operand(a, M, K, stride_am, BM, BK, TMA)
@@ -92,40 +88,30 @@ def _push_reduce_lamport_kernel(
 def fits(ctx, op: str, M: int, N: int, elem: int) -> bool:
     """Whether the partial rows one rank sends an owner fit a Lamport slot."""
     m_local = M if op == "matmul_all_reduce" else M // ctx.world_size
-    cap = lamport.capacity(ccl_common.agreed(ctx).heap_size, ctx.world_size)
-    return m_local * N * elem <= cap
+    return m_local * N * elem <= lamport.slot_bytes(ctx)
 
 
-def launch(ctx, plan, op, a, w, bias, out, cfg, bm, bn, grid, num_units, live_out) -> None:
-    """Add the kernel's launch (the tile config and grid from epilogue._row_parallel)."""
+def launch(ctx, plan, op, a, w, out, operands, trace_buf, grid, num_units, meta) -> None:
+    """Add the kernel's launch: `operands` (a, w, bias, out as the kernel takes them), the
+    grid, units and constexprs `meta` as epilogue._row_parallel made them for both
+    exchanges."""
     M, K = a.shape
     N = w.shape[0]
     if a.dtype not in DTYPES:
         raise TypeError(f"{op}: exchange 'lamport' takes bfloat16, float16 or float32, got "
                         f"{a.dtype}")
     if not fits(ctx, op, M, N, a.element_size()):
-        cap = lamport.capacity(ccl_common.agreed(ctx).heap_size, ctx.world_size)
-        raise ValueError(f"{op}: exchange 'lamport' holds at most {cap} bytes of partial rows "
-                         f"per rank (M x N x element size, M / world for reduce_scatter) with "
-                         f"this heap; got M={M}, N={N}: use exchange='flags'")
-    all_reduce = op == "matmul_all_reduce"
-    m_local = M if all_reduce else M // ctx.world_size
-    cap = lamport.capacity(ccl_common.agreed(ctx).heap_size, ctx.world_size)
-    ws = lamport.state(ctx, cap)
+        raise ValueError(f"{op}: exchange 'lamport' holds at most {lamport.slot_bytes(ctx)} "
+                         f"bytes of partial rows per rank (M x N x element size, M / world for "
+                         f"reduce_scatter) with this heap; got M={M}, N={N}: use "
+                         f"exchange='flags'")
+    m_local = M if op == "matmul_all_reduce" else M // ctx.world_size
+    ws = lamport.workspace(ctx)
     data, slot = ws.slots(a.dtype)
-    tma = cfg["PERSISTENT"] and K > 0 and tma_compatible(a, w)
-    a_op, w_op = host_descriptors(a, w, bm, bn, cfg["BK"]) if tma else (a, w)
-    trace_buf, trace = kernel_args(ctx)
-    fp = fingerprint(_push_reduce_lamport_kernel, op, M, N, str(a.dtype), grid, bm, bn)
+    fp = fingerprint(_push_reduce_lamport_kernel, op, M, N, str(a.dtype), grid, meta["BM"],
+                     meta["BN"])
     plan.launch(
-        _push_reduce_lamport_kernel, (grid,),
-        a_op, w_op, bias if bias is not None else a, live_out, data, ws.heads, ws.sync,
+        _push_reduce_lamport_kernel, (grid,), *operands, data, ws.heads, ws.sync,
         ccl_common.state(ctx).sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, M, N, K,
-        m_local, 0 if all_reduce else m_local, a.stride(0), w.stride(0), out.stride(0), slot,
-        num_units, fp,
-        WORLD=ctx.world_size, BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, TMA=tma,
-        SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=bias is not None, OP=OP_CODES[op], TRACE=trace,
-        **({} if ctx.backend != "cuda" else
-           dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])))
-    if tma:
-        addresses_only(plan.steps[-1], (a_op, w_op))
+        m_local, 0 if op == "matmul_all_reduce" else m_local, a.stride(0), w.stride(0),
+        out.stride(0), slot, num_units, fp, WORLD=ctx.world_size, **meta)

@@ -80,11 +80,11 @@ def _lamport_kernel(out, inp, count, data, heads, lsync, fsync, ctrl, heap_bases
     trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
 
 
-
 def fits(ctx, nbytes: int) -> bool:
     """Whether `nbytes` per rank (the selector's measure) is within what this context's
     Lamport buffers take (registry.py: "auto" passes over it otherwise)."""
     return nbytes <= proto.limit(ctx, "all_gather")
+
 
 def lamport(ctx, plan, out, inp, block=None, programs=None, warps=None):
     """out, inp: flat word views (checked by the caller); out has world * inp.numel()."""

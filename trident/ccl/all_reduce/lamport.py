@@ -15,7 +15,7 @@ import triton.language as tl
 from trident.trace import device as trd, tags
 
 from .. import lamport as proto
-from ..device import OP_ALL_REDUCE, poison
+from ..device import OP_ALL_REDUCE
 
 
 @triton.jit
@@ -32,13 +32,8 @@ def _lamport_kernel(t, data, heads, lsync, fsync, ctrl, heap_bases, trace_buf, r
         proto.send(base + rank * slot, words, offs, mask, rank, heap_bases, WORLD)
     heads_row, ok, t0 = proto.sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD,
                                    TRACE)
-    for blk in range(pid, tl.cdiv(n, BLOCK), programs):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        local = proto.canonical(tl.load(t + offs, mask=mask))
-        acc, ok = proto.receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl,
-                                  fsync, rank, heap_bases, OP, WORLD, OP_ALL_REDUCE)
-        tl.store(t + offs, poison(acc.to(t.dtype.element_ty), ok), mask=mask)
+    proto.receive_blocks(t, t, base, slot, heads_row, expect, ok, ctrl, fsync, rank, heap_bases,
+                         n, OP, WORLD, OP_ALL_REDUCE, BLOCK)
     proto.clear_heads(heads_row, rank, WORLD)
     proto.end(lsync, epoch)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)

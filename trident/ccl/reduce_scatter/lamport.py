@@ -19,7 +19,7 @@ import trident.language as tdl
 from trident.trace import device as trd, tags
 
 from .. import lamport as proto
-from ..device import OP_REDUCE_SCATTER, poison
+from ..device import OP_REDUCE_SCATTER
 
 
 @triton.jit
@@ -38,23 +38,18 @@ def _lamport_kernel(out, inp, data, heads, lsync, fsync, ctrl, heap_bases, trace
             tdl.store(base + rank * slot + offs, words, rank, peer, heap_bases, mask=mask)
     heads_row, ok, t0 = proto.sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD,
                                    TRACE)
-    for blk in range(pid, tl.cdiv(n, BLOCK), programs):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < n
-        local = proto.canonical(tl.load(inp + rank * n + offs, mask=mask))
-        acc, ok = proto.receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl,
-                                fsync, rank, heap_bases, OP, WORLD, OP_REDUCE_SCATTER)
-        tl.store(out + offs, poison(acc.to(out.dtype.element_ty), ok), mask=mask)
+    proto.receive_blocks(out, inp + rank * n, base, slot, heads_row, expect, ok, ctrl, fsync,
+                         rank, heap_bases, n, OP, WORLD, OP_REDUCE_SCATTER, BLOCK)
     proto.clear_heads(heads_row, rank, WORLD)
     proto.end(lsync, epoch)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
-
 
 
 def fits(ctx, nbytes: int) -> bool:
     """Whether `nbytes` per rank (the selector's measure) is within what this context's
     Lamport buffers take (registry.py: "auto" passes over it otherwise)."""
     return nbytes <= proto.limit(ctx, "reduce_scatter")
+
 
 def lamport(ctx, plan, out, inp, op_code: int, block=None, programs=None, warps=None):
     """out [n], inp [world * n] (checked by the caller)."""
