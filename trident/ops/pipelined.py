@@ -63,6 +63,7 @@ from ..errors import OP_CODES
 from ..language.sync import CTRL_ERROR
 from ..plans import Live, Plan
 from ..triton_launch import Launch
+from . import plain
 from ._common import SYNC_EPOCH, SYNC_FLAGS, workspace
 
 OPS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
@@ -298,10 +299,7 @@ def _matmul(x, w, out, bias=None) -> None:
     """out = x @ w.T (+ bias, already in x's dtype): cuBLAS into the given rows."""
     if x.shape[0] == 0:
         return
-    if bias is not None:
-        torch.addmm(bias, x, w.t(), out=out)
-    else:
-        torch.matmul(x, w.t(), out=out)
+    plain.matmul(x, w, bias, out)
 
 
 def build(ctx, plan: Plan, op: str, a, w, bias, out, **options) -> None:

@@ -14,7 +14,16 @@ from ..ccl.nccl import all_gather_single, reduce_scatter_single
 from .schedules import register
 
 
-def _matmul(a, w, bias, out=None):
+def matmul(a, w, bias=None, out=None) -> torch.Tensor:
+    """a @ w.T (+ bias, converted to a's dtype) by torch: cuBLAS on GPUs. The host GEMM
+    of every schedule that has one (plain, sequential, pipelined).
+
+    On the CPU a strided operand is made contiguous first: torch's bf16 CPU GEMM reads
+    a row's padding past K on some x86 CPUs (torch 2.13; an odd K, or K=40 on CI's
+    machine), so the uninitialised rest of a column slice leaked NaN into whole rows
+    (tests/fuzz/test_ops.py, strided a; tests/ops/test_host_gemm.py)."""
+    if a.device.type == "cpu":
+        a, w = a.contiguous(), w.contiguous()
     if bias is not None:
         return torch.addmm(bias.to(a.dtype), a, w.t(), out=out)
     return torch.matmul(a, w.t(), out=out)
@@ -24,11 +33,11 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None) -> torch.Tensor:
     gathered = torch.empty(a.shape[0] * ctx.world_size, a.shape[1], dtype=a.dtype,
                            device=a.device)
     all_gather_single(gathered, a.contiguous(), group=ctx.group)
-    return _matmul(gathered, w, bias, out)
+    return matmul(gathered, w, bias, out)
 
 
 def matmul_reduce_scatter(ctx, a, w, bias=None, out=None) -> torch.Tensor:
-    partial = _matmul(a, w, bias if ctx.rank == 0 else None)
+    partial = matmul(a, w, bias if ctx.rank == 0 else None)
     if out is None:
         out = torch.empty(a.shape[0] // ctx.world_size, w.shape[0], dtype=a.dtype,
                           device=a.device)
@@ -45,10 +54,10 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None) -> torch.Tensor:
 
 def matmul_all_reduce(ctx, a, w, bias=None, out=None) -> torch.Tensor:
     if out is not None and out.is_contiguous():
-        _matmul(a, w, bias if ctx.rank == 0 else None, out)
+        matmul(a, w, bias if ctx.rank == 0 else None, out)
         dist.all_reduce(out, group=ctx.group)
         return out
-    partial = _matmul(a, w, bias if ctx.rank == 0 else None)
+    partial = matmul(a, w, bias if ctx.rank == 0 else None)
     dist.all_reduce(partial, group=ctx.group)
     return partial if out is None else out.copy_(partial)
 

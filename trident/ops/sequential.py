@@ -28,7 +28,7 @@ import torch
 from .. import ccl
 from ..ccl import common as ccl_common
 from ..ccl import selector as ccl_selector
-from . import _common
+from . import _common, plain
 from .schedules import register
 
 OPTIONS = ("collective",)
@@ -88,10 +88,8 @@ def _gemm_step(plan, ctx, a, bias, dst, with_bias: bool) -> None:
     def step(ts):
         x = ts[0] if fixed_a is None else fixed_a
         y = ts[3] if fixed_dst is None else fixed_dst
-        if with_bias:
-            torch.addmm(ts[2] if cast is None else cast.copy_(ts[2]), x, ts[1].t(), out=y)
-        else:
-            torch.matmul(x, ts[1].t(), out=y)
+        b = (ts[2] if cast is None else cast.copy_(ts[2])) if with_bias else None
+        plain.matmul(x, ts[1], b, y)
     plan.add(step, graphable=not (dst is None and _common.is_stand_in(plan.tensors[3])))
 
 
