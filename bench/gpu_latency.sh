@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 39's latency pass in one device call on a machine of 2 or 4 GPUs (one rank per GPU):
-# STEPS (default: env tests ccl ops), logs and JSON under $OUT (5 files: the log, the JSON of
+# STEPS (default: env tests times ccl ops), logs and JSON under $OUT (5 files: the log, the JSON of
 # bench ccl all_reduce, of bench ops and of the warps, and a tarball of every other log).
 #   env    GPUs, versions, topology
 #   tests  the Lamport paths' tests at the machine's world size (and 2 on 4 GPUs):
@@ -10,6 +10,9 @@
 #   ccl    bench ccl, all_reduce 1 KiB .. 1 MiB (factor 4) and the other four ops 1 .. 64
 #          KiB: lamport beside one_shot, two_shot, torch symm-mem and NCCL(-symmetric),
 #          eager, graph, host; then lamport's warps knob (1, 2, 4) at 1 and 16 KiB
+#   times  bench/lab/kernel_times.py: per call, graph time against the time inside kernels
+#          (CUPTI), for all_reduce 1/16 KiB (lamport, one_shot, torch symm-mem, NCCL) and
+#          the MoE round at 1/128 tokens (DeepSeek-V3, and hidden 256: the fixed cost)
 #   ops    bench ops at decode M (1, 16, 64, 128, 256): trident_epilogue_lamport beside the
 #          flags epilogue, sequential and NCCL + cuBLAS
 # Then: bench/make_results.py, and `trident bench ccl --update-selector` once the rows say
@@ -23,7 +26,7 @@ DAY=$(date +%F)
 LOG=$OUT/latency-${N}xh200-$DAY${TAG:-}.log
 T="timeout -s INT -k 20"
 say() { echo "$@" | tee -a $LOG; }
-for step in ${STEPS:-env tests ccl ops}; do
+for step in ${STEPS:-env tests times ccl ops}; do
   start=$SECONDS
   case $step in
   env)
@@ -53,6 +56,10 @@ for step in ${STEPS:-env tests ccl ops}; do
     say "== bench ccl the other ops rc=$?"
     $T 120 python3 bench/lab/lamport_warps.py > $OUT/lamport-warps-${N}xh200-$DAY.json 2>/tmp/lat/warps.log
     say "== lamport warps rc=$?"; cat $OUT/lamport-warps-${N}xh200-$DAY.json | tee -a $LOG ;;
+  times)
+    $T 200 python3 bench/lab/kernel_times.py --calls 20 > $OUT/kernel-times-${N}xh200-$DAY.json \
+      2>/tmp/lat/times.log
+    say "== kernel times rc=$?"; tail -3 /tmp/lat/times.log | tee -a $LOG ;;
   ops)
     $T 300 python3 -m trident.bench.ops --m 1,16,64,128,256 --calls 30 --reps 3 \
       --budget-s 260 --out-dir /tmp/lat/ops > /tmp/lat/ops.log 2>&1
