@@ -19,7 +19,7 @@ It keeps the addresses of the call's tensors, not the tensors (on GPUs); a tenso
 is freed and replaced by another of the same shape at the same address is the same
 signature, and the plan is right for it too. For the same reason a plan of several
 steps (a kernel and the copies that stage a tensor) can be one CUDA graph, replayed at
-the cost of one launch (see PlanCache).
+the cost of one launch, from its second call (see PlanCache).
 
 Every op family -- the collectives (trident/ccl), the fused ops (trident/ops) and MoE
 (trident/moe) -- goes through one driver: `call` (get-or-build, the capture twin, debug
@@ -40,6 +40,7 @@ from .triton_launch import Launch, Live
 __all__ = ["Plan", "PlanCache", "Live", "tensor_key", "live_key", "call", "plan_for", "build_twin"]
 
 DEFAULT_CAPACITY = 512
+GRAPH_AFTER = 1     # runs of a graphable plan before it becomes a CUDA graph (_until_graph)
 
 
 class Plan:
@@ -51,7 +52,7 @@ class Plan:
     run in debug mode only.
     """
     __slots__ = ("steps", "name", "tensors", "debug_before", "debug_after", "out_shape",
-                 "graphable", "graph", "run", "new_out")
+                 "graphable", "graph", "run", "new_out", "runs")
 
     def __init__(self, tensors: tuple = (), name: str = ""):
         self.steps: list = []
@@ -61,6 +62,7 @@ class Plan:
         self.new_out = None          # () -> a fresh output of out_shape (set_output)
         self.graphable = True        # every step may be captured into a CUDA graph
         self.graph = None
+        self.runs = 0                # runs before it became a graph (_until_graph)
         self.run = self.__call__     # after finish(): the cheapest callable that runs it
 
     def set_output(self, shape, dtype: torch.dtype, device: torch.device) -> None:
@@ -82,19 +84,36 @@ class Plan:
         self.steps.append(step)
 
     def finish(self, graphs: str = "off") -> "Plan":
-        """Freeze the steps. graphs="multi" (or "all"): capture a plan of several steps (or
-        any plan) into one CUDA graph, whose replay costs one launch on the host."""
-        if graphs != "off" and self.graphable and len(self.steps) >= (1 if graphs == "all" else 2):
-            self.graph = _capture(self.steps, self.tensors)
+        """Freeze the steps. graphs="multi" (or "all"): a plan of several steps (or any
+        plan) becomes one CUDA graph, whose replay costs one launch on the host, when it
+        runs again (`_until_graph`)."""
         self.tensors = ()
         self.steps = tuple(self.steps)
-        # one Python frame less per call on the hot path
+        if graphs != "off" and self.graphable and len(self.steps) >= (1 if graphs == "all" else 2):
+            self.run = self._until_graph
+        elif len(self.steps) == 1:
+            self.run = self.steps[0]          # one Python frame less per call
+        return self
+
+    def _until_graph(self, tensors: tuple = ()) -> None:
+        """`run` of a plan that may become a CUDA graph: its first GRAPH_AFTER runs run the
+        steps, the next captures them and replays from then on. A key holds the addresses
+        of the call's tensors, so a caller that stages a fresh tensor per call (a plain
+        tensor at a new address every time: the torch backend under a model's allocator)
+        builds a plan per call, and must not also pay a capture per call (hundreds of µs
+        against a few); a plan that comes back is replayed from its second call. A caller
+        that kept this method (a shortcut) replays the graph once it exists. Never while
+        the current stream is being captured: the steps then go into the caller's graph."""
         if self.graph is not None:
+            return self.graph.replay()
+        self.runs += 1
+        if self.runs > GRAPH_AFTER and not torch.cuda.is_current_stream_capturing():
+            self.graph = _capture(self.steps, tensors)
             replay = self.graph.replay
             self.run = lambda tensors=(): replay()
-        elif len(self.steps) == 1:
-            self.run = self.steps[0]
-        return self
+            return replay()
+        for step in self.steps:
+            step(tensors)
 
     def __call__(self, tensors: tuple = ()) -> None:
         """Run every step (what `run` is for a plan of several steps and no graph)."""
@@ -146,8 +165,8 @@ class PlanCache:
     (default $TRIDENT_PLAN_CACHE or 512). `builds` and `hits` count what happened.
 
     graphs (GPUs; $TRIDENT_PLAN_GRAPHS): "multi" (default) captures plans of several steps
-    -- a kernel with staging copies -- into one CUDA graph each, "all" every graphable
-    plan, "off" none. Never while the stream is being captured (`capturing()`): a plan
+    -- a kernel with staging copies -- into one CUDA graph each from their second run
+    (Plan._until_graph), "all" every graphable plan, "off" none. Never while the stream is being captured (`capturing()`): a plan
     built then runs its steps into the user's graph.
     """
 

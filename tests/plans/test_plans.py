@@ -116,3 +116,61 @@ def _bad_input_after_a_plan(ctx):
 
 def test_bad_input_still_raises_after_a_plan(pool):
     pool.run(_bad_input_after_a_plan)
+
+
+class _FakeGraph:
+    """What plans._capture returns on GPUs, recorded: the steps it was given and each
+    replay (a replay runs them, as a CUDA graph's would)."""
+
+    def __init__(self, steps, tensors):
+        self.steps, self.tensors, self.replays = steps, tensors, 0
+
+    def replay(self):
+        self.replays += 1
+        for step in self.steps:
+            step(self.tensors)
+
+
+def test_a_plan_becomes_a_graph_on_its_second_run(monkeypatch):
+    """A graphable plan of several steps runs its steps at its first run and is captured
+    at its second (with that run's tensors), then replayed; a key used once -- a plain
+    tensor at a new address every call -- never pays a capture. Never captured while the
+    stream is being captured; a kept reference to the first `run` replays the graph."""
+    import trident.plans as plans
+    captured, capturing = [], [False]
+
+    def fake_capture(steps, tensors):
+        captured.append(_FakeGraph(steps, tensors))
+        return captured[-1]
+    monkeypatch.setattr(plans, "_capture", fake_capture)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    ran = []
+    plan = Plan()
+    plan.add(lambda ts: ran.append(("copy in", ts)))
+    plan.add(lambda ts: ran.append(("kernel", ts)))
+    plan.finish("multi")
+    first_run = plan.run
+    plan.run(("a",))
+    assert not captured and ran == [("copy in", ("a",)), ("kernel", ("a",))]
+    capturing[0] = True                 # the caller's own capture: the steps go into it
+    plan.run(("a",))
+    assert not captured and len(ran) == 4
+    capturing[0] = False
+    plan.run(("a",))
+    assert len(captured) == 1 and captured[0].tensors == ("a",) and captured[0].replays == 1
+    plan.run(("a",))
+    first_run(("a",))
+    assert captured[0].replays == 3 and len(captured) == 1 and len(ran) == 10
+
+    single = Plan()                     # one step ("multi"): never a graph
+    single.add(lambda ts: ran.append("one"))
+    single.finish("multi")
+    for _ in range(3):
+        single.run(())
+    off = Plan()                        # graphs off (the CPU emulation): never a graph
+    off.add(lambda ts: None)
+    off.add(lambda ts: None)
+    off.finish("off")
+    for _ in range(3):
+        off.run(())
+    assert len(captured) == 1 and single.graph is None and off.graph is None

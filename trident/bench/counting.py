@@ -199,6 +199,7 @@ def count_calls(node, fn, calls: int, steps: list[tuple[object, tuple[str, ...]]
     def counting_sync():
         syncs[0] += 1
         return real_sync()
+    fn()          # warm: a plan that becomes a CUDA graph at its second run does so here
     node.sync = counting_sync
     step, builds = node._host_step, node.plans.builds
     try:
