@@ -7,8 +7,8 @@ duration. graph_us - kernel_us is what a call spends outside its kernels (launch
 graph node, the gaps between them). One rank per GPU; every rank reports.
 
 Cases (issue 39, item 1):
-  all_reduce 1 KiB and 16 KiB, bf16: trident lamport and one_shot, torch symm-mem
-      one_shot / two_shot, NCCL;
+  all_reduce 1 KiB and 16 KiB, bf16: trident lamport (launched with PDL, the default, and
+      without: ccl/lamport.py "PDL") and one_shot, torch symm-mem one_shot / two_shot, NCCL;
   the MoE round (DeepSeek-V3 experts and top-k) at 1 and 128 tokens per rank: dispatch,
       combine, both, the split round (send halves, then the receive halves), and the same
       at hidden 256, which leaves the bytes out and shows the fixed cost.
@@ -114,6 +114,7 @@ def _all_reduce_cases(ctx):
         t = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=ctx.device)
         cases = {f"trident {a}": (lambda a=a: ctx.all_reduce(t, algorithm=a))
                  for a in ("lamport", "one_shot")}
+        cases["trident lamport (no PDL)"] = _without_pdl(ctx, cases["trident lamport"])
         if ctx.backend == "cuda":
             import torch.distributed as dist
             cases["nccl"] = lambda: dist.all_reduce(t, group=ctx.group)
@@ -121,6 +122,23 @@ def _all_reduce_cases(ctx):
             cases.update({f"torch {k.removeprefix('torch_')}": v for k, v in torch_impls.items()})
         for name, fn in cases.items():
             yield {"op": "all_reduce", "bytes": nbytes, "impl": name}, fn
+
+
+def _without_pdl(ctx, fn):
+    """fn with the Lamport kernels launched plainly: its plans are built with
+    ccl.lamport.PDL off (the plans of this rank are dropped before and after, so that the
+    other cases build theirs with the default)."""
+    from trident.ccl import lamport
+
+    def call():
+        if call.first:
+            call.first = False
+            ctx.plans.clear()
+            lamport.PDL = False
+        fn()
+    call.first = True
+    call.done = lambda: (setattr(lamport, "PDL", True), ctx.plans.clear())
+    return call
 
 
 def _moe_cases(ctx):
@@ -165,6 +183,8 @@ def main(ctx, only, calls, reps):
             continue
         for head, fn in cases(ctx):
             rows.append({**head, **_measure(ctx, fn, calls, reps)})
+            if hasattr(fn, "done"):
+                fn.done()
     return rows
 
 

@@ -84,6 +84,11 @@ class Variant:
                                    # says how many its vector branch has
 
 
+# a kernel launched with programmatic dependent launch (ccl/lamport.py "PDL") waits for its
+# predecessor first and lets its successor launch
+PDL_PTX = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
+
+
 def V(vectors="", num_warps=4, num_stages=3, types=None, ptx_has="", v4=(0, 0),
       **constexprs) -> Variant:
     return Variant(constexprs, vectors, num_warps, num_stages, types or {}, ptx_has, v4)
@@ -146,6 +151,12 @@ def compile_kernel(k: Kernel) -> list[str]:
         for has in (v.ptx_has,) if isinstance(v.ptx_has, str) else v.ptx_has:
             if has and has not in ptx:
                 raise AssertionError(f"{k.label} {v.constexprs}: no {has} in its PTX")
+        if v.constexprs.get("PDL"):
+            # launched early under PDL: no global access may come before the wait
+            first = re.search(r"\b(?:ld|st|atom|red|cp\.async)\.[\w.:]*global", ptx)
+            if first is None or ptx.find("griddepcontrol.wait") > first.start():
+                raise AssertionError(f"{k.label} {v.constexprs}: a global access comes "
+                                     f"before griddepcontrol.wait (PDL)")
         if shared[0] > MAX_SHARED:
             raise AssertionError(f"{k.label} {v.constexprs}: {shared[0]} bytes of shared "
                                  f"memory, more than sm_90's {MAX_SHARED}: it would not load")
@@ -277,7 +288,8 @@ def _ccl() -> list[Kernel]:
         # program per step (ccl/lamport.py: WARPS, BLOCK_BYTES)
         Kernel("trident.ccl.all_reduce.lamport", "_lamport_kernel",
                dict(t=PBF16, data=P16, heads=P64, lsync=P64, fsync=P64, n=I32, slot=I32),
-               [V("ld+st", 4, types=types, WORLD=world, OP=op, BLOCK=block, TRACE=trace)
+               [V("ld+st", 4, types=types, WORLD=world, OP=op, BLOCK=block, TRACE=trace,
+                  PDL=not trace, ptx_has=PDL_PTX if not trace else "")
                 for types, block in ((dict(), 1024), (dict(t=PF32, data=P32), 512))
                 for world, op, trace in ((2, 0, False), (4, 0, False), (8, 1, False),
                                          (4, 0, True))],
@@ -285,7 +297,8 @@ def _ccl() -> list[Kernel]:
         Kernel("trident.ccl.reduce_scatter.lamport", "_lamport_kernel",
                dict(out=PBF16, inp=PBF16, data=P16, heads=P64, lsync=P64, fsync=P64, n=I32,
                     slot=I32),
-               [V("ld+st", 4, types=types, WORLD=world, OP=op, BLOCK=block, TRACE=trace)
+               [V("ld+st", 4, types=types, WORLD=world, OP=op, BLOCK=block, TRACE=trace,
+                  PDL=not trace, ptx_has=PDL_PTX if not trace else "")
                 for types, block in ((dict(), 1024), (dict(out=PF32, inp=PF32, data=P32), 512))
                 for world, op, trace in ((2, 0, False), (4, 0, False), (8, 1, False),
                                          (4, 0, True))],
@@ -296,7 +309,8 @@ def _ccl() -> list[Kernel]:
                dict(out=P32, inp=P32, count=I32, data=P64, heads=P64, lsync=P64, fsync=P64,
                     n=I32, slot=I32),
                [V("", 4, types=types, WORLD=world, WORD=word, BLOCK=256, TRACE=trace,
-                  ptx_has=("st.global.v2.b64", "ld.volatile.global.v2.b64"))
+                  PDL=not trace, ptx_has=("st.global.v2.b64", "ld.volatile.global.v2.b64")
+                  + (() if trace else PDL_PTX))
                 for types, word in ((dict(), 4), (dict(out=P16, inp=P16), 2),
                                     (dict(out=P8, inp=P8), 1))
                 for world, trace in ((2, False), (4, False), (8, False), (4, True))],
@@ -322,7 +336,8 @@ def _ccl() -> list[Kernel]:
         Kernel("trident.ccl.add_rmsnorm", "_lamport_kernel",
                dict(x=PBF16, residual=PBF16, weight=PBF16, out=PBF16, data=P16, heads=P64,
                     lsync=P64, fsync=P64, rows=I32, hidden=I32, slot=I32, eps="fp32"),
-               [V("all", warps, types=types, WORLD=world, BLOCK=block, TRACE=trace)
+               [V("all", warps, types=types, WORLD=world, BLOCK=block, TRACE=trace,
+                  PDL=not trace, ptx_has=PDL_PTX if not trace else "")
                 for types, block, warps, world, trace in (
                     ({}, 4096, 8, 2, False), ({}, 4096, 8, 4, False), ({}, 4096, 8, 8, False),
                     ({}, 4096, 8, 4, True), ({}, 1024, 4, 4, False),
@@ -447,7 +462,8 @@ def _ops() -> list[Kernel]:
                dict(data=P16, heads=P64, lsync=P64, fsync=P64, **epi_ints),
                [V("", v.num_warps, v.num_stages, types={k: t for k, t in v.types.items()
                                                     if k != "scratch"},
-                  WORLD=world, **{k: c for k, c in v.constexprs.items()})
+                  WORLD=world, PDL=world != 8, ptx_has=PDL_PTX if world != 8 else "",
+                  **{k: c for k, c in v.constexprs.items()})
                 for v, world in zip(epi_rs[:2] + epi_rs[4:6], (2, 4, 8, 2))],
                aligned=("N", "K", "stride_am", "stride_wn", "stride_om", "slot")),
         Kernel("trident.ops.epilogue", "_pull_gemm_kernel",

@@ -132,12 +132,12 @@ def _add_rmsnorm_kernel(x, residual, weight, out, scratch, flags, sync, ctrl, he
 @triton.jit
 def _lamport_kernel(x, residual, weight, out, data, heads, lsync, fsync, ctrl, heap_bases,
                     trace_buf, rank, rows, hidden, slot, eps, fp, WORLD: tl.constexpr,
-                    BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                    BLOCK: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr):
     # ccl/lamport.py: this round's buffer; element i of x goes to offset i of my slot
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     t0 = trd.begin(TRACE)
-    epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD)
+    epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD, PDL)
     for row in range(pid, rows, nprog):
         start = row * hidden
         for c in range(0, hidden, BLOCK):
@@ -331,4 +331,4 @@ def _lamport(ctx, plan, rows, hidden, x, eps, fresh, block, programs):
         _lamport_kernel, (grid,), x, plan.tensors[1], plan.tensors[2], out, data, ws.heads,
         ws.sync, common.state(ctx).sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, rows,
         hidden, slot, eps, fingerprint(_lamport_kernel, rows, hidden, str(x.dtype), eps),
-        WORLD=ctx.world_size, BLOCK=block, TRACE=trace, **options)
+        WORLD=ctx.world_size, BLOCK=block, TRACE=trace, **options, **proto.pdl(ctx))

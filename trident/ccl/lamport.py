@@ -56,6 +56,16 @@ the flag protocol that this rank did not (its epoch in ccl's state is past this 
 the ranks called different algorithms), and records the error; a program whose wait
 failed poisons what it owns. After a failure `ctx.reset()` refills the buffers.
 
+Programmatic dependent launch (PDL; `pdl`, GPUs of sm_90 and later). A Lamport kernel is
+launched with launch_pdl=True, so that the GPU may start it while the kernel before it in
+the stream still runs, and hides its launch behind that kernel's tail (a graph of small
+calls pays that launch per call). Its first act (`open_round`, PDL=True) is
+tdl.wait_previous_kernel(), before it reads anything -- the input, the round counter, the
+buffers -- so it sees every write of the kernels before it, as in plain stream order;
+then tdl.let_next_kernel_launch() lets the next one start early in its turn. TensorRT-
+LLM's all-reduce kernels do the same (cudaGridDependencySynchronize). `PDL = False`
+launches them plainly (an A/B knob for bench/lab/kernel_times.py).
+
 The race detector (TRIDENT_SANITIZE, CPU emulation) leaves the buffers and heads out
 (`Context.value_synchronised`): a word read as data is ordered after its store by the
 value itself, which vector clocks do not model. The rest of a Lamport kernel's accesses
@@ -131,6 +141,14 @@ def state(ctx, cap: int) -> Lamport:
 # ---------------------------------------------------------------------------- host
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)     # what the sentinel protects
 WARPS, BLOCK_BYTES = 4, 2048          # GPU default: 4 warps, 2 KiB a program per step
+PDL = True                            # launch with programmatic dependent launch (above)
+
+
+def pdl(ctx) -> dict:
+    """The launch options of a Lamport kernel for PDL (module docstring): its PDL
+    constexpr, and launch_pdl where the GPU has it (sm_90+; never on the CPU emulation)."""
+    on = PDL and ctx.backend == "cuda" and torch.cuda.get_device_capability(ctx.device)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 
 def slot_bytes(ctx) -> int:
@@ -187,7 +205,8 @@ def launch(ctx, plan, kernel, before: tuple, word, n: int, fp: tuple, block=None
     plan.launch(kernel, (grid,), *before, data, ws.heads, ws.sync, common.state(ctx).sync,
                 ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, slot,
                 device.fingerprint(kernel, *fp), WORLD=ctx.world_size, BLOCK=block,
-                TRACE=trace, **constexprs, **common.kernel_options(ctx, warps or WARPS))
+                TRACE=trace, **constexprs, **common.kernel_options(ctx, warps or WARPS),
+                **pdl(ctx))
 
 
 # ---------------------------------------------------------------------------- device
@@ -198,9 +217,14 @@ def begin(sync):
 
 
 @triton.jit
-def open_round(data, lsync, slot, fp, WORLD: tl.constexpr):
+def open_round(data, lsync, slot, fp, WORLD: tl.constexpr, PDL: tl.constexpr = False):
     """A kernel's start: (its round, the round's buffer index, that buffer's slot 0 in
-    `data`'s width, the head every peer's program of this id must send)."""
+    `data`'s width, the head every peer's program of this id must send). PDL: the kernel
+    was launched with launch_pdl (`pdl`): wait for the kernels before it first, then let
+    the next one launch. Nothing of the kernel may be read before this."""
+    if PDL:
+        tdl.wait_previous_kernel()
+        tdl.let_next_kernel_launch()
     epoch = begin(lsync)
     buf = epoch % 3
     return epoch, buf, data + buf * WORLD * slot, head(epoch, fp)

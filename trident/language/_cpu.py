@@ -38,6 +38,14 @@ def load_acquire(ptr):
     return tl.atomic_add(ptr, 0, sem="acquire", scope="sys")
 
 
+def wait_previous_kernel():
+    """The interpreter runs launches one after another: nothing to wait for."""
+
+
+def let_next_kernel_launch():
+    """The interpreter has no programmatic dependent launch."""
+
+
 def program_all(pred):
     """The interpreter runs a program as one thread: its own value is the program's."""
     return pred

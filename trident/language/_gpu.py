@@ -37,6 +37,25 @@ def fence_async_proxy():
 
 
 @triton.jit
+def wait_previous_kernel():
+    """Programmatic dependent launch (PDL, sm_90+): wait until the kernel before this one
+    in the stream has finished and its memory is visible (griddepcontrol.wait). A kernel
+    launched with launch_pdl=True may start while its predecessor still runs: it must call
+    this before it reads anything a predecessor may write. Without PDL it returns at once."""
+    tl.inline_asm_elementwise("griddepcontrol.wait; mov.u32 $0, 0;", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def let_next_kernel_launch():
+    """PDL: the next kernel of the stream, if launched with launch_pdl=True, may start now
+    (griddepcontrol.launch_dependents; it still waits for this one's end at its
+    wait_previous_kernel). A hint: nothing happens without PDL."""
+    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; mov.u32 $0, 0;", "=r", [],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def program_all(pred):
     """True in every thread of the program when `pred` is true in every thread: a program
     barrier that also votes (bar.red.and.pred), so that a value each warp read on its own

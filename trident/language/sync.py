@@ -43,11 +43,13 @@ from .._env import INTERPRET
 from .rma import translate
 
 if INTERPRET:
-    from ._cpu import (backoff, fence_async_proxy, load_acquire, program_all, program_any,
-                       record_first, timestamp)
+    from ._cpu import (backoff, fence_async_proxy, let_next_kernel_launch, load_acquire,
+                       program_all, program_any, record_first, timestamp,
+                       wait_previous_kernel)
 else:
-    from ._gpu import (backoff, fence_async_proxy, load_acquire, program_all, program_any,
-                       record_first, timestamp)
+    from ._gpu import (backoff, fence_async_proxy, let_next_kernel_launch, load_acquire,
+                       program_all, program_any, record_first, timestamp,
+                       wait_previous_kernel)
 
 # Layout of the per-rank control block (int64 words, the first allocation of the heap).
 CTRL_ERROR = tl.constexpr(0)        # 0, or the first timeout's encode_timeout(...)

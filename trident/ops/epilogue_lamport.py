@@ -46,12 +46,12 @@ def _push_reduce_lamport_kernel(
         num_units, fp,
         WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
         EVEN_K: tl.constexpr, TMA: tl.constexpr, SWAP_AB: tl.constexpr,
-        HAS_BIAS: tl.constexpr, OP: tl.constexpr, TRACE: tl.constexpr):
+        HAS_BIAS: tl.constexpr, OP: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr):
     """Units u = (row block, column block) of out's M x N, the same on every rank; slot s of
     this round's buffer holds rank s's partial of this rank's rows (from row
     rank * owner_rows; owner_rows = 0 for all_reduce, m_local = M)."""
     pid = tl.program_id(0)
-    epoch, buf, base, expect = lamport.open_round(data, lsync, slot, fp, WORLD)
+    epoch, buf, base, expect = lamport.open_round(data, lsync, slot, fp, WORLD, PDL)
     lamport.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
     heads_row = heads + buf * WORLD * lamport.MAX_PROGRAMS + pid
     a = operand(a, M, K, stride_am, BM, BK, TMA)
@@ -114,4 +114,4 @@ def launch(ctx, plan, op, a, w, out, operands, trace_buf, grid, num_units, meta)
         _push_reduce_lamport_kernel, (grid,), *operands, data, ws.heads, ws.sync,
         ccl_common.state(ctx).sync, ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, M, N, K,
         m_local, 0 if op == "matmul_all_reduce" else m_local, a.stride(0), w.stride(0),
-        out.stride(0), slot, num_units, fp, WORLD=ctx.world_size, **meta)
+        out.stride(0), slot, num_units, fp, WORLD=ctx.world_size, **meta, **lamport.pdl(ctx))

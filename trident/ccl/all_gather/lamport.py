@@ -51,10 +51,10 @@ def _unpack(words, lanes, offs, count, WORD: tl.constexpr):
 @triton.jit
 def _lamport_kernel(out, inp, count, data, heads, lsync, fsync, ctrl, heap_bases, trace_buf,
                     rank, n, slot, fp, WORLD: tl.constexpr, WORD: tl.constexpr,
-                    BLOCK: tl.constexpr, TRACE: tl.constexpr):
+                    BLOCK: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr):
     # count: the words (of WORD bytes) a rank gives; n: its lanes (4 bytes, one LL unit each)
     t0 = trd.begin(TRACE)
-    epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD)
+    epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD, PDL)
     flag = proto.ll_flag(epoch)
     pid, programs = tl.program_id(0), tl.num_programs(0)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):

@@ -25,9 +25,9 @@ from ..device import OP_REDUCE_SCATTER
 @triton.jit
 def _lamport_kernel(out, inp, data, heads, lsync, fsync, ctrl, heap_bases, trace_buf, rank, n,
                     slot, fp, WORLD: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr,
-                    TRACE: tl.constexpr):
+                    TRACE: tl.constexpr, PDL: tl.constexpr):
     t0 = trd.begin(TRACE)
-    epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD)
+    epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD, PDL)
     pid, programs = tl.program_id(0), tl.num_programs(0)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
