@@ -12,7 +12,7 @@ with w in nn.Linear layout [N, K].
 
 For each shape: cuBLAS, then the candidates that fit its M (swap-AB ones at M <= 256,
 those of 128-row tiles without swap-AB at M >= 128: outside those ranges they lose by
-far, bench/results/gemm-1xh200-2026-11-23c.json; the table search compares only
+far, docs/history.md, "Notes moved out of the source"; the table search compares only
 candidates timed on every shape of a class), then the table's config with in-kernel
 descriptors ("table:kdesc", what the host descriptors save; never chosen), each checked
 against torch.matmul first and then timed with bench/common.time_modes (eager_us: calls

@@ -101,8 +101,8 @@ class Algorithm:
             check(ctx, word, block, **knobs)
 
 
-# gluon (all_gather/gluon.py): one 2x H200 run (2026-11-23) so far, where it tied push
-# within noise; it stays opt-in until it is measured on more machines and sizes.
+# gluon (all_gather/gluon.py): tied push within noise in the one 2x H200 run so far; it
+# stays opt-in until it is measured on more machines and sizes.
 ALGORITHMS = (
     Algorithm("all_gather", "push", "all_gather.push"),
     Algorithm("all_gather", "pull", "all_gather.pull", ("warps", "order"), "bounded"),

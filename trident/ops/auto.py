@@ -272,9 +272,9 @@ def estimate(name: str, op: str, M: int, S: int, world: int, graph: bool,
         gpu = gemm + hw["sync_us"] + wire + copy
         return max(gpu, host * 3) + host
     if name == "epilogue":
-        # measured on 2x H100 (2026-11-25b, docs/fused-ops.md): >= 1.1x "sequential" on
-        # 3 of 28 cases at M <= 64 from graphs, the 1.1x it exists for; so no guess picks
-        # it: only a table that timed it fastest
+        # measured (docs/fused-ops.md): >= 1.1x "sequential" in few decode cases from
+        # graphs, the 1.1x it exists for; so no guess picks it: only a table that timed
+        # it fastest
         return None
     if name == "fused":
         return 1.1 * max(gemm, wire) + 3 * hw["sync_us"] + host

@@ -29,11 +29,10 @@ import triton
 #   time ("descriptor block and tensor must have the same number of elements",
 #   triton-lang/triton#11587); 3.6 compiles it silently. It is triton's bug, met by our
 #   switch to host descriptors: with in-kernel descriptors the same config ran right
-#   (bench/results/gemm-1xh200-2026-11-22.json) but lost to a plain candidate in every
-#   shape class (0.56-0.92x cuBLAS against the class's best 0.63-1.05x).
+#   but lost to a plain candidate in every shape class (figures: docs/history.md, "Notes moved out of the source").
 # - 64x128x64_s4_w4_ws does not hang (its copies match the descriptors' blocks) but
 #   both consumer warp groups compute the same whole 64x128 tile and both store it:
-#   twice the wgmma work: 0.44-0.58x cuBLAS in that run (class best 0.63-1.05x).
+#   twice the wgmma work, and about half cuBLAS's speed.
 # So launch_args takes warp specialisation with in-kernel descriptors only (a config
 # that asks for it gets them by default, and desc="host" is refused), and the
 # candidates below are the plain pipelined kernel. (64x256 with warp specialisation
@@ -105,11 +104,9 @@ def split_for_tiles(tiles: int, K: int, cfg: dict, sms: int) -> int:
     1 / s (the wave, in full-tile time) + s * partial / operands (a slice's fp32 partial
     against the tile's operand bytes: the workspace traffic), taken only if 5% under one
     slice's cost.
-    Why one wave: on one H200 (bench/results/gemm-1xh200-2026-11-23c.json, M = 64) split-K
-    launches whose programs took several units each ran 2-3x slower than the kernel with
-    one slice -- 64x28672x8192 at 7 slices (12 units a program) 363 us against 126, at 4
-    slices (7 a program) 201 against 127 -- while those of one unit a program matched
-    cuBLAS (64x5120x8192, 3 slices, 120 units: 29.4 us, cuBLAS 28.8). Cause not known."""
+    Why one wave: on one H200 (M = 64) split-K launches whose programs took several units
+    each ran 2-3x slower than the kernel with one slice, while those of one unit a program
+    matched cuBLAS (figures: docs/history.md, "Notes moved out of the source"). Cause not known."""
     most = int(cfg.get("SPLIT_K", 1))
     if most <= 1 or tiles >= sms:
         return 1

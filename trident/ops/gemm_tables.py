@@ -9,9 +9,8 @@ other measured model, gemm_table_<model>.json (gemm_table_h100.json: the H100's)
 The package's tables are all of them together (`read()`). A GPU model's table is what
 `python -m trident.bench.gemm --update-table PATH` measured on it; a model nobody measured
 has no table. Each table carries its own class edges (the measurements define its
-buckets: the 2026-11-22 H200 table has M edges 128/512/2048, that of 2026-11-23
-64/128/256/1024/4096, tables written now M_EDGES: one bucket per benchmark M, decode
-sizes 1, 8, 16 and 32 included). A class entry names a candidate ("config") and, where
+buckets; tables written now have M_EDGES: one bucket per benchmark M, decode sizes 1,
+8, 16 and 32 included; older tables had other edges: docs/history.md, "Notes moved out of the source"). A class entry names a candidate ("config") and, where
 that config is swap-AB (trident/ops/gemm_configs.py), the best measured plain one
 ("fused_config").
 

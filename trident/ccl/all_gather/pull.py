@@ -5,8 +5,7 @@ so this wins for large blocks; the ARRIVE handshake before reading and the DONE 
 before returning cost a round trip, so push wins for small blocks (see selector.py).
 The input must be on the heap (a plain tensor is staged); the output can be any tensor.
 
-Bandwidth (2026-11 rework; before it, 4x H200 busbw in a CUDA graph: 295 GB/s at 32 MiB
-and 317 at 512 MiB, NCCL 281 / 333; p2p pull from one peer 333, push 356):
+Bandwidth (the figures before this rework: docs/history.md, "Notes moved out of the source"):
 - 16-byte remote loads again. The loads went through a run-time shift (peers' copies may
   lie at other heap offsets) and were scalar. Now each (program, peer) checks whether the
   peer's shift is whole 16-byte vectors (device.py: "Vector accesses") and copies with

@@ -8,9 +8,7 @@ The tensor must be on the heap (a plain tensor is staged through a heap buffer).
 Handshakes per program: ARRIVE (peers' inputs are in place) before reading, DONE
 (peers finished with my tensor) before returning.
 
-Bandwidth (2026-11 rework; before it, 4x H200 busbw in a CUDA graph, bf16: 166 GB/s at
-8 MiB, 226 at 32 MiB, 261 at 128 MiB, 272 at 512 MiB, where NCCL had 183 / 277 / 324 /
-347 and torch symmetric-memory two-shot 312 at 512 MiB):
+Bandwidth (the figures before this rework: docs/history.md, "Notes moved out of the source"):
 - 16-byte remote loads and stores again. They went through a run-time shift (peers'
   copies may lie at other heap offsets) and were all scalar. Every program now checks
   after the ARRIVE wait whether all shifts are whole 16-byte vectors (device.py: "Vector

@@ -30,16 +30,8 @@ after the launch (the other ranks' results are right).
 Even splits (every pair count of this rank the same: EVEN) read no split table: offsets
 are peer * n, so the first loads of the kernel are the data.
 
-Changed (2026-11, not yet measured on GPUs). Before: a fixed grid of 128 programs (the
-splits are known only locally, and every program of a rank signalled and waited for the
-same program of every peer), each storing a count word and a flag on every peer and
-waiting for every peer: at 4 ranks, 384 count stores + 384 release flags + 384 waits per
-rank for a 2 KiB call that one program could move, each program walking the peers in
-turn. Now: w-1 programs at small sizes, one count word per pair and one flag per (pair,
-program with rows), offsets without table loads for even splits. To measure (`trident bench ccl --ops all_to_all` on
-4x and 2x H200, graph and eager): one_shot at 1 KiB..1 MiB against push and NCCL (was
-18.8 / 21.5 us graph at 2 / 32 KiB on 4 ranks, NCCL 12.9 / 13.8; all_gather push, the same
-bytes, 9.5 us at 2 KiB), and where the one_shot/push crossover now lies.
+What changed when its protocol was reworked, and what it was measured at before:
+docs/history.md, "Notes moved out of the source".
 """
 import torch
 import triton

@@ -34,17 +34,8 @@ to any peer; the peer's waits for its DATA flags then stop on its error word (Pe
 and the rows they guard are poisoned (all bits set: NaN), as are those of a sender that
 never came (a timeout). Never a hang, never rows clipped or left as they were.
 
-Changed (2026-11, not yet measured on GPUs). Before: every one of the G = 128 programs
-stored two announcement words and an ARRIVE flag on every peer, waited for every peer's,
-walked the peers in the same order (all programs on rank+1 first), and ended with a full
-DATA exchange (every program signalling and waiting for every peer): at 4 ranks 768
-announcement stores, 768 flags and 768 waits per rank whatever the size. Now: program 0
-announces (two words and a flag per peer), one DATA flag per (pair, program with rows),
-peers ordered by section. To measure (`trident bench ccl --ops all_to_all`, 4x and 2x H200):
-push at 2 KiB..2 MiB (was 22.0 / 23.7 / 26.3 us graph at 2 KiB / 512 KiB / 2 MiB on 4
-ranks; NCCL 12.9 / 17.3 / 28.1) and at 32..512 MiB (was 1347 us at 512 MiB, 299 GB/s,
-against NCCL's 1269 us), and a skewed uneven split (most rows to one peer) to see that
-one peer still gets the whole grid.
+What changed when its protocol was reworked, and what it was measured at before:
+docs/history.md, "Notes moved out of the source".
 """
 import torch
 import triton

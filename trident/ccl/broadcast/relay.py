@@ -59,9 +59,7 @@ ITER_BITS = tl.constexpr(32)    # flag = epoch << ITER_BITS + iteration + 1
 # 4 chunks = 512 MiB tensors still pipeline at 1 MiB chunks; signals stay rare).
 DEPTH = 4
 MAX_CHUNK_BYTES = 1 << 20
-# Deeper from 32 MiB: measured on 4x H200 (bench/results/sweep-4xh200-2026-11-22.json,
-# CUDA graph): depth 8 at 32 MiB 1.04x depth 4, depth 16 at 128 MiB 1.07x and at 512 MiB
-# 1.11x (depth 32 there: 1.12x, within noise of 16; depth 16 at 32 MiB: 0.83x).
+# Deeper from 32 MiB: measured on 4x H200 from a CUDA graph (figures: docs/history.md, "Notes moved out of the source").
 DEPTH_BY_SIZE = ((32 << 20, 8), (128 << 20, 16))     # (from bytes, depth), ascending
 
 

@@ -5,8 +5,7 @@ No scratch and no extra copy, so it wins for large blocks; the ARRIVE and DONE
 handshakes cost a round trip, so push wins for small blocks (see selector.py). The
 input must be on the heap (a plain tensor is staged); the output can be any tensor.
 
-Bandwidth (2026-11 rework; the GPU figures before it: 296 GB/s busbw at 32 MiB and 322
-at 512 MiB on 4x H200, NCCL 279 / 328):
+Bandwidth (the figures before this rework: docs/history.md, "Notes moved out of the source"):
 - 16-byte remote loads again. Since peers' copies may lie at other heap offsets, the
   loads went through a run-time shift and were scalar. Now every program checks after
   the ARRIVE wait whether all shifts are whole 16-byte vectors (device.py: "Vector
