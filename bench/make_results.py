@@ -240,12 +240,15 @@ def ops_compact(run: dict) -> list[str]:
 
 
 OPS_RIVALS = ("plain", "torch_symm_mem")    # besides the trident_<schedule> rows
+# the rivals as the API names them (bench ops' row "torch_symm_mem" is torch's async-TP,
+# the schedule "async_tp")
+SHOWN = {"torch_symm_mem": "async_tp (torch)"}
 
 
 def _fastest(impls: dict, key: str):
     """(name, us) of the fastest schedule or baseline of one ops case in mode `key`
     (trident_<name> as <name>; auto's own row left out), or None."""
-    times = {n[len("trident_"):] if n.startswith("trident_") else n: r.get(key)
+    times = {n[len("trident_"):] if n.startswith("trident_") else SHOWN.get(n, n): r.get(key)
              for n, r in impls.items()
              if (n.startswith("trident_") or n in OPS_RIVALS) and n != "trident_auto"
              and r.get("status", "ok") == "ok" and r.get(key)}      # (older runs: no status)
