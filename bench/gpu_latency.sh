@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# Issue 39's latency pass in one device call on a machine of 2 or 4 GPUs (one rank per GPU):
-# STEPS (default: env tests times ccl ops), logs and JSON under $OUT (5 files: the log, the JSON of
-# bench ccl all_reduce, of bench ops and of the warps, and a tarball of every other log).
-#   env    GPUs, versions, topology
-#   tests  the Lamport paths' tests at the machine's world size (and 2 on 4 GPUs):
-#          all_reduce, add_rmsnorm, reduce_scatter/all_gather, the fault cases, graph
-#          replay, the epilogue's exchanges; then bench/lab/lamport_stress.py (rounds whose
-#          sizes, dtypes and grids change every call)
-#   ccl    bench ccl, all_reduce 1 KiB .. 1 MiB (factor 4) and the other four ops 1 .. 64
-#          KiB: lamport beside one_shot, two_shot, torch symm-mem and NCCL(-symmetric),
-#          eager, graph, host; then lamport's warps knob (1, 2, 4) at 1 and 16 KiB
-#   times  bench/lab/kernel_times.py: per call, graph time against the time inside kernels
-#          (CUPTI), for all_reduce 1/16 KiB (lamport, one_shot, torch symm-mem, NCCL) and
-#          the MoE round at 1/128 tokens (DeepSeek-V3, and hidden 256: the fixed cost)
-#   ops    bench ops at decode M (1, 16, 64, 128, 256): trident_epilogue_lamport beside the
-#          flags epilogue, sequential and NCCL + cuBLAS
-# Then: bench/make_results.py, and `trident bench ccl --update-selector` once the rows say
-# where lamport wins (the shipped tables do not name it before that).
+# Issue 39's latency pass on a machine of 2 or 4 GPUs, one rank per GPU. WORLDS (default:
+# every GPU, then 2 on a 4-GPU machine) each run with the first w GPUs visible, so one
+# 4-GPU machine gives the 2- and the 4-GPU figures. STEPS picks the steps (default: env
+# tests times ccl); each call must stay under the device tool's 10 minutes: split them.
+#   env     GPUs, versions, topology
+#   tests   the tests of the Lamport paths, PDL and the newest ops at each world: all_reduce,
+#           add_rmsnorm, reduce_scatter/all_gather/broadcast/all_to_all, fault cases, graph
+#           replay, the epilogue exchanges, matmul_all_reduce_add_rmsnorm, integer
+#           reductions (issue 41); then bench/lab/lamport_stress.py
+#   times   bench/lab/kernel_times.py: graph time per call against the time inside kernels
+#           (CUPTI), all_reduce 1/16 KiB (lamport with and without PDL, one_shot, torch
+#           symm-mem, NCCL) and the MoE round at 1/128 tokens (hidden 7168 and 256)
+#   ccl     bench ccl: all_reduce 1 KiB .. 1 MiB (factor 4), the other four ops 1 .. 64 KiB,
+#           lamport beside one_shot, two_shot, torch symm-mem and NCCL(-symmetric)
+#   ops     bench ops at decode M (1 .. 256): the Lamport epilogue, the new
+#           matmul_all_reduce_add_rmsnorm, beside sequential and NCCL + cuBLAS
+#   moe     bench moe, DeepSeek-V3 at 1 and 128 tokens per rank
+#   tp      bench tp (Llama-3-8B decode step): fused all_reduce_add_rmsnorm, its Lamport form
+#   select  trident bench ccl --update-selector (the shipped table of this world), then
+#           bench/make_results.py: run it once the rows say where lamport wins
+# Output under $OUT: one log, the JSON of every bench, kernel times, a tarball of the rest.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -26,46 +29,71 @@ DAY=$(date +%F)
 LOG=$OUT/latency-${N}xh200-$DAY${TAG:-}.log
 T="timeout -s INT -k 20"
 say() { echo "$@" | tee -a $LOG; }
-for step in ${STEPS:-env tests times ccl ops}; do
-  start=$SECONDS
-  case $step in
-  env)
-    { nvidia-smi -L; nvidia-smi topo -m
-      python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-    } 2>&1 | tee -a $LOG ;;
+WORLDS=${WORLDS:-$N$([ "$N" -ge 4 ] && echo " 2")}
+TESTS="tests/ccl/test_all_reduce.py tests/ccl/test_all_reduce_rmsnorm.py
+  tests/ccl/test_reduce_scatter.py tests/ccl/test_all_gather.py tests/ccl/test_broadcast.py
+  tests/ccl/test_all_to_all.py tests/ccl/test_graph_replay.py
+  tests/faults/test_no_silent_garbage.py tests/faults/test_mismatched_grids.py
+  tests/ops/test_schedules.py tests/ops/test_schedule_errors.py
+  tests/ops/test_matmul_all_reduce_add_rmsnorm.py tests/plans/test_plans.py"
+visible() { seq -s, 0 $(($1 - 1)); }
+
+run_world() {       # $1: world, $2: step
+  local w=$1 tag="${1}xh200"
+  export CUDA_VISIBLE_DEVICES=$(visible $w)
+  case $2 in
   tests)
-    worlds=$N; [ "$N" -ge 4 ] && worlds="$N 2"
-    for w in $worlds; do
-      TRIDENT_TEST_WORLD_SIZES=$w $T ${TEST_TIMEOUT:-200} python3 -m pytest -q -rfE --tb=short \
-        -p no:cacheprovider --timeout 150 tests/ccl/test_all_reduce.py \
-        tests/ccl/test_all_reduce_rmsnorm.py tests/ccl/test_reduce_scatter.py \
-        tests/ccl/test_all_gather.py tests/ccl/test_graph_replay.py \
-        tests/faults/test_no_silent_garbage.py tests/faults/test_mismatched_grids.py \
-        tests/ops/test_schedules.py tests/ops/test_schedule_errors.py > /tmp/lat/tests-$w.log 2>&1
-      say "== pytest world $w rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/lat/tests-$w.log | tail -12 | tee -a $LOG
-    done
-    $T 120 python3 -m bench.lab.lamport_stress --world $N --rounds 800 --flag-every 7 \
-      > /tmp/lat/stress.log 2>&1
-    say "== lamport stress at $N ranks rc=$?"; grep -E "^rank|FAILED" /tmp/lat/stress.log | head -6 | tee -a $LOG ;;
+    TRIDENT_TEST_WORLD_SIZES=$w $T ${TEST_TIMEOUT:-240} python3 -m pytest -q -rfE --tb=short \
+      -p no:cacheprovider --timeout 150 $TESTS ${EXTRA_TESTS:-} > /tmp/lat/tests-$w.log 2>&1
+    say "== pytest world $w rc=$?"
+    grep -E "^(FAILED|ERROR)|passed|failed" /tmp/lat/tests-$w.log | tail -12 | tee -a $LOG
+    $T 120 python3 -m bench.lab.lamport_stress --world $w --rounds 800 --flag-every 7 \
+      > /tmp/lat/stress-$w.log 2>&1
+    say "== lamport stress at $w ranks rc=$?"
+    grep -E "^rank|FAILED" /tmp/lat/stress-$w.log | head -6 | tee -a $LOG ;;
+  times)
+    $T 200 python3 bench/lab/kernel_times.py --calls 20 > $OUT/kernel-times-$tag-$DAY.json \
+      2>/tmp/lat/times-$w.log
+    say "== kernel times world $w rc=$?"; tail -3 /tmp/lat/times-$w.log | tee -a $LOG ;;
   ccl)
     $T 240 python3 -m trident.bench.ccl --ops all_reduce --max-size 1M --factor 4 --calls 50 \
-      --reps 5 --out-dir /tmp/lat/ar > /tmp/lat/ccl-ar.log 2>&1
-    say "== bench ccl all_reduce rc=$?"; cp /tmp/lat/ar/*.json $OUT/ 2>/dev/null
+      --reps 5 --out-dir /tmp/lat/ar-$w > /tmp/lat/ccl-ar-$w.log 2>&1
+    say "== bench ccl all_reduce world $w rc=$?"; cp /tmp/lat/ar-$w/*.json $OUT/ 2>/dev/null
     $T 200 python3 -m trident.bench.ccl --ops all_gather,reduce_scatter,all_to_all,broadcast \
-      --max-size 64K --factor 4 --calls 50 --reps 5 --out-dir /tmp/lat > /tmp/lat/ccl-rest.log 2>&1
-    say "== bench ccl the other ops rc=$?"
-    $T 120 python3 bench/lab/lamport_warps.py > $OUT/lamport-warps-${N}xh200-$DAY.json 2>/tmp/lat/warps.log
-    say "== lamport warps rc=$?"; cat $OUT/lamport-warps-${N}xh200-$DAY.json | tee -a $LOG ;;
-  times)
-    $T 200 python3 bench/lab/kernel_times.py --calls 20 > $OUT/kernel-times-${N}xh200-$DAY.json \
-      2>/tmp/lat/times.log
-    say "== kernel times rc=$?"; tail -3 /tmp/lat/times.log | tee -a $LOG ;;
+      --max-size 64K --factor 4 --calls 50 --reps 5 --out-dir /tmp/lat/rest-$w \
+      > /tmp/lat/ccl-rest-$w.log 2>&1
+    say "== bench ccl the other ops world $w rc=$?"; cp /tmp/lat/rest-$w/*.json $OUT/ 2>/dev/null ;;
   ops)
     $T 300 python3 -m trident.bench.ops --m 1,16,64,128,256 --calls 30 --reps 3 \
-      --budget-s 260 --out-dir /tmp/lat/ops > /tmp/lat/ops.log 2>&1
-    say "== bench ops at decode M rc=$?"; cp /tmp/lat/ops/*.json $OUT/ 2>/dev/null
-    tr '\r' '\n' < /tmp/lat/ops.log | grep -E "epilogue|results:" | head -40 | tee -a $LOG ;;
+      --budget-s 260 --out-dir /tmp/lat/ops-$w > /tmp/lat/ops-$w.log 2>&1
+    say "== bench ops at decode M world $w rc=$?"; cp /tmp/lat/ops-$w/*.json $OUT/ 2>/dev/null
+    tr '\r' '\n' < /tmp/lat/ops-$w.log | grep -E "lamport|norm|results:" | head -30 | tee -a $LOG ;;
+  moe)
+    $T 200 python3 -m trident.bench.moe --models deepseek-v3 --tokens 1,128 \
+      --out-dir /tmp/lat/moe-$w > /tmp/lat/moe-$w.log 2>&1
+    say "== bench moe world $w rc=$?"; cp /tmp/lat/moe-$w/*.json $OUT/ 2>/dev/null ;;
+  tp)
+    $T 200 python3 -m trident.bench.tp --out-dir /tmp/lat/tp-$w > /tmp/lat/tp-$w.log 2>&1
+    say "== bench tp world $w rc=$?"; cp /tmp/lat/tp-$w/*.json $OUT/ 2>/dev/null ;;
+  select)
+    $T 420 python3 -m trident.bench.ccl --update-selector --factor 4 --calls 20 --reps 3 --iters 0 \
+      --out-dir /tmp/lat/sel-$w > /tmp/lat/select-$w.log 2>&1
+    say "== update-selector world $w rc=$?"; tail -5 /tmp/lat/select-$w.log | tee -a $LOG
+    git diff --stat -- trident/ccl | tee -a $LOG
+    git diff -- trident/ccl > $OUT/selector-$tag-$DAY.diff ;;
   esac
+  unset CUDA_VISIBLE_DEVICES
+}
+
+for step in ${STEPS:-env tests times ccl}; do
+  start=$SECONDS
+  if [ "$step" = env ]; then
+    { nvidia-smi -L; nvidia-smi topo -m
+      python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+      git rev-parse HEAD 2>/dev/null; } 2>&1 | tee -a $LOG
+  else
+    for w in $WORLDS; do run_world $w $step; done
+  fi
   say "== step $step: $((SECONDS - start)) s"
 done
-tar czf $OUT/latency-logs.tgz -C /tmp/lat .
+tar czf $OUT/latency-logs-${N}xh200-$DAY${TAG:-}.tgz -C /tmp/lat .
