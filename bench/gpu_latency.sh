@@ -57,7 +57,7 @@ for step in ${STEPS:-env tests ccl ops}; do
     $T 300 python3 -m trident.bench.ops --m 1,16,64,128,256 --calls 30 --reps 3 \
       --budget-s 260 --out-dir /tmp/lat/ops > /tmp/lat/ops.log 2>&1
     say "== bench ops at decode M rc=$?"; cp /tmp/lat/ops/*.json $OUT/ 2>/dev/null
-    tr '\r' '\n' < /tmp/lat/ops.log | grep -E "epilogue|results:" | head -40 | tee -a $LOG ;;
+    tr '\r' '\n' < /tmp/lat/ops.log | grep -E "epilogue|add_rmsnorm|results:" | head -40 | tee -a $LOG ;;
   esac
   say "== step $step: $((SECONDS - start)) s"
 done

@@ -1,5 +1,5 @@
 """ctx.matmul_all_reduce_add_rmsnorm (trident/ops/matmul_all_reduce_add_rmsnorm.py, its one
-kernel in epilogue_norm.py) against an independent fp32 torch reference on the gathered
+kernel: epilogue_lamport.py, NORM) against an independent fp32 torch reference on the gathered
 inputs: residual + (a_full @ w_full.T) + bias, rounded, then the norm -- at M = 1, 3, 17
 (one and two row blocks of the CPU tile, programs with several tiles), N not a multiple of
 the tile, K that differs by rank, bf16 and fp16, bias (bf16, fp32) or none, out given or
@@ -13,11 +13,11 @@ import time
 import pytest
 import torch
 
-from trident.ops import epilogue_norm
 
 # the module (trident.ops exports the function under the same name)
 op = importlib.import_module("trident.ops.matmul_all_reduce_add_rmsnorm")
 
+from ..ccl.refs import captured
 from ..faults.mismatch import MEET, assert_found_when_ranks_meet
 from .reference import assert_close, make
 
@@ -47,7 +47,9 @@ def _inputs(ctx, M, N, K, dtype, bias_dtype, view, seed):
         a = a.contiguous()
     w = w_full[:, lo:lo + ks[ctx.rank]].contiguous().to(ctx.device)
     residual = make((M, N), seed + 2, dtype, "cpu")
-    norm_weight = (1 + 0.5 * make((N,), seed + 3, torch.float32, "cpu")).to(dtype)
+    # an fp32 norm weight beside an fp32 bias (the case that has one), else a's dtype
+    norm_weight = (1 + 0.5 * make((N,), seed + 3, torch.float32, "cpu")).to(
+        torch.float32 if bias_dtype == torch.float32 else dtype)
     bias = None if bias_dtype is None else make((N,), seed + 4, bias_dtype, "cpu")
     return a, w, a_full, w_full, residual, norm_weight, bias
 
@@ -202,17 +204,17 @@ def _bad_inputs(ctx):
     with pytest.raises(TypeError, match="takes the options"):
         f(a, w, res, nw, schedule="fused", matmul_schedule="plain")
     # past the one kernel's limits: "fused" says the limit and what to use; auto falls back
-    big = torch.randn(epilogue_norm.MAX_M + 1, 16, dtype=bf, device=dev)
+    big = torch.randn(op.MAX_M + 1, 16, dtype=bf, device=dev)
     big_res = torch.randn(big.shape[0], 8, dtype=bf, device=dev)
     with pytest.raises(ValueError, match=r"at most 256 rows .*schedule='sequential'"):
         f(big, w, big_res, nw, schedule="fused")
-    cap = epilogue_norm.lamport.slot_bytes(ctx)
+    cap = op.lamport.slot_bytes(ctx)
     wide = torch.randn(cap // (2 * 4) + 8, 1, dtype=bf, device=dev)
     with pytest.raises(ValueError, match=f"at most {cap} bytes of M x N partial sums"):
         f(a[:, :1], wide, torch.randn(4, wide.shape[0], dtype=bf, device=dev),
           torch.ones(wide.shape[0], dtype=bf, device=dev), schedule="fused")
-    assert op._schedule(ctx, "auto", 4, wide.shape[0], 2) == "sequential"
-    assert op._schedule(ctx, "auto", 4, 8, 2) == "fused"
+    assert op.resolve(ctx, "auto", 4, wide.shape[0], 2) == "sequential"
+    assert op.resolve(ctx, "auto", 4, 8, 2) == "fused"
     # auto past the row limit: the sequential path, right
     g = torch.Generator().manual_seed(11)
     parts = [torch.randn(big.shape[0], 16, generator=g).to(bf) for _ in range(ctx.world_size)]
@@ -238,12 +240,7 @@ def _graph(ctx, replays=10):
     nw, bias = nw.to(ctx.device), b_cpu.to(ctx.device)
     ops = lambda: ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw, bias=bias,   # noqa: E731
                                                     out=out, schedule="fused")
-    ops()
-    ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ops()
-    ctx.barrier()
+    graph = captured(ctx, ops)
     for i in range(replays):
         a_i, _, a_full, _, residual, _, _ = _inputs(ctx, M, N, K, dtype, dtype, False, 10 + i)
         a.copy_(a_i)                  # new rows of a and a new residual; w, bias as captured

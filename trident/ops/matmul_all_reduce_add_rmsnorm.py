@@ -11,10 +11,12 @@ ctx.matmul_all_reduce. Every rank ends with bitwise the same residual and out (w
 same residual on every rank, as the replicated residual stream of TP has it).
 
 Schedules:
-    "fused"       one kernel (epilogue_norm.py): each GEMM program pushes its tile's
-                  partial to the peers (Lamport words), sums its tiles as they arrive,
-                  adds bias and residual; the last tile of a row block normalises its
-                  rows. M <= 256 and M x N in a Lamport slot (1 MiB of a 1 GiB heap).
+    "fused"       one kernel: matmul_all_reduce's epilogue kernel with the Lamport
+                  exchange and its NORM end (epilogue_lamport.py): each GEMM program
+                  pushes its tile's partial to the peers as Lamport words, sums its tiles'
+                  as they arrive, adds bias and residual; the last tile of a row block to
+                  arrive normalises its rows. M <= MAX_M and M x N in a Lamport slot (1 MiB
+                  of a 1 GiB heap): `why_not`.
     "sequential"  matmul_all_reduce (its schedule: `matmul_schedule=`, default "auto";
                   "plain" is cuBLAS + NCCL) into a buffer, then the add and the norm in
                   torch. Any size.
@@ -29,13 +31,16 @@ from __future__ import annotations
 import torch
 
 from .. import plans
-from ..ccl import common as ccl_common
+from ..ccl import common as ccl_common, lamport
 from ..ccl.add_rmsnorm import _unfused_sum, torch_add_rmsnorm
 from ..plans import Plan, tensor_key
-from . import epilogue_norm, schedules
+from . import _common, epilogue_lamport, schedules
 from ._common import _AsCaptured, _options_key, check_inputs, check_matrix, schedule_plan
-from .epilogue_norm import NAME
+from .epilogue import row_parallel
+from .gemm import addresses_only
 
+NAME = "matmul_all_reduce_add_rmsnorm"
+MAX_M = 256                 # rows of the one kernel (decode sizes); its row counters
 SCHEDULES = ("fused", "sequential")
 OPTIONS = {"fused": ("config",), "sequential": ("matmul_schedule",)}
 WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -125,14 +130,14 @@ def _check(ctx, a, w, bias, out, residual, norm_weight) -> None:
         raise ValueError(f"{NAME}: out must not be residual or norm_weight")
 
 
-def _schedule(ctx, schedule, M: int, N: int, elem: int) -> str:
+def resolve(ctx, schedule, M: int, N: int, elem: int) -> str:
     """The schedule a call runs (the same on every rank: shared sizes, the agreed heap)."""
     if not isinstance(schedule, str) or schedule not in ("auto", *SCHEDULES):
         raise ValueError(f"{NAME}: unknown schedule {schedule!r}; choose one of "
                          f"{['auto', *SCHEDULES]}")
     if schedule == "sequential":
         return schedule
-    why = epilogue_norm.why_not(ctx, M, N, elem)
+    why = why_not(ctx, M, N, elem)
     if why is None:
         return "fused"
     if schedule == "fused":
@@ -158,15 +163,45 @@ def _plan(ctx, tensors, fresh: bool, eps: float, schedule, options) -> Plan:
     _check(ctx, a, w, bias, out, residual, norm_weight)
     _eps(eps)
     M, N = a.shape[0], w.shape[0]
-    name = _schedule(ctx, schedule, M, N, a.element_size())
+    name = resolve(ctx, schedule, M, N, a.element_size())
     opts = _options(name, schedule, options)
     plan = Plan(tensors, name)
     plan.set_output((M, N), a.dtype, ctx.device)
     if name == "fused":
-        epilogue_norm.build(ctx, plan, a, w, bias, residual, norm_weight, eps, **opts)
+        _fused(ctx, plan, eps, **opts)
     else:
         _sequential(ctx, plan, fresh, eps, **opts)
     return plan
+
+
+def why_not(ctx, M: int, N: int, elem: int) -> str | None:
+    """Why the one kernel cannot take a call of M x N (elements of `elem` bytes), None where
+    it can: the same on every rank (shared sizes, the agreed heap)."""
+    if M > MAX_M:
+        return f"takes at most {MAX_M} rows (decode sizes), got M={M}"
+    cap = lamport.slot_bytes(ctx)
+    if M * N * elem > cap:
+        return (f"holds at most {cap} bytes of M x N partial sums per rank with this heap "
+                f"({ctx.heap_size} bytes), got M={M}, N={N}: {M * N * elem}")
+    return None
+
+
+def _counters(ctx):
+    """The row blocks' arrival counters (int32, all 0 between launches; ctx.reset zeroes
+    them): one workspace of the context, the same size whatever the call."""
+    ws = _common.workspace(ctx, NAME, 256, MAX_M)
+    return ws.sync[int(getattr(_common.SYNC_FLAGS, "value", _common.SYNC_FLAGS)):]
+
+
+def _fused(ctx, plan, eps: float, config=None) -> None:
+    """The one kernel's launch (epilogue_lamport.py, NORM): out is Live(3)."""
+    a, w, bias, out, residual, norm_weight = plan.tensors
+    rp = row_parallel(ctx, NAME, a, w, bias, config)
+    epilogue_lamport.launch(ctx, plan, NAME, a, w, out, rp.operands, rp.trace_buf, rp.grid,
+                            rp.num_units, rp.meta,
+                            norm=(residual, norm_weight, _counters(ctx), eps))
+    if rp.descriptors:
+        addresses_only(plan.steps[-1], rp.descriptors)
 
 
 def _sequential(ctx, plan, fresh: bool, eps: float, matmul_schedule: str = "auto") -> None:
