@@ -6,7 +6,9 @@ the tile, K that differs by rank, bf16 and fp16, bias (bf16, fp32) or none, out 
 not, each schedule, every case called twice with Lamport rounds of other ops in between;
 residual and out bitwise the same on every rank. A call whose M differs between ranks is
 poisoned and raised on every rank (CallMismatch naming the op); bad inputs raise; auto
-falls back to "sequential" past the kernel's limits; a CUDA graph replays it (GPUs)."""
+falls back to "sequential" past the kernel's limits; the race detector finds the row
+blocks' hand-over ordered (it does not with a relaxed counter); a CUDA graph replays it
+(GPUs)."""
 import importlib
 import time
 
@@ -147,6 +149,31 @@ def test_m_that_differs_is_poisoned_and_raised(pool):
     if pool.world_size == 1:
         pytest.skip("one rank cannot call differently from itself")
     assert_found_when_ranks_meet(pool.run(_m_differs), NAME)
+
+
+def _race_free(ctx, seed):
+    """Under the race detector (trident/sanitize/): the row blocks' residual tiles, stored
+    by several programs and read by the last to arrive, are ordered by the counter."""
+    from trident import sanitize
+    a, w, a_full, w_full, residual, nw, bias = _inputs(ctx, 17, 72, 16, torch.float16,
+                                                       torch.float16, False, 3)
+    res = residual.clone()
+    with sanitize.sanitizing(ctx, seed):
+        for _ in range(2):              # back to back: counters rearmed, the next round
+            out = ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw, bias=bias,
+                                                    schedule="fused")
+        ctx.barrier()
+    r1, _ = reference(a_full, w_full, bias, residual, nw)
+    r2, ref = reference(a_full, w_full, bias, r1, nw)
+    assert_close(out, ref, "under the race detector")
+    assert_close(res, r2.float(), "under the race detector: residual")
+    return True
+
+
+def test_race_detector_finds_no_race(pool):
+    if pool.backend != "cpu" or pool.world_size > 3:
+        pytest.skip("the race detector runs on the CPU emulation; 2 and 3 ranks suffice")
+    assert all(pool.run(_race_free, 13))
 
 
 def _debug_mode(ctx):

@@ -13,7 +13,7 @@ same residual on every rank, as the replicated residual stream of TP has it).
 Schedules:
     "fused"       one kernel: matmul_all_reduce's epilogue kernel with the Lamport
                   exchange and its NORM end (epilogue_lamport.py): each GEMM program
-                  pushes its tile's partial to the peers as Lamport words, sums its tiles'
+                  pushes its tile's partial to the peers as Lamport words, sums the tiles'
                   as they arrive, adds bias and residual; the last tile of a row block to
                   arrive normalises its rows. M <= MAX_M and M x N in a Lamport slot (1 MiB
                   of a 1 GiB heap): `why_not`.
