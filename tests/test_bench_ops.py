@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trident.bench import ops
+from trident.bench import ops, ops_norm
 from trident.launch import default_backend
 from trident.ops import auto, schedules
 
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.skipif(default_backend() == "cuda",
 
 
 def _one_run(ctx, out_dir):
-    path = ops._run(ctx, ["matmul_all_reduce", "all_gather_matmul"], [16], [], TIMING,
-                    out_dir, None, budget_s=1e9)
+    path = ops._run(ctx, ["matmul_all_reduce", "all_gather_matmul", ops_norm.NAME], [16], [],
+                    TIMING, out_dir, None, budget_s=1e9)
     late = ops._bench(ctx, ["matmul_reduce_scatter"], [64], [], TIMING, budget_s=-1.0)
     if ctx.rank != 0:
         return None
@@ -60,6 +60,20 @@ def test_rows_per_schedule_checked_then_timed(run):
         cpu = SimpleNamespace(backend="cpu", world_size=2, capturing=lambda: False)
         assert r["choice"] == " / ".join(auto.choose(cpu, op, r["M"], r["N"], r["K"], graph=g)
                                          for g in (False, True)), r["choice"]
+
+
+def test_rows_of_matmul_all_reduce_add_rmsnorm(run):
+    """The one kernel, the sequential path and auto beside cuBLAS + trident's fused
+    all-reduce + norm and the plain path (cuBLAS + NCCL/gloo + torch), each checked
+    against the plain path's out before it is timed."""
+    mine = {r["impl"]: r for r in run[0]["rows"] if r["op"] == ops_norm.NAME}
+    assert set(mine) == {"trident_fused", "trident_sequential", "trident_auto",
+                         "cublas+ar_norm_lamport", "plain"}, sorted(mine)
+    for name, r in mine.items():
+        assert r["status"] == "ok" and r["rel_err"] <= ops.TOLERANCE, r
+        assert r["checked_against"] == "plain" and r["eager_us"] > 0 and r["host_us"] > 0
+        assert 0 < r["comm_share"] < 1 and r["eager_vs_plain"] > 0
+    assert mine["trident_auto"]["choice"] == "fused / fused"
 
 
 def test_metadata_and_budget(run):

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from bench.lab import sweep
-from trident.bench import ccl, common, moe, ops, p2p, tp
+from trident.bench import ccl, common, moe, ops, ops_norm, p2p, tp
 from trident.launch import default_backend
 
 from .conftest import get_pool
@@ -30,7 +30,8 @@ def _suites(ctx, out_dir):
     with as_shared_gpu(ctx):
         headline = common.headline(ctx)
         paths["ccl"] = ccl._run(ctx, ["all_reduce"], [1024], TIMING, out_dir, None)
-        paths["ops"] = ops._run(ctx, ["matmul_all_reduce"], [64], [], TIMING, out_dir, None)
+        paths["ops"] = ops._run(ctx, ["matmul_all_reduce", ops_norm.NAME], [64], [], TIMING,
+                                out_dir, None)
         paths["tp"] = tp._run(ctx, tp.TINY, [2], list(tp.IMPLS), TIMING, out_dir)
         paths["moe"] = moe._bench_rank(ctx, {"tiny-top1": (ctx.world_size, 1, 96)}, [4],
                                        TIMING, out_dir)[1]
@@ -68,9 +69,10 @@ def test_every_suite_is_marked_shared(shared_run):
 
 
 # the torch.distributed baseline of ccl and tp is named for its group: gloo in this CPU
-# stand-in (common.baseline_name), nccl where ranks really share a GPU
+# stand-in (common.baseline_name), nccl where ranks really share a GPU. ops: one plain row
+# per op (matmul_all_reduce, matmul_all_reduce_add_rmsnorm); tp: step, sum_norm, linear
 @pytest.mark.parametrize("suite,impl,kinds", [
-    ("ccl", "gloo", 1), ("ops", "plain", 1), ("tp", "gloo", 2), ("moe", "torch.distributed", 3)])
+    ("ccl", "gloo", 1), ("ops", "plain", 2), ("tp", "gloo", 3), ("moe", "torch.distributed", 3)])
 def test_nccl_baselines_are_rows_that_say_why(shared_run, suite, impl, kinds):
     rows = shared_run[0][suite]["rows"]
     skipped = [r for r in rows if r["impl"] == impl]
@@ -96,14 +98,19 @@ def test_trident_rows_are_checked_without_nccl(shared_run):
     assert ops_rows and all(r["status"] == "ok" and r["rel_err"] < 3e-2 for r in ops_rows)
     assert {r["checked_against"] for r in ops_rows} == {"torch+trident collectives"}
     assert docs["ops"]["rows"][0]["comm_us"] is None
-    # every trident implementation of the step is checked, twice (step, sum_norm); the
-    # all_reduce-alone row times one sum and has no result to check
-    checked = [r for r in docs["tp"]["rows"] if r["impl"].startswith("trident")
+    # every trident implementation's rows checked: step, the op alone (sum_norm: not the
+    # one kernel, whose GEMM is inside) and the GEMM + op (linear)
+    tp_rows = [r for r in docs["tp"]["rows"] if r["impl"].startswith("trident")
                and r["impl"] != "trident_all_reduce_alone"]
-    assert {r["impl"] for r in checked} == {"trident", "trident_fused",
-                                            "trident_fused_lamport"}, checked
-    errs = [r["rel_err"] for r in checked]
-    assert None not in errs and len(errs) == 6 and max(errs) < 3e-2, errs
+    kinds: dict = {}
+    for r in tp_rows:
+        assert r["rel_err"] is not None and r["rel_err"] < 3e-2, r
+        kinds.setdefault(r["impl"], []).append(r["kind"])
+    # the sequential path, fused, fused_lamport and the one kernel
+    assert set(kinds) == {i for i in tp.IMPLS if i.startswith("trident")}, kinds
+    for impl, got in kinds.items():
+        want = ["step", "linear"] if impl == tp.ONE_KERNEL else ["step", "sum_norm", "linear"]
+        assert sorted(got) == sorted(want), (impl, got)
     assert {r["impl"] for r in docs["p2p"]["rows"]} == {"trident push", "trident pull"}
 
 

@@ -17,12 +17,16 @@ def test_bench_tp_tiny(tmp_path):
     with open(paths[0]) as f:
         rows = json.load(f)["rows"]
     baseline = "gloo" if pool.backend == "cpu" else "nccl"
-    impls = {baseline, "trident", "trident_fused", "trident_fused_lamport"}
+    impls = {baseline, "trident", "trident_fused", "trident_fused_lamport",
+             "trident_matmul_fused"}
     nccl_runs = nccl_available(pool)
     for batch in (1, 3):
         mine = [r for r in rows if r["batch"] == batch]
         assert {r["impl"] for r in mine if r["kind"] == "step"} >= impls
         assert any(r["impl"] == "trident_all_reduce_alone" for r in mine)
+        # the GEMM + sum + norm, each way, beside the GEMM alone
+        assert {r["impl"] for r in mine if r["kind"] == "linear"} >= impls | {
+            "cublas_gemm_alone"}
         for r in mine:
             if r["impl"] == "nccl" and not nccl_runs:
                 assert r["eager_us"] is None and r["note"] == common.NO_NCCL, r

@@ -13,11 +13,13 @@ SUITES = {
     "ccl": "the five collectives, every trident algorithm and the selector's choice against "
            "NCCL (gloo on the CPU), by size: eager, CUDA-graph and host time per call",
     "ops": "GEMMs fused with communication (all_gather_matmul, matmul_reduce_scatter, "
-           "matmul_all_reduce) on Llama-sized layers against NCCL + cuBLAS",
+           "matmul_all_reduce, matmul_all_reduce_add_rmsnorm) on Llama-sized layers "
+           "against NCCL + cuBLAS",
     "moe": "MoE dispatch + combine (DeepSeek-V3, Qwen3 shapes) against torch.distributed's "
            "all_to_all",
     "tp": "a Llama-3-8B tensor-parallel decode step whose all-reduce + residual + RMSNorm is "
-          "done by NCCL, torch symmetric memory, trident, and trident's fused kernel",
+          "done by NCCL, torch symmetric memory, trident, and trident's fused kernels (also "
+          "with the GEMM before it)",
     "gemm": "trident's GEMM core alone against cuBLAS on one GPU, every config per shape class "
             "(the measurement behind `trident tune --gemm`)",
 }

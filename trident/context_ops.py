@@ -98,6 +98,15 @@ class OpMethods:
         """all_reduce(a @ w.T) + bias (row-parallel linear)."""
         return _ops().matmul_all_reduce(self, a, w, bias, **options)
 
+    def matmul_all_reduce_add_rmsnorm(self, a, w, residual, norm_weight, eps: float = 1e-6,
+                                      **options):
+        """Row-parallel linear + all-reduce + residual add + RMSNorm: residual +=
+        all_reduce(a @ w.T) + bias (in place); returns rmsnorm(residual) * norm_weight.
+        Options: bias, out, schedule ("auto", "fused": one kernel for M <= 256,
+        "sequential"), config, matmul_schedule (trident/ops/matmul_all_reduce_add_rmsnorm.py)."""
+        return _ops().matmul_all_reduce_add_rmsnorm(self, a, w, residual, norm_weight, eps,
+                                                    **options)
+
     # ------------------------------------------------------------------ tracing
     def trace(self, path: str | None = None, **options):
         """Context manager: record device-side events of the ops inside it, then write

@@ -17,6 +17,7 @@ OP_NAMES = {
     11: "moe_combine",
     12: "test",
     13: "p2p_bench",
+    14: "matmul_all_reduce_add_rmsnorm",
 }
 OP_CODES = {name: code for code, name in OP_NAMES.items()}
 

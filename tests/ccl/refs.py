@@ -49,3 +49,15 @@ def assert_equal(got, expected, what):
         torch.testing.assert_close(got, expected, rtol=tol, atol=1e-5, msg=lambda m: f"{what}: {m}")
     else:
         assert torch.equal(got, expected), f"{what}: {got} != {expected}"
+
+
+def captured(ctx, fn):
+    """A CUDA graph of fn(), after one eager call of it (the warm-up: workspaces and plans
+    are made outside the capture), between barriers so that no rank replays early."""
+    fn()
+    ctx.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    ctx.barrier()
+    return graph

@@ -4,7 +4,7 @@ see fresh flags without any host work in between."""
 import pytest
 import torch
 
-from .refs import assert_equal, rank_inputs, reduce_ref
+from .refs import assert_equal, captured, rank_inputs, reduce_ref
 
 
 def _capture_and_replay(ctx, alg_ar, alg_ag, alg_rs, replays):
@@ -30,12 +30,7 @@ def _capture_and_replay(ctx, alg_ar, alg_ag, alg_rs, replays):
         ctx.broadcast(bc, src=w - 1, algorithm="push")
         ctx.broadcast(bc_relay, src=0, algorithm="relay")
 
-    ops()                                  # warm-up: workspaces are created outside capture
-    ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        ops()
-    ctx.barrier()
+    graph = captured(ctx, ops)             # after a warm-up: workspaces made outside capture
     for i in range(replays):
         xs = rank_inputs(w, (n,), torch.bfloat16, seed=1000 + i)
         rss = rank_inputs(w, (w * n,), torch.float32, seed=2000 + i)

@@ -457,14 +457,26 @@ def _ops() -> list[Kernel]:
         Kernel("trident.ops.epilogue", "_push_reduce_kernel",
                dict(flags=P64, sync=P64, **epi_ints), epi_rs,
                aligned=("N", "K", "stride_am", "stride_wn", "stride_om", "half", "slot")),
-        # its Lamport exchange (epilogue_lamport.py): the same tiles, data words as flags
+        # its Lamport exchange (epilogue_lamport.py): the same tiles, data words as flags;
+        # NORM (matmul_all_reduce_add_rmsnorm's one kernel): those tiles of all_reduce,
+        # then the residual add, the row blocks' counters and the rows' norm
         Kernel("trident.ops.epilogue_lamport", "_push_reduce_lamport_kernel",
-               dict(data=P16, heads=P64, lsync=P64, fsync=P64, **epi_ints),
+               dict(data=P16, heads=P64, lsync=P64, fsync=P64, counters=P64, eps="fp32",
+                    **epi_ints),
                [V("", v.num_warps, v.num_stages, types={k: t for k, t in v.types.items()
-                                                    if k != "scratch"},
-                  WORLD=world, PDL=world != 8, ptx_has=PDL_PTX if world != 8 else "",
-                  **{k: c for k, c in v.constexprs.items()})
-                for v, world in zip(epi_rs[:2] + epi_rs[4:6], (2, 4, 8, 2))],
+                                                    if k != "scratch"} | dict(
+                       residual=v.types["a"], norm_weight=v.types["a"]),
+                  WORLD=world, NORM=False, NORM_BLOCK=16, PDL=world != 8,
+                  ptx_has=PDL_PTX if world != 8 else "", **v.constexprs)
+                for v, world in zip(epi_rs[:2] + epi_rs[4:6], (2, 4, 8, 2))]
+               + [V("", v.num_warps, v.num_stages,
+                    types={k: t for k, t in v.types.items() if k != "scratch"} | dict(
+                        residual=v.types["out"], counters=P32,
+                        norm_weight=PF32 if i == 2 else v.types["out"]),
+                    WORLD=world, NORM=True, NORM_BLOCK=block, PDL=True, ptx_has=PDL_PTX,
+                    **dict(v.constexprs, OP=OP_CODES["matmul_all_reduce_add_rmsnorm"]))
+                  for i, (v, world, block) in enumerate(zip(epi_rs[1::2], (2, 4, 8, 2, 4),
+                                                            (2048, 2048, 1024, 2048, 256)))],
                aligned=("N", "K", "stride_am", "stride_wn", "stride_om", "slot")),
         Kernel("trident.ops.epilogue", "_pull_gemm_kernel",
                dict(offsets=P64, my_offset=I64, flags=P64, sync=P64, **split_k, **epi_ints),

@@ -21,7 +21,9 @@ Mixtral 8x22B, Qwen2.5-72B) and each total M (tokens; default 1, 16, 64, 256, 10
                   is the same call through trident's op (plan, bias, out); the targets
                   compare auto with this baseline, not with that row
 A schedule that cannot run here (schedules.unavailable: plain's NCCL, async_tp's GPUs and
-torch ops) gives its row "not run" with the reason.
+torch ops) gives its row "not run" with the reason. matmul_all_reduce_add_rmsnorm (the
+all-reduce, then the residual add and RMSNorm) has rows of its own, beside cuBLAS + NCCL +
+torch and cuBLAS + trident's all_reduce_add_rmsnorm: ops_norm.py.
 Layers: column-parallel ones (qkv, gate/up) run all_gather_matmul; row-parallel ones
 (attention-out, down) run matmul_reduce_scatter and matmul_all_reduce. M must divide by
 the world size for the first two (M = 1 at 2 ranks runs matmul_all_reduce only).
@@ -71,10 +73,12 @@ import torch
 import torch.distributed as dist
 
 from ..ccl.nccl import all_gather_single, reduce_scatter_single
-from . import common
+from . import common, ops_norm
 
 DTYPE = torch.bfloat16
-OPS = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")
+FUSED = ("all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce")   # schedules.py's
+OPS = FUSED + (ops_norm.NAME,)
+ALL_REDUCES = ("matmul_all_reduce", ops_norm.NAME)     # any M; the product both ways
 DEFAULT_M = (1, 16, 64, 256, 1024, 4096, 8192)
 TOLERANCE = 3e-2        # relative Frobenius error against the reference (bf16 outputs)
 SHARED_LINK = "HBM (ranks share one GPU)"
@@ -125,7 +129,7 @@ def _problem(ctx, op, n_full, k_full, m):
     else:
         n, k = n_full, k_full // w
         a, wt = rnd(m, k), rnd(n, k)
-        link = (w - 1) / w * m * n * DTYPE.itemsize * (2 if op == "matmul_all_reduce" else 1)
+        link = (w - 1) / w * m * n * DTYPE.itemsize * (2 if op in ALL_REDUCES else 1)
     return a, wt, n, k, 2.0 * m * n_full * k_full, link
 
 
@@ -161,7 +165,7 @@ def _comm_alone(ctx, op, a, n):
         out = torch.empty(m * ctx.world_size, a.shape[1], dtype=DTYPE, device=ctx.device)
         return lambda: all_gather_single(out, a, group=ctx.group)
     full = torch.randn(m, n, dtype=DTYPE, device=ctx.device)
-    if op == "matmul_all_reduce" or ctx.backend != "cuda":
+    if op in ALL_REDUCES or ctx.backend != "cuda":
         return lambda: dist.all_reduce(full, group=ctx.group)
     part = torch.empty(m // ctx.world_size, n, dtype=DTYPE, device=ctx.device)
     return lambda: reduce_scatter_single(part, full, group=ctx.group)
@@ -171,6 +175,8 @@ def _reference(ctx, op, a, wt, plain):
     """(the reference output of this rank, what it is): the plain path's where NCCL runs,
     else torch.matmul on inputs gathered (or partial products summed, in fp32) by
     trident's own collectives."""
+    if op == ops_norm.NAME:
+        return ops_norm.reference(ctx, a, wt)
     if plain is not None:
         return plain(), "plain"
     world = ctx.world_size
@@ -211,6 +217,8 @@ def _impls(ctx, op, a, wt, only=None):
     """name -> (callable or None, why not) of one case's rows, the plain baseline last;
     only: these rows alone (plain stays: the reference of the check)."""
     from ..ops import schedules
+    if op == ops_norm.NAME:
+        return ops_norm.impls(ctx, a, wt, only)
     fn = getattr(ctx, op)
     out = {}
     for s in schedules_of(op):
@@ -246,6 +254,8 @@ def _choice(ctx, op, a, wt, m, n, k) -> str:
     built (schedule="auto" resolved by auto.choose, ops/_common.schedule_plan) -- or, for a
     mode not run (graphs on the CPU), what auto.choose picks for it. Printed in the table."""
     from ..ops import _common, auto
+    if op == ops_norm.NAME:
+        return ops_norm.choice(ctx, m, n)
     return " / ".join(_common.ran(ctx, op, a, wt, "auto", graph)
                       or auto.choose(ctx, op, m, n, k, graph=graph) for graph in (False, True))
 
@@ -322,7 +332,7 @@ def _bench(ctx, ops, ms, layer_names, timing, budget_s=None, only=None):
             missed.append(dict(op=op, model=model, layer=layer, M=m, why="budget"))
             continue
         w = ctx.world_size
-        if op != "matmul_all_reduce" and (m % w or n_full % w) or k_full % w:
+        if op not in ALL_REDUCES and (m % w or n_full % w) or k_full % w:
             missed.append(dict(op=op, model=model, layer=layer, M=m,
                                why=f"M, N or K not divisible by the world size {w}"))
             continue
@@ -336,7 +346,7 @@ def _crossover_entries(ctx, rows):
     from ..ops import selector
     out = []
     for r in rows:
-        if r["impl"] != "trident_fused" or not r["eager_us"]:
+        if r["impl"] != "trident_fused" or not r["eager_us"] or r["op"] not in FUSED:
             continue
         plain = next((p for p in rows if p["impl"] == "plain" and p["op"] == r["op"] and
                       p["M"] == r["M"] and p["N"] == r["N"] and p["K"] == r["K"]), None)
@@ -378,7 +388,7 @@ def targets(rows: list[dict]) -> dict:
                                   f"{best} {rivals[best]:.1f} ({rivals[best] / auto:.2f}x)")
             plain = (impls.get("plain") or {}).get(key)
             share = (impls.get("plain") or {}).get("comm_share")
-            if auto and plain and share is not None and share >= 1 / 3:
+            if auto and plain and share is not None and share >= 1 / 3 and op in FUSED:
                 gains.append(plain / auto)
             ep, seq = ((impls.get(n) or {}).get(key) for n in ("trident_epilogue",
                                                                "trident_sequential"))
@@ -388,7 +398,8 @@ def targets(rows: list[dict]) -> dict:
         out[mode] = {"auto_vs_best_misses": misses, "comm_bound_cases": len(gains),
                      "auto_vs_plain_geomean": gm, "target": want,
                      "epilogue_vs_sequential": epi,
-                     "epilogue_misses": [f"{c}: {x:.2f}x" for c, x in epi if x < 1.1]}
+                     "epilogue_misses": [f"{c}: {x:.2f}x" for c, x in epi if x < 1.1],
+                     **ops_norm.targets(rows, mode)}
     return out
 
 
@@ -400,8 +411,10 @@ def _print_targets(found: dict) -> None:
               f">= {t['target']}); auto >= 0.98x best baseline missed on "
               f"{len(t['auto_vs_best_misses'])} case(s); epilogue >= 1.1x sequential at "
               f"M <= 64 missed on {len(t['epilogue_misses'])} of "
-              f"{len(t['epilogue_vs_sequential'])}")
-        for line in t["auto_vs_best_misses"] + t["epilogue_misses"]:
+              f"{len(t['epilogue_vs_sequential'])}; {ops_norm.NAME} <= cuBLAS + "
+              f"{ops_norm.TARGET_OVER_GEMM_US:g} us at M <= 128 missed on "
+              f"{len(t['norm_misses'])} of {t['norm_cases']}")
+        for line in t["auto_vs_best_misses"] + t["epilogue_misses"] + t["norm_misses"]:
             print(f"  miss: {line}")
 
 

@@ -13,9 +13,14 @@ SUM_NORM, where SUM_NORM(partial, residual, w) is: residual += all-reduce sum of
   trident         ctx.all_reduce + torch add / rmsnorm
   trident_fused   ctx.all_reduce_add_rmsnorm: one kernel (trident/ccl/add_rmsnorm.py)
   trident_fused_lamport  the same with algorithm="lamport" (its Lamport exchange)
-Rows: kind "step" (a whole decode step of --layers layers) and kind "sum_norm" (SUM_NORM
+  trident_matmul_fused  the row-parallel GEMM and SUM_NORM in one kernel:
+                  ctx.matmul_all_reduce_add_rmsnorm (its NORM kernel: trident/ops/epilogue_lamport.py)
+Rows: kind "step" (a whole decode step of --layers layers), kind "sum_norm" (SUM_NORM
 alone on [batch, hidden]; with trident_all_reduce_alone, ctx.all_reduce alone, for the
-issue's target: fused <= 1.2x the all-reduce alone). Times from common.time_modes: eager
+issue's target: fused <= 1.2x the all-reduce alone; not trident_matmul_fused, whose GEMM is
+inside) and kind "linear" (the down projection's GEMM + SUM_NORM, each implementation's
+way -- cuBLAS then SUM_NORM, or the one kernel --, with cublas_gemm_alone, the GEMM alone;
+over_gemm_us = time - the GEMM's, device times). Times from common.time_modes: eager
 (calls back to back) and graph (replayed from one CUDA graph), max over ranks. The final
 hidden state of one step is checked against the nccl implementation's (rel_err). Where
 ranks share a GPU, NCCL cannot run: its rows say so (`note`) and rel_err is taken against
@@ -38,7 +43,9 @@ from . import common
 
 DTYPE = torch.bfloat16
 EPS = 1e-5
-IMPLS = ("nccl", "torch_symm_mem", "trident", "trident_fused", "trident_fused_lamport")
+IMPLS = ("nccl", "torch_symm_mem", "trident", "trident_fused", "trident_fused_lamport",
+         "trident_matmul_fused")
+ONE_KERNEL = "trident_matmul_fused"       # GEMM + SUM_NORM: no sum_norm row of its own
 
 
 @dataclass
@@ -126,9 +133,18 @@ def _host_sum_norm(ctx):
     return sum_norm
 
 
-def decode_step(sum_norm, s: Shape, wts: dict, residual, h):
+def _linears(ctx, sum_norms: dict, names) -> dict:
+    """name -> linear(x, w, residual, weight) -> h: the row-parallel GEMM x @ w.T (this
+    rank's partial), then SUM_NORM -- cuBLAS and each of `sum_norms`, or the one kernel."""
+    out = {name: (lambda x, w, r, nw, f=f: f(x @ w.t(), r, nw)) for name, f in sum_norms.items()}
+    if ONE_KERNEL in names:
+        out[ONE_KERNEL] = lambda x, w, r, nw: ctx.matmul_all_reduce_add_rmsnorm(x, w, r, nw, EPS)
+    return out
+
+
+def decode_step(linear, s: Shape, wts: dict, residual, h):
     """One decode step over every layer; h = rmsnorm of residual at entry; returns the
-    final h (residual is updated in place)."""
+    final h (residual is updated in place). linear: _linears' form of SUM_NORM."""
     hq, hk, hd = wts["hq"], wts["hk"], wts["hd"]
     for lw in wts["layers"]:
         q, k, v = (h @ lw["qkv"].t()).split([hq * hd, hk * hd, hk * hd], -1)
@@ -136,9 +152,9 @@ def decode_step(sum_norm, s: Shape, wts: dict, residual, h):
         k = torch.cat([lw["k_cache"], k.view(-1, hk, 1, hd)], 2)
         v = torch.cat([lw["v_cache"], v.view(-1, hk, 1, hd)], 2)
         att = F.scaled_dot_product_attention(q, k, v, enable_gqa=hq != hk)
-        h = sum_norm(att.reshape(-1, hq * hd) @ lw["o"].t(), residual, lw["norm_mlp"])
+        h = linear(att.reshape(-1, hq * hd), lw["o"], residual, lw["norm_mlp"])
         gate, up = (h @ lw["gate_up"].t()).chunk(2, -1)
-        h = sum_norm((F.silu(gate) * up) @ lw["down"].t(), residual, lw["norm_attn"])
+        h = linear(F.silu(gate) * up, lw["down"], residual, lw["norm_attn"])
     return h
 
 
@@ -146,8 +162,9 @@ def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
     rows = []
     for batch in batches:
         wts = _weights(ctx, shape, batch)
-        impls = {k: v for k, v in _sum_norms(ctx, batch, shape.hidden).items()
-                 if k in impl_names}
+        sums = {k: v for k, v in _sum_norms(ctx, batch, shape.hidden).items()
+                if k in impl_names}
+        impls = _linears(ctx, sums, impl_names)
         h0 = torch_add_rmsnorm(torch.zeros_like(wts["residual"]), wts["residual"].clone(),
                                wts["layers"][0]["norm_attn"])
         # correctness: one step from the same state, against nccl's
@@ -156,8 +173,8 @@ def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
             finals[name] = decode_step(fn, shape, wts, wts["residual"].clone(), h0).float()
         base = finals.get("nccl")
         if base is None and not common.nccl_runs(ctx):
-            base = decode_step(_host_sum_norm(ctx), shape, wts, wts["residual"].clone(),
-                               h0).float()
+            base = decode_step(_linears(ctx, {"host": _host_sum_norm(ctx)}, ())["host"],
+                               shape, wts, wts["residual"].clone(), h0).float()
         residual = wts["residual"].clone()
         g = torch.Generator(device=ctx.device).manual_seed(1 + ctx.rank)
         partial = torch.randn(batch, shape.hidden, generator=g, device=ctx.device).to(DTYPE)
@@ -165,30 +182,46 @@ def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
                              generator=torch.Generator(device=ctx.device).manual_seed(3)
                              ).to(DTYPE)
         norm_w = wts["layers"][0]["norm_attn"]
+        down = wts["layers"][0]["down"]
+        act = torch.randn(batch, down.shape[1], generator=g, device=ctx.device).to(DTYPE)
         alone = {}
         ar_buf = partial.clone()
         t_ar = common.time_modes_or_skip(ctx, lambda: ctx.all_reduce(ar_buf), **timing)
+        t_gemm = common.time_modes_or_skip(ctx, lambda: act @ down.t(), **timing)
+        linear_rows = []
         for name, fn in impls.items():
             t_step = common.time_modes_or_skip(
                 ctx, lambda fn=fn: decode_step(fn, shape, wts, residual, h0), **timing)
-            buf = partial.clone()           # the op alone (all_reduce is in place)
-            t_op = common.time_modes_or_skip(ctx, lambda fn=fn, buf=buf: fn(buf, op_res, norm_w),
-                                             **timing)
+            kinds = [("step", t_step)]
+            if name in sums:                # the op alone (all_reduce is in place)
+                buf = partial.clone()
+                kinds.append(("sum_norm", common.time_modes_or_skip(
+                    ctx, lambda f=sums[name], buf=buf: f(buf, op_res, norm_w), **timing)))
+                alone[name] = kinds[-1][1]
+            t_lin = common.time_modes_or_skip(ctx, lambda fn=fn: fn(act, down, op_res, norm_w),
+                                              **timing)
             err = None
             if base is not None:
                 err = ((finals[name] - base).abs().max() / base.abs().max().clamp_min(1e-6)).item()
                 err = common.max_over_ranks(ctx, err)
-            for kind, t in (("step", t_step), ("sum_norm", t_op)):
+            for kind, t in kinds:
                 rows.append(dict(kind=kind, batch=batch, layers=shape.layers, impl=name,
                                  rel_err=err, **t))
-            alone[name] = t_op
+            over = common.device_us(t_lin) - common.device_us(t_gemm) \
+                if common.device_us(t_lin) and common.device_us(t_gemm) else None
+            linear_rows.append(dict(kind="linear", batch=batch, layers=shape.layers, impl=name,
+                                    rel_err=err, over_gemm_us=over, **t_lin))
         if "nccl" in impl_names and "nccl" not in impls:
             rows += [dict(kind=kind, batch=batch, layers=shape.layers, impl="nccl",
                           rel_err=None, **common.skipped(common.NO_NCCL))
-                     for kind in ("step", "sum_norm")]
+                     for kind in ("step", "sum_norm", "linear")]
         rows.append(dict(kind="sum_norm", batch=batch, layers=shape.layers,
                          impl="trident_all_reduce_alone", rel_err=None, **t_ar))
-        for kind in ("step", "sum_norm"):
+        ar_alone = rows[-1]
+        rows += linear_rows
+        rows.append(dict(kind="linear", batch=batch, layers=shape.layers,
+                         impl="cublas_gemm_alone", rel_err=None, **t_gemm))
+        for kind in ("step", "sum_norm", "linear"):
             nccl = next((r for r in rows if r["kind"] == kind and r["batch"] == batch
                          and r["impl"] == "nccl"), None)
             for r in rows:
@@ -197,7 +230,7 @@ def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
                     r["graph_vs_nccl"] = common.ratio(nccl["graph_us"], r["graph_us"])
         fused = alone.get("trident_fused")
         if fused:
-            rows[-1]["fused_vs_all_reduce"] = common.ratio(common.device_us(fused),
+            ar_alone["fused_vs_all_reduce"] = common.ratio(common.device_us(fused),
                                                            common.device_us(t_ar))
         del wts, impls
         ctx.barrier()
@@ -208,11 +241,13 @@ def _bench(ctx, shape: Shape, batches, impl_names, timing) -> list[dict]:
 
 
 COLUMNS = ["kind", "batch", "layers", "impl", "eager_us", "graph_us", "host_us",
-           "eager_vs_nccl", "graph_vs_nccl", "fused_vs_all_reduce", "rel_err"]
+           "eager_vs_nccl", "graph_vs_nccl", "fused_vs_all_reduce", "over_gemm_us", "rel_err"]
 ABOUT = ("step: one decode step of `layers` Llama-3-8B-shaped layers (TP = world size), "
          "us per step; sum_norm: the all-reduce + residual add + RMSNorm alone on "
          "[batch, hidden] (trident_all_reduce_alone: ctx.all_reduce alone; "
-         "fused_vs_all_reduce = trident_fused / all-reduce alone, device time); eager_us: "
+         "fused_vs_all_reduce = trident_fused / all-reduce alone, device time); linear: the "
+         "down projection's GEMM + all-reduce + add + norm (cublas_gemm_alone: the GEMM "
+         "alone; over_gemm_us = device time - the GEMM's); eager_us: "
          "calls back to back, graph_us: replayed from a CUDA graph; max over ranks; "
          "*_vs_nccl = nccl time / time (gloo on the CPU emulation); rel_err: final hidden state of one step vs nccl's "
          "(where NCCL cannot run: vs the host group's sum on CPU copies)")

@@ -43,6 +43,8 @@ So auto takes it only where a table measured it fastest.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -111,12 +113,22 @@ def _push_reduce_kernel(
         trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
 
-def _row_parallel(ctx, plan, op, a, w, bias, out, config=None, exchange="flags") -> None:
+class RowParallel(NamedTuple):
+    """What a row-parallel epilogue kernel launches with (row_parallel)."""
+    operands: tuple        # a, w (host TMA descriptors where `descriptors`), bias, out
+    trace_buf: torch.Tensor
+    grid: int
+    num_units: int
+    meta: dict             # constexprs: BM, BN, BK, EVEN_K, TMA, SWAP_AB, HAS_BIAS, OP, TRACE
+    descriptors: tuple | None    # pass the launch to addresses_only with them
+
+
+def row_parallel(ctx, op, a, w, bias, config=None) -> RowParallel:
+    """The launch of a row-parallel epilogue kernel (the flags', the Lamport exchange's,
+    matmul_all_reduce_add_rmsnorm's): tiles of out from M and N alone (the ranks share
+    them), units, grid, operands (out as Live(3)) and constexprs."""
     M, K = a.shape
     N = w.shape[0]
-    world = ctx.world_size
-    all_reduce = op == "matmul_all_reduce"
-    m_local = M if all_reduce else M // world
     cfg = fused_gemm_config(ctx, M, N, K, None, config, group_m=1, local="K")
     bm, bn = tile_shape(cfg)
     sms = _sms(ctx)
@@ -124,31 +136,42 @@ def _row_parallel(ctx, plan, op, a, w, bias, out, config=None, exchange="flags")
         while triton.cdiv(M, bm) * triton.cdiv(N, bn) < sms and bn > MIN_COLUMNS:
             bn //= 2
     num_units = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    grid = max(1, min(num_units, sms))
     tma = cfg["PERSISTENT"] and K > 0 and tma_compatible(a, w)
     a_op, w_op = host_descriptors(a, w, bm, bn, cfg["BK"]) if tma else (a, w)
     trace_buf, trace = kernel_args(ctx)
-    # what the flags and the Lamport kernel take alike: operands first, constexprs last
-    operands = (a_op, w_op, bias if bias is not None else a, _live_out())
     meta = dict(BM=bm, BN=bn, BK=cfg["BK"], EVEN_K=K % cfg["BK"] == 0, TMA=tma,
                 SWAP_AB=cfg["SWAP_AB"], HAS_BIAS=bias is not None, OP=OP_CODES[op],
                 TRACE=trace, **_launch_options(ctx, cfg))
+    return RowParallel((a_op, w_op, bias if bias is not None else a, _live_out()), trace_buf,
+                       max(1, min(num_units, sms)), num_units, meta,
+                       (a_op, w_op) if tma else None)
+
+
+def _row_parallel(ctx, plan, op, a, w, bias, out, config=None, exchange="flags") -> None:
+    M, K = a.shape
+    N = w.shape[0]
+    world = ctx.world_size
+    all_reduce = op == "matmul_all_reduce"
+    m_local = M if all_reduce else M // world
+    rp = row_parallel(ctx, op, a, w, bias, config)
+    grid, meta = rp.grid, rp.meta
     if exchange == "lamport":
         from . import epilogue_lamport
-        epilogue_lamport.launch(ctx, plan, op, a, w, out, operands, trace_buf, grid, num_units,
-                                meta)
+        epilogue_lamport.launch(ctx, plan, op, a, w, out, rp.operands, rp.trace_buf, grid,
+                                rp.num_units, meta)
     else:
         slot = ccl_common.round_up(m_local * N)
         scratch = ccl_common.scratch(ctx, 2 * world * slot * a.element_size(), a.dtype)
         st = ccl_common.state(ctx)
-        fp = fingerprint(_push_reduce_kernel, op, M, N, str(a.dtype), grid, bm, bn)
+        fp = fingerprint(_push_reduce_kernel, op, M, N, str(a.dtype), grid, meta["BM"],
+                         meta["BN"])
         plan.launch(
-            _push_reduce_kernel, (grid,), *operands, scratch, st.flags, st.sync, ctx.ctrl,
-            ctx.heap_bases, trace_buf, ctx.rank, world, M, N, K, m_local,
+            _push_reduce_kernel, (grid,), *rp.operands, scratch, st.flags, st.sync, ctx.ctrl,
+            ctx.heap_bases, rp.trace_buf, ctx.rank, world, M, N, K, m_local,
             0 if all_reduce else m_local, a.stride(0), w.stride(0), out.stride(0),
-            scratch.numel() // 2, slot, num_units, fp, **meta)
-    if tma:
-        addresses_only(plan.steps[-1], (a_op, w_op))
+            scratch.numel() // 2, slot, rp.num_units, fp, **meta)
+    if rp.descriptors:
+        addresses_only(plan.steps[-1], rp.descriptors)
 
 
 @triton.jit
