@@ -100,10 +100,12 @@ class OpMethods:
 
     def matmul_all_reduce_add_rmsnorm(self, a, w, residual, norm_weight, eps: float = 1e-6,
                                       **options):
-        """Row-parallel linear + all-reduce + residual add + RMSNorm: residual +=
-        all_reduce(a @ w.T) + bias (in place); returns rmsnorm(residual) * norm_weight.
-        Options: bias, out, schedule ("auto", "fused": one kernel for M <= 256,
-        "sequential"), config, matmul_schedule (trident/ops/matmul_all_reduce_add_rmsnorm.py)."""
+        """Row-parallel linear + all-reduce + residual add + RMSNorm, the communication of
+        a decode TP layer: `y, res = ctx.matmul_all_reduce_add_rmsnorm(a, w, residual,
+        norm_weight, eps)` with res = all_reduce(a @ w.T) + bias + residual and y =
+        rmsnorm(res) * norm_weight. Options: bias, out, residual_out (residual itself: add
+        in place), schedule ("auto", "fused": one kernel for M <= 256, "sequential"),
+        config, matmul_schedule (trident/ops/matmul_all_reduce_add_rmsnorm.py)."""
         return _ops().matmul_all_reduce_add_rmsnorm(self, a, w, residual, norm_weight, eps,
                                                     **options)
 

@@ -465,13 +465,13 @@ def _ops() -> list[Kernel]:
                     **epi_ints),
                [V("", v.num_warps, v.num_stages, types={k: t for k, t in v.types.items()
                                                     if k != "scratch"} | dict(
-                       residual=v.types["a"], norm_weight=v.types["a"]),
+                       residual=v.types["a"], res_out=v.types["a"], norm_weight=v.types["a"]),
                   WORLD=world, NORM=False, NORM_BLOCK=16, PDL=world != 8,
                   ptx_has=PDL_PTX if world != 8 else "", **v.constexprs)
                 for v, world in zip(epi_rs[:2] + epi_rs[4:6], (2, 4, 8, 2))]
                + [V("", v.num_warps, v.num_stages,
                     types={k: t for k, t in v.types.items() if k != "scratch"} | dict(
-                        residual=v.types["out"], counters=P32,
+                        residual=v.types["out"], res_out=v.types["out"], counters=P32,
                         norm_weight=PF32 if i == 2 else v.types["out"]),
                     WORLD=world, NORM=True, NORM_BLOCK=block, PDL=True, ptx_has=PDL_PTX,
                     **dict(v.constexprs, OP=OP_CODES["matmul_all_reduce_add_rmsnorm"]))

@@ -76,13 +76,20 @@ def _values(ctx):
         res = residual.clone().to(ctx.device)
         dev_bias = None if bias is None else bias.to(ctx.device)
         expected_res, outs = residual, []
+        in_place = i % 2 == 0           # residual_out=residual, or a new res (the default)
         for call in range(2):           # the second call: a warm plan, the next round
             out = torch.full((M, N), float("nan"), dtype=dtype, device=ctx.device) \
                 if out_given else None
-            got = ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw.to(ctx.device), EPS,
-                                                    bias=dev_bias, out=out, schedule=schedule,
-                                                    **opts)
+            before = res.clone()
+            got, new_res = ctx.matmul_all_reduce_add_rmsnorm(
+                a, w, res, nw.to(ctx.device), EPS, bias=dev_bias, out=out, schedule=schedule,
+                **({"residual_out": res} if in_place else {}), **opts)
             assert out is None or got is out
+            if in_place:
+                assert new_res is res
+            else:                       # residual untouched; the next call adds to res
+                assert new_res is not res and torch.equal(res, before), what
+                res = new_res
             outs.append(got.cpu().clone())
             # Lamport rounds of other ops in between: one round counter for all of them
             t = make((7,), i, torch.float32, ctx.device)
@@ -111,8 +118,8 @@ def _m_differs(ctx):
         a, w, _, _, residual, nw, _ = _inputs(ctx, M, 40, 16, torch.bfloat16, None, False,
                                               seed)
         res = residual.clone().to(ctx.device)
-        return res, ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw.to(ctx.device),
-                                                      schedule=schedule)
+        return ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw.to(ctx.device),
+                                                 schedule=schedule)[::-1]
 
     for M in (8, 12):               # both sizes' kernels compiled on every rank first
         call(M)
@@ -134,8 +141,8 @@ def _m_differs(ctx):
         ctx.reset()
         a, w, a_full, w_full, residual, nw, _ = _inputs(ctx, 12, 40, 16, torch.bfloat16, None,
                                                         False, 5)
-        res = residual.clone().to(ctx.device)
-        out = ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw.to(ctx.device))
+        out, res = ctx.matmul_all_reduce_add_rmsnorm(a, w, residual.to(ctx.device),
+                                                     nw.to(ctx.device))
         ctx.sync()
         r, ref = reference(a_full, w_full, None, residual, nw)
         assert_close(out, ref, "after reset")
@@ -160,8 +167,8 @@ def _race_free(ctx, seed):
     res = residual.clone()
     with sanitize.sanitizing(ctx, seed):
         for _ in range(2):              # back to back: counters rearmed, the next round
-            out = ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw, bias=bias,
-                                                    schedule="fused")
+            out, _ = ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw, bias=bias,
+                                                       residual_out=res, schedule="fused")
         ctx.barrier()
     r1, _ = reference(a_full, w_full, bias, residual, nw)
     r2, ref = reference(a_full, w_full, bias, r1, nw)
@@ -181,16 +188,15 @@ def _debug_mode(ctx):
     try:
         a, w, a_full, w_full, residual, nw, bias = _inputs(ctx, 2, 24, 16, torch.bfloat16,
                                                            torch.bfloat16, False, 7)
-        res = residual.clone().to(ctx.device)
-        out = ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw.to(ctx.device),
-                                                bias=bias.to(ctx.device))
+        out, _ = ctx.matmul_all_reduce_add_rmsnorm(a, w, residual.to(ctx.device),
+                                                   nw.to(ctx.device), bias=bias.to(ctx.device))
         assert_close(out, reference(a_full, w_full, bias, residual, nw)[1], "debug mode")
         if ctx.world_size > 1:
             m = 2 + ctx.rank
             with pytest.raises(ValueError, match="every rank must pass the same sizes"):
                 ctx.matmul_all_reduce_add_rmsnorm(a[:1].expand(m, -1).contiguous(), w,
-                                                  res[:1].expand(m, -1).contiguous(),
-                                                  nw.to(ctx.device))
+                                                  residual[:1].expand(m, -1).contiguous()
+                                                  .to(ctx.device), nw.to(ctx.device))
     finally:
         ctx.debug = False
 
@@ -220,6 +226,11 @@ def _bad_inputs(ctx):
         f(a, w, torch.randn(8, 4, dtype=bf, device=dev).t(), nw)
     with pytest.raises(ValueError, match="out must not be residual"):
         f(a, w, res, nw, out=res)
+    with pytest.raises(ValueError, match=r"residual_out must have shape \[4, 8\]"):
+        f(a, w, res, nw, residual_out=res[:2])
+    buf = torch.randn(40, dtype=bf, device=dev)      # residual and a shifted view of it
+    with pytest.raises(ValueError, match="residual_out must be residual itself"):
+        f(a, w, buf[:32].view(4, 8), nw, residual_out=buf[3:35].view(4, 8))
     with pytest.raises(ValueError, match=r"bias must have shape \[8\]"):
         f(a, w, res, nw, bias=nw[:3])
     with pytest.raises(ValueError, match="their K differ"):
@@ -247,11 +258,12 @@ def _bad_inputs(ctx):
     parts = [torch.randn(big.shape[0], 16, generator=g).to(bf) for _ in range(ctx.world_size)]
     w_parts = [torch.randn(8, 16, generator=g).to(bf) for _ in range(ctx.world_size)]
     res0 = big_res.cpu().clone()
-    out = f(parts[ctx.rank].to(dev), w_parts[ctx.rank].to(dev), big_res, nw)
+    out, new_res = f(parts[ctx.rank].to(dev), w_parts[ctx.rank].to(dev), big_res, nw)
     r, ref = reference(torch.cat(parts, 1), torch.cat(w_parts, 1), None, res0, nw.cpu())
     ctx.sync()
     assert_close(out, ref, "auto past the row limit")
-    assert_close(big_res, r.float(), "auto past the row limit: residual")
+    assert_close(new_res, r.float(), "auto past the row limit: res")
+    assert torch.equal(big_res.cpu(), res0), "the sequential path left residual as it was"
 
 
 def test_bad_inputs_and_limits(pool):
@@ -266,7 +278,8 @@ def _graph(ctx, replays=10):
     res, out = residual.clone().to(ctx.device), torch.empty(M, N, dtype=dtype, device=ctx.device)
     nw, bias = nw.to(ctx.device), b_cpu.to(ctx.device)
     ops = lambda: ctx.matmul_all_reduce_add_rmsnorm(a, w, res, nw, bias=bias,   # noqa: E731
-                                                    out=out, schedule="fused")
+                                                    out=out, residual_out=res,
+                                                    schedule="fused")
     graph = captured(ctx, ops)
     for i in range(replays):
         a_i, _, a_full, _, residual, _, _ = _inputs(ctx, M, N, K, dtype, dtype, False, 10 + i)

@@ -56,7 +56,8 @@ def impls(ctx, a, wt, only=None) -> dict:
 
     def row(schedule):
         r = res0.clone()
-        return (lambda: op(a, wt, r, weight, EPS, schedule=schedule)), None
+        # the default form: a new res per call, residual left as it is
+        return (lambda: op(a, wt, r, weight, EPS, schedule=schedule)[0]), None
 
     why = why_not(ctx, m, n, a.element_size())
     out = {"trident_fused": row("fused") if why is None else (None, f"one kernel: {why}"),

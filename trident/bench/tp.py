@@ -138,7 +138,8 @@ def _linears(ctx, sum_norms: dict, names) -> dict:
     rank's partial), then SUM_NORM -- cuBLAS and each of `sum_norms`, or the one kernel."""
     out = {name: (lambda x, w, r, nw, f=f: f(x @ w.t(), r, nw)) for name, f in sum_norms.items()}
     if ONE_KERNEL in names:
-        out[ONE_KERNEL] = lambda x, w, r, nw: ctx.matmul_all_reduce_add_rmsnorm(x, w, r, nw, EPS)
+        out[ONE_KERNEL] = lambda x, w, r, nw: ctx.matmul_all_reduce_add_rmsnorm(   # in place
+            x, w, r, nw, EPS, residual_out=r)[0]
     return out
 
 

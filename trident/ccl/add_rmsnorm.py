@@ -71,11 +71,12 @@ CPU_MAX_BLOCK = 256
 
 
 @triton.jit
-def _add_residual(residual, offs, mask, s):
-    """residual[offs] += s (fp32), rounded once to residual's dtype and stored; returns the
-    rounded values' squares (0 outside `mask`), for the norm."""
-    r = (tl.load(residual + offs, mask=mask).to(tl.float32) + s).to(residual.dtype.element_ty)
-    tl.store(residual + offs, r, mask=mask)
+def _add_residual(residual, offs, mask, s, dst):
+    """dst[offs] = residual[offs] + s (fp32), rounded once to dst's dtype and stored (dst is
+    residual for the in-place add); returns the rounded values' squares (0 outside
+    `mask`), for the norm."""
+    r = (tl.load(residual + offs, mask=mask).to(tl.float32) + s).to(dst.dtype.element_ty)
+    tl.store(dst + offs, r, mask=mask)
     rf = r.to(tl.float32)
     return tl.where(mask, rf * rf, 0.0)
 
@@ -124,7 +125,7 @@ def _add_rmsnorm_kernel(x, residual, weight, out, scratch, flags, sync, ctrl, he
             mask = offs < base + hidden
             # a failed exchange leaves NaN in the residual and the output (poison)
             s = poison(reduce_slots(x, slots, stride, offs, mask, rank, world_size, SUM), ok)
-            squares += _add_residual(residual, offs, mask, s)
+            squares += _add_residual(residual, offs, mask, s, residual)
         _norm_row(residual, weight, out, base, hidden, squares, eps, BLOCK)
     trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
 
@@ -159,7 +160,7 @@ def _lamport_kernel(x, residual, weight, out, data, heads, lsync, fsync, ctrl, h
                                   fsync, rank, heap_bases, SUM, WORLD, OP_ALL_REDUCE)
             # a failed wait leaves NaN in the residual and the output (poison), from this
             # chunk on (the chunks before it came whole, in a call of this fingerprint)
-            squares += _add_residual(residual, offs, mask, poison(s, ok))
+            squares += _add_residual(residual, offs, mask, poison(s, ok), residual)
         _norm_row(residual, weight, out, start, hidden, squares, eps, BLOCK)
     proto.clear_heads(heads_row, rank, WORLD)
     proto.end(lsync, epoch)

@@ -23,12 +23,13 @@ does not pick it.
 
 NORM: the same kernel as ctx.matmul_all_reduce_add_rmsnorm's one kernel (schedule
 "fused": matmul_all_reduce_add_rmsnorm.py) -- the whole communication of a decode TP layer
-in one launch. A tile's sum, bias added, is not stored: residual += it (rounded once,
-stored in place, poisoned where a wait failed), then the program counts itself in its row
+in one launch. A tile's sum, bias added, is not stored: res_out = residual + it (rounded
+once, poisoned where a wait failed; res_out is a new tensor, or residual itself for the
+in-place add), then the program counts itself in its row
 block's arrival counter (acq_rel, gpu scope). The norm needs whole rows while a tile holds
 BN columns: the program that arrives last -- every column tile of those rows is stored by
 then -- normalises the block's rows (`_norm_rows`: a row at a time, squares summed in
-column order from the stored residual, as add_rmsnorm.py's kernels) into out, and rearms
+column order from the stored res_out, as add_rmsnorm.py's kernels) into out, and rearms
 the counter to 0. No program waits for another program of the launch (no deadlock on any
 grid; the CPU emulation runs programs one after another), and every counter is 0 after a
 launch: nothing is reset between calls and a CUDA graph replays it. Per call: one launch
@@ -36,7 +37,7 @@ of min(tiles, SMs) programs; per program one head per peer and one poll per tile
 fence, no flag); per tile one arrival atomic; per row block one rearm. Rounding as
 all_reduce_add_rmsnorm's (the partials rounded to the input dtype as matmul_all_reduce
 sends them, summed in fp32 in rank order; the residual rounded once; the norm in fp32
-from it; out rounded once), so residual and out are bitwise the same on every rank.
+from it; out rounded once), so res_out and out are bitwise the same on every rank.
 """
 from __future__ import annotations
 
@@ -73,23 +74,25 @@ def _norm_rows(residual, weight, out, m0, M, N, eps, BM: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def _add_and_norm(total, residual, weight, out, counters, offs, mask, block, m0, M, N, num_nb,
-                  eps, BM: tl.constexpr, BLOCK: tl.constexpr):
-    """NORM's end of a tile (module docstring): residual += total; the row block's arrival;
-    its last tile normalises the block's rows and rearms the counter."""
-    _add_residual(residual, offs, mask, total)
+def _add_and_norm(total, residual, res_out, weight, out, counters, offs, mask, block, m0, M,
+                  N, num_nb, eps, BM: tl.constexpr, BLOCK: tl.constexpr):
+    """NORM's end of a tile (module docstring): res_out = residual + total (res_out may be
+    residual); the row block's arrival; its last tile normalises the block's rows (from
+    res_out) and rearms the counter."""
+    _add_residual(residual, offs, mask, total, res_out)
     # every thread's residual stores before the arrival (release); the last to arrive
     # reads the other tiles' after it (acquire), as _common.finish_slice
     tl.debug_barrier()
     arrived = tl.atomic_add(counters + block, 1, sem="acq_rel", scope="gpu")
     if arrived == num_nb - 1:
         tl.store(counters + block, 0)                     # rearmed for the next launch
-        _norm_rows(residual, weight, out, m0, M, N, eps, BM, BLOCK)
+        _norm_rows(res_out, weight, out, m0, M, N, eps, BM, BLOCK)
 
 
 @triton.jit
 def _push_reduce_lamport_kernel(
-        a, w, bias, out, residual, norm_weight, counters, data, heads, lsync, fsync, ctrl,
+        a, w, bias, out, residual, res_out, norm_weight, counters, data, heads, lsync, fsync,
+        ctrl,
         heap_bases, trace_buf, rank, M, N, K, m_local, owner_rows, stride_am, stride_wn,
         stride_om, slot, num_units, eps, fp,
         WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
@@ -99,8 +102,8 @@ def _push_reduce_lamport_kernel(
     """Units u = (row block, column block) of out's M x N, the same on every rank; slot s of
     this round's buffer holds rank s's partial of this rank's rows (from row
     rank * owner_rows; owner_rows = 0 for all_reduce, m_local = M). NORM (all_reduce
-    only): residual and out contiguous [M, N], counters[row block] the tiles of it stored;
-    else residual, norm_weight, counters and eps are not read."""
+    only): residual, res_out and out contiguous [M, N], counters[row block] the tiles of it
+    stored; else residual, res_out, norm_weight, counters and eps are not read."""
     pid = tl.program_id(0)
     epoch, buf, base, expect = lamport.open_round(data, lsync, slot, fp, WORLD, PDL)
     lamport.send_heads(heads, buf, expect, rank, heap_bases, WORLD)
@@ -130,8 +133,8 @@ def _push_reduce_lamport_kernel(
                                     WORLD, OP)
         total = poison(add_bias(total, bias, n0, N, BN, HAS_BIAS), ok)
         if NORM:
-            _add_and_norm(total, residual, norm_weight, out, counters, offs, mine, u // num_nb,
-                          m0, M, N, num_nb, eps, BM, NORM_BLOCK)
+            _add_and_norm(total, residual, res_out, norm_weight, out, counters, offs, mine,
+                          u // num_nb, m0, M, N, num_nb, eps, BM, NORM_BLOCK)
         else:
             dst_ptr = out + (m0 + rows - lo).to(tl.int64) * stride_om + n0 + cols
             tl.store(dst_ptr, total.to(out.dtype.element_ty), mask=mine)
@@ -150,7 +153,8 @@ def launch(ctx, plan, op, a, w, out, operands, trace_buf, grid, num_units, meta,
            norm=None) -> None:
     """Add the kernel's launch: `operands` (a, w, bias, out as the kernel takes them), the
     grid, units and constexprs `meta` as epilogue.row_parallel made them; norm: NORM's
-    (residual, norm_weight, counters, eps) (matmul_all_reduce_add_rmsnorm), else None."""
+    (residual, res_out, norm_weight, counters, eps) (matmul_all_reduce_add_rmsnorm; res_out
+    a tensor or Live), else None."""
     M, K = a.shape
     N = w.shape[0]
     if a.dtype not in DTYPES:
@@ -165,14 +169,14 @@ def launch(ctx, plan, op, a, w, out, operands, trace_buf, grid, num_units, meta,
     ws = lamport.workspace(ctx)
     data, slot = ws.slots(a.dtype)
     # without NORM: the call's a and the round word stand in for what is not read
-    residual, norm_weight, counters, eps = norm or (a, a, ws.sync, 0.0)
+    residual, res_out, norm_weight, counters, eps = norm or (a, a, a, ws.sync, 0.0)
     block = min(max(16, triton.next_power_of_2(N)),
                 GPU_NORM_BLOCK if ctx.backend == "cuda" else CPU_NORM_BLOCK)
     fp = fingerprint(_push_reduce_lamport_kernel, op, M, N, str(a.dtype), grid, meta["BM"],
                      meta["BN"], *((str(norm_weight.dtype), meta["HAS_BIAS"], eps) if norm
                                    else ()))
     plan.launch(
-        _push_reduce_lamport_kernel, (grid,), *operands, residual, norm_weight, counters,
+        _push_reduce_lamport_kernel, (grid,), *operands, residual, res_out, norm_weight, counters,
         data, ws.heads, ws.sync, ccl_common.state(ctx).sync, ctx.ctrl, ctx.heap_bases,
         trace_buf, ctx.rank, M, N, K, m_local, m_local if op == "matmul_reduce_scatter" else 0,
         a.stride(0), w.stride(0), out.stride(0), slot, num_units, eps, fp, WORLD=ctx.world_size,

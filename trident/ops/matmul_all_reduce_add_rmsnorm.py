@@ -2,13 +2,17 @@
 RMSNorm, the whole communication of a tensor-parallel decode layer (attention-out or down
 projection, then the next block's norm):
 
-    residual += all_reduce(a @ w.T) + bias       (in place; bias added once)
-    out       = rmsnorm(residual) * norm_weight  (returned)
+    res = all_reduce(a @ w.T) + bias + residual    (bias added once)
+    out = rmsnorm(res) * norm_weight
+    returns (out, res)
+
+res is a new tensor, or `residual_out` if given: residual_out=residual adds in place (as
+ctx.all_reduce_add_rmsnorm does), which saves an allocation per call.
 
 a: [M, K_local] (each rank's K may differ), w: [N, K_local] (nn.Linear layout), residual:
 [M, N] in a's dtype, norm_weight: [N], as ctx.all_reduce_add_rmsnorm after
-ctx.matmul_all_reduce. Every rank ends with bitwise the same residual and out (with the
-same residual on every rank, as the replicated residual stream of TP has it).
+ctx.matmul_all_reduce. Every rank ends with bitwise the same res and out (with the same
+residual on every rank, as the replicated residual stream of TP has it).
 
 Schedules:
     "fused"       one kernel: matmul_all_reduce's epilogue kernel with the Lamport
@@ -33,7 +37,7 @@ import torch
 from .. import plans
 from ..ccl import common as ccl_common, lamport
 from ..ccl.add_rmsnorm import _unfused_sum, torch_add_rmsnorm
-from ..plans import Plan, tensor_key
+from ..plans import Live, Plan, tensor_key
 from . import _common, epilogue_lamport, schedules
 from ._common import _AsCaptured, _options_key, check_inputs, check_matrix, schedule_plan
 from .epilogue import row_parallel
@@ -47,41 +51,47 @@ WEIGHT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def matmul_all_reduce_add_rmsnorm(ctx, a, w, residual, norm_weight, eps: float = 1e-6,
-                                  bias=None, out=None, schedule: str = "auto",
-                                  **options) -> torch.Tensor:
-    """residual += all_reduce(a @ w.T) + bias (in place); returns rmsnorm(residual) *
-    norm_weight, [M, N] in a's dtype (a new tensor, or `out`). See the module docstring."""
+                                  bias=None, out=None, residual_out=None,
+                                  schedule: str = "auto", **options):
+    """(out, res): res = all_reduce(a @ w.T) + bias + residual, out = rmsnorm(res) *
+    norm_weight, both [M, N] in a's dtype; each a new tensor or the one given (`out`,
+    `residual_out`; residual_out=residual adds in place). See the module docstring."""
     if eps.__class__ is not float:
         eps = _eps(eps)
     key = (NAME, tensor_key(a), tensor_key(w), None if bias is None else tensor_key(bias),
            None if out is None else tensor_key(out), tensor_key(residual),
-           tensor_key(norm_weight), eps, schedule, _options_key(options) if options else None,
-           ctx.capturing())
+           tensor_key(norm_weight), None if residual_out is None else tensor_key(residual_out),
+           eps, schedule, _options_key(options) if options else None, ctx.capturing())
     plan = ctx.plans.get(key)
     if plan is None or ctx.debug:
-        return _first(ctx, key, plan, (a, w, bias, out, residual, norm_weight), eps, schedule,
-                      options)
+        return _first(ctx, key, plan, (a, w, bias, out, residual, norm_weight, residual_out),
+                      eps, schedule, options)
     if out is None:
         out = plan.new_out()
-    plan.run((a, w, bias, out, residual, norm_weight))
-    return out
+    if residual_out is None:
+        residual_out = plan.new_out()          # [M, N] in a's dtype: residual's shape too
+    plan.run((a, w, bias, out, residual, norm_weight, residual_out))
+    return out, residual_out
 
 
-def _first(ctx, key, found, tensors, eps, schedule, options) -> torch.Tensor:
+def _first(ctx, key, found, tensors, eps, schedule, options):
     """A new signature, or debug mode: through the plan driver (plans.call). A fresh out
-    is made here (the plan passes it to its steps as the call's tensor 3)."""
-    a, w, bias, out, residual, norm_weight = tensors
-    fresh = out is None
-    if fresh and _matrices(a, w):
-        out = torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
-        tensors = (a, w, bias, out, residual, norm_weight)
+    and res are made here (the plan passes them to its steps as the call's tensors 3, 6)."""
+    a, w, bias, out, residual, norm_weight, res = tensors
+    fresh = (out is None, res is None)
+    if _matrices(a, w):
+        def new():
+            return torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
+        out = new() if out is None else out
+        res = new() if res is None else res
+        tensors = (a, w, bias, out, residual, norm_weight, res)
     capturing = key[-1]
     plans.call(ctx, key,
                lambda capture: _plan(_AsCaptured(ctx) if capture and not capturing else ctx,
                                      tensors, fresh, eps, schedule, options),
                tensors, first=lambda: ccl_common.agreed(ctx), found=found,
                signature=None if capturing else lambda: _signature(tensors, eps, schedule))
-    return out
+    return out, res
 
 
 def _matrices(*ts) -> bool:
@@ -104,7 +114,7 @@ def _eps(eps) -> float:
     return float(eps)
 
 
-def _check(ctx, a, w, bias, out, residual, norm_weight) -> None:
+def _check(ctx, a, w, bias, out, residual, norm_weight, res) -> None:
     """TypeError / ValueError that say what was expected (a, w, bias, out as the fused
     ops check them: _common.check_inputs)."""
     check_matrix(ctx, a, f"{NAME}: a")
@@ -112,7 +122,8 @@ def _check(ctx, a, w, bias, out, residual, norm_weight) -> None:
     M, N = a.shape[0], w.shape[0]
     check_inputs(ctx, NAME, a, w, bias, out, (M, N), empty_k=True)
     for t, name, shape, dtypes in ((residual, "residual", (M, N), (a.dtype,)),
-                                   (norm_weight, "norm_weight", (N,), WEIGHT_DTYPES)):
+                                   (norm_weight, "norm_weight", (N,), WEIGHT_DTYPES),
+                                   (res, "residual_out", (M, N), (a.dtype,))):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{NAME}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if tuple(t.shape) != shape:
@@ -123,11 +134,24 @@ def _check(ctx, a, w, bias, out, residual, norm_weight) -> None:
                             f"{t.dtype}")
         if t.device != ctx.device:
             raise ValueError(f"{NAME}: {name} is on {t.device}, expected {ctx.device}")
-    for t, name in ((residual, "residual"), (norm_weight, "norm_weight"), (out, "out")):
+    for t, name in ((residual, "residual"), (norm_weight, "norm_weight"), (out, "out"),
+                    (res, "residual_out")):
         if t is not None and not t.is_contiguous():
             raise ValueError(f"{NAME}: {name} must be contiguous, got strides {t.stride()}")
-    if out is not None and out.data_ptr() in (residual.data_ptr(), norm_weight.data_ptr()):
-        raise ValueError(f"{NAME}: out must not be residual or norm_weight")
+    if out is not None and out.data_ptr() in (residual.data_ptr(), norm_weight.data_ptr(),
+                                              res.data_ptr()):
+        raise ValueError(f"{NAME}: out must not be residual, residual_out or norm_weight")
+    if res.data_ptr() == norm_weight.data_ptr():
+        raise ValueError(f"{NAME}: residual_out must not be norm_weight")
+    if res.data_ptr() != residual.data_ptr() and _overlap(res, residual):
+        raise ValueError(f"{NAME}: residual_out must be residual itself (in place) or not "
+                         f"overlap it")
+
+
+def _overlap(x, y) -> bool:
+    ax, bx = x.data_ptr(), x.data_ptr() + x.numel() * x.element_size()
+    ay, by = y.data_ptr(), y.data_ptr() + y.numel() * y.element_size()
+    return ax < by and ay < bx
 
 
 def resolve(ctx, schedule, M: int, N: int, elem: int) -> str:
@@ -158,9 +182,10 @@ def _options(name: str, schedule: str, options: dict) -> dict:
     return {k: v for k, v in options.items() if k in takes}
 
 
-def _plan(ctx, tensors, fresh: bool, eps: float, schedule, options) -> Plan:
-    a, w, bias, out, residual, norm_weight = tensors
-    _check(ctx, a, w, bias, out, residual, norm_weight)
+def _plan(ctx, tensors, fresh: tuple, eps: float, schedule, options) -> Plan:
+    """fresh: (out, res) made per call (Live in the kernel; no plan graph)."""
+    a, w, bias, out, residual, norm_weight, res = tensors
+    _check(ctx, a, w, bias, out, residual, norm_weight, res)
     _eps(eps)
     M, N = a.shape[0], w.shape[0]
     name = resolve(ctx, schedule, M, N, a.element_size())
@@ -168,7 +193,7 @@ def _plan(ctx, tensors, fresh: bool, eps: float, schedule, options) -> Plan:
     plan = Plan(tensors, name)
     plan.set_output((M, N), a.dtype, ctx.device)
     if name == "fused":
-        _fused(ctx, plan, eps, **opts)
+        _fused(ctx, plan, fresh, eps, **opts)
     else:
         _sequential(ctx, plan, fresh, eps, **opts)
     return plan
@@ -193,20 +218,23 @@ def _counters(ctx):
     return ws.sync[int(getattr(_common.SYNC_FLAGS, "value", _common.SYNC_FLAGS)):]
 
 
-def _fused(ctx, plan, eps: float, config=None) -> None:
-    """The one kernel's launch (epilogue_lamport.py, NORM): out is Live(3)."""
-    a, w, bias, out, residual, norm_weight = plan.tensors
+def _fused(ctx, plan, fresh: tuple, eps: float, config=None) -> None:
+    """The one kernel's launch (epilogue_lamport.py, NORM): out is Live(3), res Live(6)
+    when made per call."""
+    a, w, bias, out, residual, norm_weight, res = plan.tensors
     rp = row_parallel(ctx, NAME, a, w, bias, config)
     epilogue_lamport.launch(ctx, plan, NAME, a, w, out, rp.operands, rp.trace_buf, rp.grid,
                             rp.num_units, rp.meta,
-                            norm=(residual, norm_weight, _counters(ctx), eps))
+                            norm=(residual, Live(6) if fresh[1] else res, norm_weight,
+                                  _counters(ctx), eps))
     if rp.descriptors:
         addresses_only(plan.steps[-1], rp.descriptors)
 
 
-def _sequential(ctx, plan, fresh: bool, eps: float, matmul_schedule: str = "auto") -> None:
+def _sequential(ctx, plan, fresh: tuple, eps: float, matmul_schedule: str = "auto") -> None:
     """matmul_all_reduce's plan into a sum buffer (kept per shape, outside CUDA-graph
-    pools: add_rmsnorm's), then torch's add and norm, rounded as the kernel."""
+    pools: add_rmsnorm's), then torch's add and norm into res (a copy of residual first,
+    unless res is residual), rounded as the kernel."""
     a, w, bias, out = plan.tensors[:4]
     M, K = a.shape
     N = w.shape[0]
@@ -216,5 +244,9 @@ def _sequential(ctx, plan, fresh: bool, eps: float, matmul_schedule: str = "auto
     sub.finish("off")
     run = sub.run
     plan.add(lambda ts: run((ts[0], ts[1], ts[2], s)), graphable=sub.graphable)
-    # a fresh out per call: this step must not be frozen into a graph of the plan
-    plan.add(lambda ts: torch_add_rmsnorm(s, ts[4], ts[5], ts[3], eps), graphable=not fresh)
+    def add_norm(ts):
+        if ts[6] is not ts[4]:
+            ts[6].copy_(ts[4])
+        torch_add_rmsnorm(s, ts[6], ts[5], ts[3], eps)
+    # a fresh out or res per call: this step must not be frozen into a graph of the plan
+    plan.add(add_norm, graphable=not any(fresh))
