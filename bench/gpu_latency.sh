@@ -4,9 +4,10 @@
 # bench ccl all_reduce, of bench ops and of the warps, and a tarball of every other log).
 #   env    GPUs, versions, topology
 #   tests  the Lamport paths' tests at the machine's world size (and 2 on 4 GPUs):
-#          all_reduce, add_rmsnorm, reduce_scatter/all_gather, the fault cases, graph
-#          replay, the epilogue's exchanges; then bench/lab/lamport_stress.py (rounds whose
-#          sizes, dtypes and grids change every call)
+#          all_reduce, add_rmsnorm, reduce_scatter/all_gather, broadcast/all_to_all, the
+#          fault cases, graph replay and capture, the epilogue's exchanges; then
+#          bench/lab/lamport_stress.py (rounds whose sizes, dtypes and grids change every
+#          call)
 #   ccl    bench ccl, all_reduce 1 KiB .. 1 MiB (factor 4) and the other four ops 1 .. 64
 #          KiB: lamport beside one_shot, two_shot, torch symm-mem and NCCL(-symmetric),
 #          eager, graph, host; then lamport's warps knob (1, 2, 4) at 1 and 16 KiB
@@ -43,6 +44,13 @@ for step in ${STEPS:-env tests times ccl ops}; do
         tests/faults/test_no_silent_garbage.py tests/faults/test_mismatched_grids.py \
         tests/ops/test_schedules.py tests/ops/test_schedule_errors.py > /tmp/lat/tests-$w.log 2>&1
       say "== pytest world $w rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" /tmp/lat/tests-$w.log | tail -12 | tee -a $LOG
+      # broadcast's and all_to_all's lamport, and every lamport variant captured in a graph
+      TRIDENT_TEST_WORLD_SIZES=$w $T ${TEST_TIMEOUT:-200} python3 -m pytest -q -rfE --tb=short \
+        -p no:cacheprovider --timeout 150 -k "lamport or limits" tests/ccl/test_broadcast.py \
+        tests/ccl/test_all_to_all.py tests/faults/test_no_silent_garbage_a2a.py \
+        tests/torch_ops/test_capture_all.py > /tmp/lat/tests-more-$w.log 2>&1
+      say "== pytest (broadcast, all_to_all lamport) world $w rc=$?"
+      grep -E "^(FAILED|ERROR)|passed|failed" /tmp/lat/tests-more-$w.log | tail -12 | tee -a $LOG
     done
     $T 120 python3 -m bench.lab.lamport_stress --world $N --rounds 800 --flag-every 7 \
       > /tmp/lat/stress.log 2>&1

@@ -20,26 +20,24 @@ ranks make the same calls, so a launch has the same epoch everywhere) and use bu
 read, right after reading them, in the same launch. A rank reaches round e + 1 only once
 every peer's round-e data has come (or its head, from a peer that sends it none: every
 kernel waits for a head of every peer, broadcast's root too), so a peer is at most one
-round ahead: it writes buffer
-(e + 1) % 3 while this rank reads e % 3, and buffer e % 3 is written again only in round
-e + 3, after this rank's round e + 2 data, long after its clear. So nothing is reset
-between calls and a CUDA graph replays the launch as it is.
+round ahead: it writes buffer (e + 1) % 3 while this rank reads e % 3, and buffer e % 3 is
+written again only in round e + 3, after this rank's round e + 2 data, long after its
+clear. So nothing is reset between calls and a CUDA graph replays the launch as it is.
 
 Layout (one workspace per context, `Lamport`): `data`, 3 buffers x world slots x `cap`
 bytes (slot s of a buffer is what rank s sent; a rank never writes its own slot); `heads`,
 int64 [3, world, MAX_PROGRAMS]: head (buffer, s, p) = (epoch << 32) | fingerprint that
 program p of rank s sent with its data (all_to_all's fold in the count of the pair's
 words, so that a count the receiver does not expect is a mismatch). A receiver waits for
-its peers' heads too and
-compares them with its own call's: ranks that made different calls (sizes, dtypes, ops,
-algorithms) record CallMismatch, and their outputs are poisoned. `sync`: [epoch, programs
-finished].
+its peers' heads too and compares them with its own call's: ranks that made different
+calls (sizes, dtypes, ops, algorithms) record CallMismatch, and their outputs are
+poisoned. `sync`: [epoch, programs finished].
 
 LL units (all_gather/, broadcast/ and all_to_all/lamport.py: `LL_OPS`). Data of any dtype
-leaves no value free for a sentinel, so these send LL units instead (NCCL's LL protocol,
-`pack`, `ll_units`, `receive_ll`, `unpack`): each 8-byte word of a buffer is
-one unit, 4 bytes of payload in its low half and the round's flag (`ll_flag`: the epoch
-mod 2^31, never negative) in its high half -- in memory [payload, flag], a thread's two
+leaves no value free for a sentinel, so these send LL units instead (NCCL's LL protocol:
+`pack`, `ll_units`, `receive_ll`, `unpack`): each 8-byte word of a buffer is one unit, 4
+bytes of payload in its low half and the round's flag (`ll_flag`: the epoch mod 2^31,
+never negative) in its high half -- in memory [payload, flag], a thread's two
 units [data0, flag, data1, flag], sent with one 16-byte st.v2.b64 and polled with one
 ld.volatile.v2.b64 (tests/compile/sm90.py checks both). A naturally aligned 8-byte access
 is single-copy atomic, so a receiver that sees this round's flag in a unit sees the
