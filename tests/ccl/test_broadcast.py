@@ -2,10 +2,13 @@
 every rank ends with the source's tensor. The relay algorithm (ccl/broadcast/relay.py)
 also from every source rank, at sizes that are not whole chunks or blocks, one element,
 heap tensors at different offsets on different ranks (aligned and not to 16 bytes),
-plain tensors, debug mode, and chunks set by hand (one block, not a power of two)."""
+plain tensors, debug mode, and chunks set by hand (one block, not a power of two). The
+lamport algorithm (ccl/broadcast/lamport.py, LL units) from every root, bit for bit, with
+its rounds shared with the other Lamport kernels, and its capacity."""
 import pytest
 import torch
 
+from trident.ccl import lamport
 from trident.ccl.broadcast.relay import relay
 from trident.plans import Plan
 
@@ -111,3 +114,78 @@ def _relay_debug_and_chunks(ctx):
 
 def test_broadcast_relay_debug_and_chunks(pool):
     pool.run(_relay_debug_and_chunks)
+
+
+# (dtype, shape, on the heap, block, programs): words of 1, 2 and 4 bytes (int8 of odd
+# sizes: int8 words, packed four to an LL unit), one element, several programs and steps
+LAMPORT_CASES = [(torch.bfloat16, (37,), False, 16, 3), (torch.int8, (5, 3), True, None, None),
+                 (torch.float32, (300,), True, 64, 2), (torch.bool, (7,), False, None, None),
+                 (torch.int64, (11, 2), False, 16, None), (torch.float16, (1,), True, None, 1),
+                 (torch.uint8, (129,), False, 4, 5)]
+
+
+def _lamport_rounds(ctx):
+    """Every root, every case, back to back without a sync, interleaved with the other
+    Lamport kernels (their rounds and buffers are the context's: ccl/lamport.py, "Rounds")
+    and once with a flag-protocol broadcast; every rank's tensor equal to the root's bit
+    for bit. Then the bit patterns a Lamport sentinel reserves travel unchanged."""
+    w, me = ctx.world_size, ctx.rank
+    calls, keep = [], []
+    for src in range(w):
+        for i, (dtype, shape, sym, block, programs) in enumerate(LAMPORT_CASES):
+            xs = rank_inputs(w, shape, dtype, seed=300 + 10 * src + i)
+            t = place(ctx, xs[me], sym)
+            if sym:
+                keep.append(t)
+            ctx.broadcast(t, src=src, algorithm="lamport", block=block, programs=programs)
+            calls.append((t, xs[src], (src, dtype, shape, sym, block, programs)))
+            if i == 2:
+                a = place(ctx, rank_inputs(w, (33,), torch.float32, seed=700 + src)[me], False)
+                ctx.all_reduce(a, algorithm="lamport", block=16)
+                out = torch.empty(w * 9, dtype=torch.int16, device=ctx.device)
+                ctx.all_gather(out, torch.full((9,), me, dtype=torch.int16, device=ctx.device),
+                               algorithm="lamport")
+                calls.append((out, torch.arange(w, dtype=torch.int16).repeat_interleave(9),
+                              "all_gather lamport in between"))
+            if i == 4 and src == 0:
+                t = place(ctx, rank_inputs(w, (40,), torch.float32, seed=800)[me], False)
+                ctx.broadcast(t, src=w - 1, algorithm="push")
+                calls.append((t, rank_inputs(w, (40,), torch.float32, seed=800)[w - 1],
+                              "push in between"))
+    ctx.sync()
+    for t, want, case in calls:
+        assert torch.equal(t.cpu().view(torch.uint8), want.view(torch.uint8)), \
+            f"broadcast lamport {case}: {t} != {want}"
+    odd = torch.tensor([0x80008000, 0x80000000, 0x00008000, 0x7FC00001, 0xFFFFFFFF],
+                       dtype=torch.int64).to(torch.int32) + me
+    for dtype in (torch.float32, torch.bfloat16, torch.uint8):
+        t = odd.view(dtype).clone().to(ctx.device)
+        ctx.broadcast(t, src=w - 1, algorithm="lamport")
+        want = (odd - me + w - 1).view(dtype)
+        assert torch.equal(t.cpu().view(torch.uint8), want.view(torch.uint8)), (dtype, t)
+    for t in keep:
+        ctx.free(t)
+
+
+def test_broadcast_lamport(pool):
+    pool.run(_lamport_rounds)
+
+
+def _lamport_capacity(ctx):
+    """Past its capacity (half a slot: LL units) every rank raises ValueError, naming the
+    limit and the algorithms to use; at the limit the tensor arrives."""
+    if ctx.world_size == 1:
+        return
+    cap = lamport.limit(ctx, "broadcast")
+    with pytest.raises(ValueError, match=f"broadcast algorithm 'lamport' takes at most {cap} "
+                                         r"bytes .* use 'push' or 'relay'"):
+        ctx.broadcast(torch.ones(cap // 4 + 1, device=ctx.device), src=0, algorithm="lamport")
+    xs = rank_inputs(ctx.world_size, (cap // 2,), torch.int16, seed=9)
+    t = xs[ctx.rank].to(ctx.device)
+    ctx.broadcast(t, src=1, algorithm="lamport")
+    ctx.sync()
+    assert torch.equal(t.cpu(), xs[1])
+
+
+def test_broadcast_lamport_capacity(pool):
+    pool.run(_lamport_capacity)

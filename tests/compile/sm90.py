@@ -315,6 +315,31 @@ def _ccl() -> list[Kernel]:
                                     (dict(out=P8, inp=P8), 1))
                 for world, trace in ((2, False), (4, False), (8, False), (4, True))],
                aligned=("count", "n", "slot")),
+        # broadcast's and all_to_all's Lamport algorithms: the same LL units
+        Kernel("trident.ccl.broadcast.lamport", "_lamport_kernel",
+               dict(t=P32, count=I32, src=I32, data=P64, heads=P64, lsync=P64, fsync=P64,
+                    n=I32, slot=I32),
+               [V("", 4, types=types, WORLD=world, WORD=word, BLOCK=256, TRACE=trace,
+                  PDL=not trace, ptx_has=("st.global.v2.b64", "ld.volatile.global.v2.b64")
+                  + (() if trace else PDL_PTX))
+                for types, word in ((dict(), 4), (dict(t=P16), 2), (dict(t=P8), 1))
+                for world, trace in ((2, False), (4, False), (8, False), (4, True))],
+               aligned=("count", "n", "slot")),
+        # all_to_all: even splits (no table) and uneven ones, rows of whole 16 words
+        # (ALIGN 16) and odd rows (ALIGN 1: bf16 rows of 3, as int16 words)
+        Kernel("trident.ccl.all_to_all.lamport", "_lamport_kernel",
+               dict(out=P32, inp=P32, splits=P64, cap=I32, data=P64, heads=P64, lsync=P64,
+                    fsync=P64, n=I32, slot=I32),
+               [V("", 4, types=types, WORLD=world, WORD=word, ALIGN=align, EVEN=even,
+                  BLOCK=256, TRACE=trace, PDL=not trace,
+                  ptx_has=("st.global.v2.b64", "ld.volatile.global.v2.b64")
+                  + (() if trace else PDL_PTX))
+                for types, word, align in ((dict(), 4, 16), (dict(out=P16, inp=P16), 2, 1),
+                                           (dict(out=P8, inp=P8), 1, 16))
+                for world, even, trace in ((2, True, False), (4, False, False),
+                                           (8, True, False), (8, False, False),
+                                           (4, True, True))],
+               aligned=("n", "slot")),
         Kernel("trident.ccl.all_reduce.two_shot", "_two_shot_kernel",
                dict(t=P32, seg=I32, **pull),
                reductions("t", word=True, vectors="ld+st", WORLD=4, v4=(16, 16))

@@ -22,7 +22,7 @@ CASES = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_reduce", 
          ("reduce_scatter", "lamport"),
          ("reduce_scatter", "pull"), ("all_gather", "push"), ("all_gather", "pull"),
          ("all_gather", "push_direct"), ("all_gather", "lamport"), ("broadcast", "push"),
-         ("broadcast", "relay")]
+         ("broadcast", "relay"), ("broadcast", "lamport")]
 SMALL, LARGE, BLOCK, PROGRAMS = 40, 400, 16, 8
 TIMEOUT = 30.0       # seconds: a wait that ran out would take this long
 

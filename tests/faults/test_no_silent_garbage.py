@@ -159,6 +159,39 @@ def test_all_gather_sizes_that_differ(pool, algorithm):
         assert kind in (CallMismatch.__name__, PeerFailed.__name__), results   # every rank's
 
 
+def _broadcast_calls_differ(ctx, what):
+    """broadcast lamport, rank 0's call unlike the others': another root (rank 0 names 1,
+    the others 0: no rank is the root of its own call) or another size (33 elements where
+    the others have 65, from the last rank). Every rank raises, its tensor poisoned unless
+    it is the root of its own call (the root's tensor is its input)."""
+    w, odd = ctx.world_size, ctx.rank == 0
+    calls = {"root": [(65, 1), (65, 0)], "size": [(33, w - 1), (65, w - 1)]}[what]
+    for n, src in calls:          # compiled first, as in _sizes_differ
+        ctx.broadcast(torch.ones(n, device=ctx.device).half(), src=src % w, algorithm="lamport")
+    ctx.sync()
+    timeout = ctx.timeout_s
+    ctx.set_timeout(MEET)
+    try:
+        n, src = calls[0] if odd else calls[1]
+        t = torch.randn(n, device=ctx.device).half()
+        ctx.broadcast(t, src=src, algorithm="lamport")
+        poisoned = None if ctx.rank == src else bool(t.isnan().all())
+        kind, text, _ = _raises_at_once(lambda: ctx.barrier())
+        _then_reset_works(ctx)
+        return poisoned, kind, text
+    finally:
+        ctx.set_timeout(timeout)
+
+
+@pytest.mark.parametrize("what", ["root", "size"])
+def test_broadcast_calls_that_differ(pool, what):
+    results = pool.run(_broadcast_calls_differ, what)
+    for rank, (poisoned, kind, text) in enumerate(results):
+        assert poisoned is not False, f"rank {rank}: no poison in a mismatched broadcast"
+        assert kind in (CallMismatch.__name__, PeerFailed.__name__), results   # every rank's
+        assert "broadcast" in text and "different call" in text, results
+
+
 def _one_rank_skips(ctx):
     """Case 2: every rank but the last all-reduces; its wait times out."""
     timeout = ctx.timeout_s

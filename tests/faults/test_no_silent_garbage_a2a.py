@@ -13,7 +13,7 @@ from ..ccl.refs import assert_equal, rank_inputs
 from ..conftest import get_pool
 from .test_no_silent_garbage import MEET, MULTI, SHORT, _raises_at_once
 
-ALGORITHMS = ("one_shot", "push")
+ALGORITHMS = ("one_shot", "push", "lamport")
 NAMED = (CallMismatch.__name__, PeerFailed.__name__)
 
 

@@ -18,23 +18,26 @@ Rounds. A context's Lamport launches are numbered (`epoch`, this state's own cou
 ranks make the same calls, so a launch has the same epoch everywhere) and use buffer
 `epoch % 3` of three. Each program clears (back to the sentinel) exactly the words it has
 read, right after reading them, in the same launch. A rank reaches round e + 1 only once
-every peer's round-e data has come, so a peer is at most one round ahead: it writes buffer
-(e + 1) % 3 while this rank reads e % 3, and buffer e % 3 is written again only in round
-e + 3, after this rank's round e + 2 data, long after its clear. So nothing is reset
-between calls and a CUDA graph replays the launch as it is.
+every peer's round-e data has come (or its head, from a peer that sends it none: every
+kernel waits for a head of every peer, broadcast's root too), so a peer is at most one
+round ahead: it writes buffer (e + 1) % 3 while this rank reads e % 3, and buffer e % 3 is
+written again only in round e + 3, after this rank's round e + 2 data, long after its
+clear. So nothing is reset between calls and a CUDA graph replays the launch as it is.
 
 Layout (one workspace per context, `Lamport`): `data`, 3 buffers x world slots x `cap`
 bytes (slot s of a buffer is what rank s sent; a rank never writes its own slot); `heads`,
 int64 [3, world, MAX_PROGRAMS]: head (buffer, s, p) = (epoch << 32) | fingerprint that
-program p of rank s sent with its data. A receiver waits for its peers' heads too and
-compares them with its own call's: ranks that made different calls (sizes, dtypes, ops,
-algorithms) record CallMismatch, and their outputs are poisoned. `sync`: [epoch, programs
-finished].
+program p of rank s sent with its data (all_to_all's fold in the count of the pair's
+words, so that a count the receiver does not expect is a mismatch). A receiver waits for
+its peers' heads too and compares them with its own call's: ranks that made different
+calls (sizes, dtypes, ops, algorithms) record CallMismatch, and their outputs are
+poisoned. `sync`: [epoch, programs finished].
 
-LL units (all_gather/lamport.py). Data of any dtype leaves no value free for a sentinel, so
-the all-gather sends LL units instead (NCCL's LL protocol): each 8-byte word of a buffer is
-one unit, 4 bytes of payload in its low half and the round's flag (`ll_flag`: the epoch
-mod 2^31, never negative) in its high half -- in memory [payload, flag], a thread's two
+LL units (all_gather/, broadcast/ and all_to_all/lamport.py: `LL_OPS`). Data of any dtype
+leaves no value free for a sentinel, so these send LL units instead (NCCL's LL protocol:
+`pack`, `ll_units`, `receive_ll`, `unpack`): each 8-byte word of a buffer is one unit, 4
+bytes of payload in its low half and the round's flag (`ll_flag`: the epoch mod 2^31,
+never negative) in its high half -- in memory [payload, flag], a thread's two
 units [data0, flag, data1, flag], sent with one 16-byte st.v2.b64 and polled with one
 ld.volatile.v2.b64 (tests/compile/sm90.py checks both). A naturally aligned 8-byte access
 is single-copy atomic, so a receiver that sees this round's flag in a unit sees the
@@ -163,11 +166,15 @@ def workspace(ctx) -> Lamport:
     return state(ctx, slot_bytes(ctx))
 
 
+LL_OPS = ("all_gather", "broadcast", "all_to_all")    # those that send LL units
+
+
 def limit(ctx, op: str) -> int:
     """The bytes per rank (the selector's measure: all_gather's input block,
-    reduce_scatter's output block, all_reduce's tensor) a Lamport algorithm of `op` takes:
-    the capacity of a slot, half of it in all_gather's LL units."""
-    return slot_bytes(ctx) // (2 if op == "all_gather" else 1)
+    reduce_scatter's output block, all_reduce's and broadcast's tensor; all_to_all's
+    largest block to or from a peer) a Lamport algorithm of `op` takes: the capacity of a
+    slot, half of it in LL units (`LL_OPS`)."""
+    return slot_bytes(ctx) // (2 if op in LL_OPS else 1)
 
 
 def check(ctx, op: str, dtype, nbytes: int, other: str, larger: str, what: str = "",
@@ -187,20 +194,28 @@ def check(ctx, op: str, dtype, nbytes: int, other: str, larger: str, what: str =
                          f"with this heap ({ctx.heap_size} bytes), got {nbytes}; use {larger}")
 
 
+def launch_size(ctx, word, n: int, block=None, programs=None, warps=None) -> tuple[int, int]:
+    """(BLOCK, programs) of a Lamport kernel over `n` elements of the torch dtype `word`
+    (common.launch_size). GPUs: WARPS warps and BLOCK_BYTES a program per step unless
+    `block`/`warps` say otherwise."""
+    size = torch.empty((), dtype=word).element_size()
+    if block is None and ctx.backend == "cuda":     # 16 bytes a thread: a short poll
+        block = BLOCK_BYTES * (warps or WARPS) // 4 // size
+    return common.launch_size(ctx, n, size, block, programs)
+
+
 def launch(ctx, plan, kernel, before: tuple, word, n: int, fp: tuple, block=None,
-           programs=None, warps=None, **constexprs) -> None:
+           programs=None, warps=None, grid=None, **constexprs) -> None:
     """Add a Lamport kernel's launch: kernel(*before, data, heads, lsync, fsync, ctrl,
     heap_bases, trace_buf, rank, n, slot, fp, WORLD=, ..., BLOCK=, TRACE=), over `n`
     elements of the torch dtype `word` (the buffers are viewed in its width: `slots`);
-    fp: the fingerprint's parts besides the kernel. GPUs: WARPS warps and BLOCK_BYTES a
-    program per step unless `block`/`warps` say otherwise."""
+    fp: the fingerprint's parts besides the kernel. Its size is `launch_size`'s, or
+    `grid` programs of `block` (both given: the caller sized it)."""
     from ..trace import kernel_args
-    size = torch.empty((), dtype=word).element_size()
     ws = workspace(ctx)
     data, slot = ws.slots(word)
-    if block is None and ctx.backend == "cuda":     # 16 bytes a thread: a short poll
-        block = BLOCK_BYTES * (warps or WARPS) // 4 // size
-    block, grid = common.launch_size(ctx, n, size, block, programs)
+    if grid is None:
+        block, grid = launch_size(ctx, word, n, block, programs, warps)
     trace_buf, trace = kernel_args(ctx)
     plan.launch(kernel, (grid,), *before, data, ws.heads, ws.sync, common.state(ctx).sync,
                 ctx.ctrl, ctx.heap_bases, trace_buf, ctx.rank, n, slot,
@@ -374,7 +389,8 @@ def _agree(mine):
 
 
 @triton.jit
-def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD: tl.constexpr):
+def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, src,
+          WORLD: tl.constexpr, LL: tl.constexpr):
     """Why a wait that has not come should stop (bits, 0: go on): past the timeout; this
     rank failed; and every PEER_POLL rounds (and the first), for each peer whose head has
     not come -- the peers still waited for: one whose head came may rightly have finished
@@ -382,7 +398,8 @@ def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD:
     in a host call, or is in a flag-protocol launch this rank never entered (its epoch in
     ccl's state is past mine: it made another call). Its epoch is read first, with
     acquire, then its head: a peer past this launch had finished it, so its head would be
-    here."""
+    here. With LL only peer `src` is looked at: a program of all_to_all's hears from that
+    peer alone (the others' heads of its row never come, rightly)."""
     why = tl.where(tdl.timestamp() - start > limit, _TIMEOUT, 0)
     if rounds % PEER_POLL == 1:
         if tl.load(ctrl + CTRL_ERROR, volatile=True) != 0:
@@ -391,7 +408,10 @@ def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD:
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
             ahead = tdl.load_acquire(tdl.translate(fsync, rank, peer, heap_bases)) > mine
-            if tl.load(heads_row + peer * MAX_PROGRAMS, volatile=True) == 0:
+            awaited = tl.load(heads_row + peer * MAX_PROGRAMS, volatile=True) == 0
+            if LL:
+                awaited = awaited & (peer == src)
+            if awaited:
                 if peer_failed(ctrl, peer):
                     why = why | _GONE
                 if peer_in_host_call(ctrl, peer):
@@ -449,7 +469,8 @@ def _wait(base, slot, heads_row, local, offs, mask, expect, src, flag, ok, ctrl,
         while seen == _PENDING:
             tdl.backoff()
             rounds += 1
-            why = _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, WORLD)
+            why = _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, src,
+                        WORLD, LL)
             got, seen = _look(base, slot, heads_row, local, offs, mask, expect, src, flag, why,
                               rank, OP, WORLD, LL)
     came = seen == 0
@@ -461,7 +482,11 @@ def _wait(base, slot, heads_row, local, offs, mask, expect, src, flag, ok, ctrl,
             kind = tl.cast(KIND_MISMATCH, tl.int64)
         elif (seen & _HOST_CALL) != 0:
             kind = tl.cast(KIND_HOST_CALL, tl.int64)
-        tdl.record_error(ctrl, rank, _culprit(heads_row, expect, rank, WORLD), OPCODE, kind)
+        if LL:                          # the peer waited for (`_stop`)
+            culprit = src
+        else:
+            culprit = _culprit(heads_row, expect, rank, WORLD)
+        tdl.record_error(ctrl, rank, culprit, OPCODE, kind)
     return got, came
 
 
@@ -511,6 +536,33 @@ def ll_units(lanes, flag):
 
 
 @triton.jit
+def pack(words, offs, count, WORD: tl.constexpr):
+    """Lanes `offs` (4 bytes each, an LL unit's payload) of the `count` words of WORD bytes
+    at `words`, as int32 (past the end: zeros): any dtype, as common.as_words' words."""
+    if WORD == 4:
+        lanes = tl.load(words + offs, mask=offs < count, other=0)
+    else:
+        lanes = tl.zeros_like(offs)
+        for k in tl.static_range(4 // WORD):
+            idx = offs * (4 // WORD) + k
+            part = tl.load(words + idx, mask=idx < count, other=0).to(tl.int32)
+            lanes = lanes | ((part & ((1 << (8 * WORD)) - 1)) << (8 * WORD * k))
+    return lanes
+
+
+@triton.jit
+def unpack(words, lanes, offs, count, WORD: tl.constexpr):
+    """Store lanes `offs` into the `count` words of WORD bytes at `words` (pack's inverse)."""
+    if WORD == 4:
+        tl.store(words + offs, lanes, mask=offs < count)
+    else:
+        for k in tl.static_range(4 // WORD):
+            idx = offs * (4 // WORD) + k
+            tl.store(words + idx, (lanes >> (8 * WORD * k)).to(words.dtype.element_ty),
+                     mask=idx < count)
+
+
+@triton.jit
 def _probe_ll(units_ptr, head_ptr, mask, flag, expect, stop):
     """One look at a peer's LL units of this block and its head: (their payload lanes,
     int32; a verdict as `_probe`'s: _PENDING -- a unit without this round's flag, or no
@@ -535,6 +587,18 @@ def receive_ll(base, slot, heads_row, src, offs, mask, flag, expect, ok, ctrl, f
                         fsync, rank, heap_bases, 0, WORLD, OPCODE, True)
     tl.store(base + src * slot + offs, _fill(base, offs), mask=mask)
     return lanes, came & ok
+
+
+@triton.jit
+def receive_head(base, slot, heads_row, src, offs, flag, expect, ok, ctrl, fsync, rank,
+                 heap_bases, WORLD: tl.constexpr, OPCODE: tl.constexpr):
+    """Wait (bounded, as receive_ll) for peer `src`'s head alone, from a peer that sends
+    this program no units (broadcast's non-root peers): that it made this call, and that
+    it has entered this round (the rounds stay aligned). `offs`: a block of the program's
+    shape. Returns `ok` and whether it came."""
+    _, came = _wait(base, slot, heads_row, offs, offs, offs < 0, expect, src, flag, ok, ctrl,
+                    fsync, rank, heap_bases, 0, WORLD, OPCODE, True)
+    return came & ok
 
 
 @triton.jit

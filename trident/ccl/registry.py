@@ -118,8 +118,10 @@ ALGORITHMS = (
     Algorithm("all_reduce", "two_shot", "all_reduce.two_shot", ("warps",), "bounded"),
     Algorithm("all_to_all", "push", "all_to_all.push", ("warps",), "bounded"),
     Algorithm("all_to_all", "one_shot", "all_to_all.one_shot", (), "bounded"),
+    Algorithm("all_to_all", "lamport", "all_to_all.lamport", ("warps",), "bounded"),
     Algorithm("broadcast", "push", "broadcast.push"),
     Algorithm("broadcast", "relay", "broadcast.relay", ("chunk", "depth", "warps"), "bounded"),
+    Algorithm("broadcast", "lamport", "broadcast.lamport", ("warps",), "bounded"),
 ) + tuple(Algorithm(op, "nccl", "nccl", (), "bounded", engine="torch", function=op)
           for op in OPS)      # torch.distributed: ccl/nccl.py's function of the op
 

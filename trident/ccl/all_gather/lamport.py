@@ -22,33 +22,6 @@ from ..device import OP_ALL_GATHER, poison
 
 
 @triton.jit
-def _pack(words, offs, count, WORD: tl.constexpr):
-    """Lanes `offs` (4 bytes each) of the `count` words of WORD bytes at `words`, as int32
-    (past the end: zeros)."""
-    if WORD == 4:
-        lanes = tl.load(words + offs, mask=offs < count, other=0)
-    else:
-        lanes = tl.zeros_like(offs)
-        for k in tl.static_range(4 // WORD):
-            idx = offs * (4 // WORD) + k
-            part = tl.load(words + idx, mask=idx < count, other=0).to(tl.int32)
-            lanes = lanes | ((part & ((1 << (8 * WORD)) - 1)) << (8 * WORD * k))
-    return lanes
-
-
-@triton.jit
-def _unpack(words, lanes, offs, count, WORD: tl.constexpr):
-    """Store lanes `offs` into the `count` words of WORD bytes at `words` (_pack's inverse)."""
-    if WORD == 4:
-        tl.store(words + offs, lanes, mask=offs < count)
-    else:
-        for k in tl.static_range(4 // WORD):
-            idx = offs * (4 // WORD) + k
-            tl.store(words + idx, (lanes >> (8 * WORD * k)).to(words.dtype.element_ty),
-                     mask=idx < count)
-
-
-@triton.jit
 def _lamport_kernel(out, inp, count, data, heads, lsync, fsync, ctrl, heap_bases, trace_buf,
                     rank, n, slot, fp, WORLD: tl.constexpr, WORD: tl.constexpr,
                     BLOCK: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr):
@@ -60,10 +33,10 @@ def _lamport_kernel(out, inp, count, data, heads, lsync, fsync, ctrl, heap_bases
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        lanes = _pack(inp, offs, count, WORD)
+        lanes = proto.pack(inp, offs, count, WORD)
         proto.send(base + rank * slot, proto.ll_units(lanes, flag), offs, mask, rank,
                    heap_bases, WORLD)
-        _unpack(out + rank * count, lanes, offs, count, WORD)      # my own block
+        proto.unpack(out + rank * count, lanes, offs, count, WORD)     # my own block
     heads_row, ok, t0 = proto.sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD,
                                    TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
@@ -74,7 +47,7 @@ def _lamport_kernel(out, inp, count, data, heads, lsync, fsync, ctrl, heap_bases
             lanes, ok = proto.receive_ll(base, slot, heads_row, src, offs, mask, flag, expect,
                                          ok, ctrl, fsync, rank, heap_bases, WORLD,
                                          OP_ALL_GATHER)
-            _unpack(out + src * count, poison(lanes, ok), offs, count, WORD)
+            proto.unpack(out + src * count, poison(lanes, ok), offs, count, WORD)
     proto.clear_heads(heads_row, rank, WORLD)
     proto.end(lsync, epoch)
     trd.end(trace_buf, t0, tags.COPY, rank, TRACE)

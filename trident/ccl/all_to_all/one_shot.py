@@ -43,8 +43,8 @@ from trident.trace import device as trd, kernel_args, tags
 from .. import common
 from ..device import (DATA, MAX_RANKS, OP_ALL_TO_ALL, begin_epoch, fingerprint, fp_slot,
                       poison_blocks, same_call, scratch_half)
-from .rows import (alignment, check_no_overlap, copy_rows, even_count, pair_flag,
-                   pair_programs, programs_for, splits_tensor)
+from .rows import (alignment, check_no_overlap, copy_own_rows, copy_rows, even_count, grid_size,
+                   pair_flag, pair_programs, rows_from, rows_to, splits_tensor)
 
 # Scratch per peer and launch: as large as the messages the selector gives one_shot
 # (GPU); small on the CPU emulation so that tests reach the limit.
@@ -72,12 +72,7 @@ def _one_shot_kernel(out, inp, splits, slots, counts, flags, sync, ctrl, heap_ba
     # send: rows for rank+k, then the count and fingerprint (program 0 of the pair) and
     # the flag
     peer = (rank + k) % world_size
-    if EVEN:
-        count = n
-        src = inp + peer * n
-    else:
-        count = tl.load(splits + world_size + peer)
-        src = inp + tl.multiple_of(tl.load(splits + peer), ALIGN)
+    count, src = rows_to(inp, splits, n, peer, world_size, ALIGN, EVEN)
     sent = tl.minimum(count, stride)
     senders = pair_programs(sent, BLOCK, cap)
     if v < senders:
@@ -90,23 +85,11 @@ def _one_shot_kernel(out, inp, splits, slots, counts, flags, sync, ctrl, heap_ba
         tdl.signal(pair_flag(flags, DATA, rank, pid), epoch, rank, peer, heap_bases)
     # own rows, every program, while the peers' are in flight (the host checked that
     # in_splits and out_splits agree on them)
-    if EVEN:
-        copy_rows(out + rank * n, inp + rank * n, n, pid, tl.num_programs(0), rank, rank,
-                  heap_bases, BLOCK, ALIGN, False)
-    else:
-        copy_rows(out + tl.multiple_of(tl.load(splits + 2 * world_size + rank), ALIGN),
-                  inp + tl.multiple_of(tl.load(splits + rank), ALIGN),
-                  tl.load(splits + world_size + rank), pid, tl.num_programs(0), rank, rank,
-                  heap_bases, BLOCK, ALIGN, False)
+    copy_own_rows(out, inp, splits, n, rank, world_size, heap_bases, BLOCK, ALIGN, EVEN)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     # receive from rank-k: this program's blocks of its slot, once their flag is set
     src_rank = (rank + world_size - k) % world_size
-    if EVEN:
-        expect = n
-        dst = out + src_rank * n
-    else:
-        expect = tl.load(splits + 3 * world_size + src_rank)
-        dst = out + tl.multiple_of(tl.load(splits + 2 * world_size + src_rank), ALIGN)
+    expect, dst = rows_from(out, splits, n, src_rank, world_size, ALIGN, EVEN)
     got = tl.minimum(expect, stride)
     used = pair_programs(got, BLOCK, cap)      # the pair's programs, if the counts agree
     if v < used:
@@ -141,16 +124,6 @@ def _too_large(nbytes: int, limit: int):
                          f"exceeds its scratch slot ({limit} bytes) and was cut short; use "
                          f"algorithm='push' for messages this large")
     return step
-
-
-def grid_size(rank, world, sends, receives, stride, block, cap) -> int:
-    """Programs this rank launches: enough for every pair's programs (rows.py), sends
-    (elements to rank+k) and receives (from rank-k) alike; at least w-1."""
-    lanes, grid = world - 1, world - 1
-    for k in range(1, world):
-        for count in (sends[(rank + k) % world], receives[(rank - k) % world]):
-            grid = max(grid, (programs_for(min(count, stride), block, cap) - 1) * lanes + k)
-    return grid
 
 
 def one_shot(ctx, plan, out, inp, out_splits, in_splits, row, call, block=None,

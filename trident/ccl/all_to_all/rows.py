@@ -70,6 +70,18 @@ def programs_for(count: int, block: int, cap: int) -> int:
     return max(1, min(cap, triton.cdiv(count, block)))
 
 
+def grid_size(rank, world, sends, receives, stride, block, cap) -> int:
+    """Programs a rank launches where program q serves distance k = q % (w-1) + 1 as its
+    pair's program q // (w-1) (one_shot.py, lamport.py): enough for every pair's programs,
+    sends (elements to rank+k, at most `stride` of them) and receives (from rank-k) alike;
+    at least w-1."""
+    lanes, grid = world - 1, world - 1
+    for k in range(1, world):
+        for count in (sends[(rank + k) % world], receives[(rank - k) % world]):
+            grid = max(grid, (programs_for(min(count, stride), block, cap) - 1) * lanes + k)
+    return grid
+
+
 @triton.jit
 def pair_programs(count, BLOCK: tl.constexpr, cap):
     """Programs that move a pair's `count` elements: one per block, at most `cap`, at
@@ -100,3 +112,40 @@ def copy_rows(dst, src, count, first, step, rank, peer, heap_bases, BLOCK: tl.co
             tdl.store(dst + offs, x, rank, peer, heap_bases, mask=mask)
         else:
             tl.store(dst + offs, x, mask=mask)
+
+
+@triton.jit
+def rows_to(inp, splits, n, peer, world_size, ALIGN: tl.constexpr, EVEN: tl.constexpr):
+    """(elements, where they start in inp) of the rows this rank sends `peer`: from the
+    split table (splits_tensor), or `n` each for even splits (EVEN: no table read)."""
+    if EVEN:
+        count = n
+        src = inp + peer * n
+    else:
+        count = tl.load(splits + world_size + peer)
+        src = inp + tl.multiple_of(tl.load(splits + peer), ALIGN)
+    return count, src
+
+
+@triton.jit
+def rows_from(out, splits, n, src, world_size, ALIGN: tl.constexpr, EVEN: tl.constexpr):
+    """(elements, where they go in out) of the rows this rank expects from `src` (rows_to's
+    twin, from out_splits)."""
+    if EVEN:
+        count = n
+        dst = out + src * n
+    else:
+        count = tl.load(splits + 3 * world_size + src)
+        dst = out + tl.multiple_of(tl.load(splits + 2 * world_size + src), ALIGN)
+    return count, dst
+
+
+@triton.jit
+def copy_own_rows(out, inp, splits, n, rank, world_size, heap_bases, BLOCK: tl.constexpr,
+                  ALIGN: tl.constexpr, EVEN: tl.constexpr):
+    """This rank's rows to itself, a local copy shared by every program of the launch (the
+    host checked that in_splits and out_splits agree on them)."""
+    count, src = rows_to(inp, splits, n, rank, world_size, ALIGN, EVEN)
+    _, dst = rows_from(out, splits, n, rank, world_size, ALIGN, EVEN)
+    copy_rows(dst, src, count, tl.program_id(0), tl.num_programs(0), rank, rank, heap_bases,
+              BLOCK, ALIGN, False)
