@@ -11,7 +11,7 @@ import pytest
 
 from bench.lab import sweep
 from trident.bench import ccl, common, moe, ops, p2p, tp
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 
 from .conftest import get_pool
 from .shared_gpu import RANKS_PER_GPU, as_shared_gpu

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from trident.ccl.all_to_all.one_shot import CPU_SLOT_BYTES
-from trident.errors import CallMismatch, PeerFailed
+from trident.runtime.errors import CallMismatch, PeerFailed
 
 from .refs import assert_equal, rank_inputs
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trident.ccl.broadcast.relay import relay
-from trident.plans import Plan
+from trident.runtime.plans import Plan
 
 from .refs import BLOCK, assert_equal, place, rank_inputs
 

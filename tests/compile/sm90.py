@@ -376,7 +376,7 @@ def _ops() -> list[Kernel]:
     kernel (tensors TMA cannot address), and a swap-AB split-K config on the classic core
     and on the pointer path. bf16 and fp16, with and without bias (fp32 bias in one), K a
     multiple of BK or not. The pushers' and the partials' copies keep 16-byte accesses."""
-    from trident.errors import OP_CODES
+    from trident.runtime.errors import OP_CODES
     from trident.ops import gemm
     from trident.ops.fused_tile import tile_shape
     ints = ("M", "N", "K", "m_local", "stride_am", "stride_wn", "stride_om")
@@ -537,7 +537,7 @@ def _pipelined() -> list[Kernel]:
     """trident/ops/pipelined.py: the copy, wait, finish, reduce and gather kernels of the
     pipelined schedule (bf16 and fp16, bias on and off, the all-reduce's variant), at the
     GPU block (8 x 256): the copies and the reduction keep 16-byte accesses."""
-    from trident.errors import OP_CODES
+    from trident.runtime.errors import OP_CODES
     op = OP_CODES["matmul_all_reduce"]
     block = dict(BR=8, BC=256)
     flags = dict(sync=P32, rows=I32, cols=I32, peer=I32, stride_src=I32,

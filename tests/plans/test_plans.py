@@ -1,9 +1,9 @@
-"""Launch plans (trident/plans.py): reused for the same signature, rebuilt for a new one,
+"""Launch plans (trident/runtime/plans.py): reused for the same signature, rebuilt for a new one,
 dropped on reset, free and close; right when a tensor's contents change in place."""
 import pytest
 import torch
 
-from trident.plans import Plan, PlanCache
+from trident.runtime.plans import Plan, PlanCache
 
 from ..ccl.refs import assert_equal, place, rank_inputs, reduce_ref
 
