@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 
+import trident
 from trident.runtime import mps, placement
 from trident.runtime.launch import sharing_env
 
@@ -443,7 +444,7 @@ def test_import_sets_the_cap_before_it_initialises_the_driver(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in (CAP, "TRITON_INTERPRET", "TRIDENT_BACKEND")}
     env.update(LOCAL_WORLD_SIZE="2", LOCAL_RANK="1", PYTHONPATH=os.pathsep.join(
-        p for p in (os.path.dirname(os.path.dirname(os.path.abspath(placement.__file__))),
+        p for p in (os.path.dirname(os.path.dirname(os.path.abspath(trident.__file__))),
                     env.get("PYTHONPATH")) if p))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           env=env, timeout=120, cwd=tmp_path)
