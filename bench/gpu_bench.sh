@@ -28,10 +28,10 @@ step() {   # step NAME LIMIT_S COMMAND...: run, log to $R/NAME.log, print its ta
 
 for suite in ${SUITES:-ccl ops moe}; do
   args_var="ARGS_$suite"
-  step bench-$suite${TAG:-} ${LIMIT[$suite]:-200} python3 -m trident.cli bench $suite --out-dir $R ${!args_var}
+  step bench-$suite${TAG:-} ${LIMIT[$suite]:-200} python3 -m trident bench $suite --out-dir $R ${!args_var}
 done
 if [ -z "${NO_TUNE:-}" ]; then
   export TRIDENT_CACHE_DIR=$R/cache
-  step tune 90 python3 -m trident.cli tune --quick --max-size 1M
-  step info 30 python3 -m trident.cli info
+  step tune 90 python3 -m trident tune --quick --max-size 1M
+  step info 30 python3 -m trident info
 fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device calls on a machine with ONE GPU: ranks share it (round-robin placement, gloo host
-# group, MPS; trident/placement.py, trident/mps.py). Steps chosen with STEPS (default: env
+# group, MPS; trident/runtime/placement.py, trident/runtime/mps.py). Steps chosen with STEPS (default: env
 # tests checks); logs under $OUT (at most 8 files come back from a device call).
 #   env       GPU, versions, MPS binary
 #   tests     pytest at TEST_WORLDS (default 1,2,4), side by side, over TESTS (default: tests)
@@ -60,7 +60,7 @@ for step in ${STEPS:-env tests checks}; do
     ( CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=20 $T 100 python3 -m pytest -q -rfE --tb=short \
         -p no:cacheprovider tests/ops/test_gemm.py > $OUT/gemm-test.log 2>&1
       for w in 1 2 4; do
-        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=5 $T 70 python3 -m trident.cli demo --world-size $w >> $OUT/demo.log 2>&1
+        CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=5 $T 70 python3 -m trident demo --world-size $w >> $OUT/demo.log 2>&1
         echo "== demo world $w rc=$?" >> $OUT/demo.log
       done ) &
     ( for ex in "quickstart.py" "tp_decode.py --world 2 --sum all_reduce" "tp_decode.py --world 2 --sum fused" \

@@ -11,11 +11,11 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -ra -p no:cacheprovider --timeout ${PER_TEST:-90} \
   ${TESTS:-tests} > $OUT/tests.log 2>&1
 echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed|Timeout" $OUT/tests.log | tail -25
-timeout 60 python3 -m trident.cli demo > $OUT/demo.log 2>&1; echo "demo rc=$?"; tail -3 $OUT/demo.log
+timeout 60 python3 -m trident demo > $OUT/demo.log 2>&1; echo "demo rc=$?"; tail -3 $OUT/demo.log
 if [ -z "${NO_TRACE:-}" ]; then
-  timeout 90 python3 -m trident.cli trace all_gather -o $OUT/trace-all_gather.json > $OUT/trace.log 2>&1
+  timeout 90 python3 -m trident trace all_gather -o $OUT/trace-all_gather.json > $OUT/trace.log 2>&1
   echo "trace all_gather rc=$?"
-  timeout 90 python3 -m trident.cli trace moe --tokens 128 --hidden 2048 -o $OUT/trace-moe.json >> $OUT/trace.log 2>&1
+  timeout 90 python3 -m trident trace moe --tokens 128 --hidden 2048 -o $OUT/trace-moe.json >> $OUT/trace.log 2>&1
   echo "trace moe rc=$?"
   timeout 90 python3 -m bench.lab.trace_overhead >> $OUT/trace.log 2>&1; echo "overhead rc=$?"
   tail -25 $OUT/trace.log

@@ -21,10 +21,10 @@ pair_a() {   # GPUs 0,1
   export CUDA_VISIBLE_DEVICES=0,1 TRIDENT_TEST_WORLD_SIZES=2 TRIDENT_FUZZ_WORLD_SIZES=2
   step fuzz-2gpu 70 python3 -m pytest -q -p no:cacheprovider tests/fuzz/test_ccl.py --cases 40
   for g in classic tma; do
-    TRIDENT_GEMM=$g step ops-ab-$g 60 python3 -m trident.cli bench ops --world-size 2 \
+    TRIDENT_GEMM=$g step ops-ab-$g 60 python3 -m trident bench ops --world-size 2 \
       --layers llama3-70b --m 8192 --out-dir $R/ab-gemm-$g
   done
-  step bench-tp-2gpu 60 python3 -m trident.cli bench tp --world-size 2 --out-dir $R
+  step bench-tp-2gpu 60 python3 -m trident bench tp --world-size 2 --out-dir $R
   step new-tests-2gpu 90 python3 -m pytest -q -p no:cacheprovider --timeout 45 \
     tests/ccl/test_all_reduce_rmsnorm.py tests/ccl/test_knobs.py tests/moe/test_fp8_dispatch.py \
     tests/ccl/test_all_to_all.py tests/torch_ops
@@ -40,7 +40,7 @@ pair_b() {   # GPUs 2,3, then GPU 2 alone
 for phase in ${PHASES:-1 2}; do
   case $phase in
     1) step sweep-4gpu 120 python3 -m bench.lab.sweep --world-size 4 --out-dir $R
-       step bench-moe-4gpu 60 python3 -m trident.cli bench moe --out-dir $R \
+       step bench-moe-4gpu 60 python3 -m trident bench moe --out-dir $R \
          --models deepseek-v3 --tokens 128,4096 ;;
     2) pair_a & pair_b & wait ;;
   esac

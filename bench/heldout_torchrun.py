@@ -8,7 +8,7 @@ wrong (relative errors 0.12-0.86, no error) when ranks sharing one GPU had no MP
 back to back, each checked against torch on the whole inputs: every rank rebuilds every
 rank's inputs from their seeds, so the reference needs no collective. trident.init must
 set each rank's cap before the CUDA driver initialises (`import trident` does,
-trident/_env.py) or refuse. Prints, per rank, the SMs CUDA reports (under a cap in force
+trident/runtime/_env.py) or refuse. Prints, per rank, the SMs CUDA reports (under a cap in force
 its share: 66 of an H100's 132 at 50 %, 32 at 25 %; the whole GPU means the cap holds
 nothing), then one line per case, and exits 1 if any case is wrong on any rank.
 """

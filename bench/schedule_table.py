@@ -8,7 +8,7 @@ Each run's rows that passed their value check become tuning rows (op, M, N, K, s
 eager_us, graph_us: trident_<name> is schedule <name>, plain is "plain", and torch_symm_mem
 -- torch's async-TP ops, the same torch call as schedule "async_tp" (trident/ops/
 async_tp.py) -- is "async_tp", where the run has no trident_async_tp row of the case; auto's
-own rows are left out: tuning.bench_rows), and trident/ops/tuning.table turns them into
+own rows are left out: tuning.bench_rows), and trident/tools/tune_ops.table turns them into
 auto's cells: per
 op, world size, M bucket, class of the shared size and mode, every schedule's geometric
 mean over the cell's shapes, a schedule missing on one of them left out, and each shape's
@@ -23,7 +23,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trident.ops import auto, gemm_tables, tuning  # noqa: E402
+from trident.ops import auto, gemm_tables  # noqa: E402
+from trident.tools import tune_ops as tuning  # noqa: E402
 
 
 def rows_of(run: dict) -> list[dict]:

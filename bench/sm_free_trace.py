@@ -278,7 +278,7 @@ def render(trace: dict, png: str) -> None:
 
 # ---------------------------------------------------------------------------- main
 def run(out_dir: str, world: int, s: Setup | None = None, png: bool = True) -> dict:
-    from trident.launch import default_backend
+    from trident.runtime.launch import default_backend
     if s is None:
         s = TINY if default_backend() == "cpu" else Setup()
     heap = td.ExpertParallel.heap_bytes(world, s.top_k, s.hidden, s.tokens) + (64 << 20)

@@ -293,7 +293,7 @@ if __name__ == "__main__":
                    help="expert GEMM (default: grouped where torch._grouped_mm runs)")
     p.add_argument("--fp8", action="store_true", help="fp8 dispatch")
     args = p.parse_args()
-    from trident.launch import default_backend
+    from trident.runtime.launch import default_backend
     cpu = default_backend() == "cpu"
     shape = TINY if args.tiny or cpu else Shape()
     tokens = [int(t) for t in (args.tokens or ("4" if cpu else "128,4096")).split(",")]

@@ -25,7 +25,7 @@ def main(backend: str = "trident") -> tuple:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         dist.init_process_group(backend)                # the one line: was "nccl"
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = trident.torch_backend.device()             # cuda, or cpu on the emulation
+    device = trident.torch.backend.device()             # cuda, or cpu on the emulation
 
     t = torch.full((4,), float(rank + 1), device=device)
     dist.all_reduce(t)                                  # trident's all_reduce, in place

@@ -169,7 +169,7 @@ if __name__ == "__main__":
     p.add_argument("--batch", type=int, default=None)
     p.add_argument("--sum", default="matmul_all_reduce", choices=["matmul_all_reduce", "all_reduce", "fused"])
     args = p.parse_args()
-    from trident.launch import default_backend
+    from trident.runtime.launch import default_backend
     cpu = default_backend() == "cpu"
     shape = TINY if args.tiny or cpu else Shape()
     if args.batch:

@@ -2,13 +2,13 @@
 
 On the CPU emulation the default world sizes are 1, 2, 3 and 4; on GPUs, 2 and every GPU
 visible, and on a machine with one GPU 1, 2 and 4 (ranks share the GPU under MPS, see
-trident/placement.py). TRIDENT_TEST_WORLD_SIZES=2,4 overrides.
+trident/runtime/placement.py). TRIDENT_TEST_WORLD_SIZES=2,4 overrides.
 """
 import os
 
 import pytest
 
-from trident.launch import RankPool, default_backend
+from trident.runtime.launch import RankPool, default_backend
 
 BACKEND = default_backend()
 

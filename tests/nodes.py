@@ -8,7 +8,7 @@ import torch
 
 from trident.nodes import topology
 from trident.nodes.topology import pool_in_nodes
-from trident.launch import RankPool, default_backend
+from trident.runtime.launch import RankPool, default_backend
 
 _pools: dict[tuple[int, int], RankPool] = {}
 

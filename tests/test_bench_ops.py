@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from trident.bench import ops, ops_norm
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 from trident.ops import auto, schedules
 
 from .conftest import get_pool

@@ -11,7 +11,7 @@ import pytest
 
 from bench.lab import sweep
 from trident.bench import ccl, common, moe, ops, ops_norm, p2p, tp
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 
 from .conftest import get_pool
 from .shared_gpu import RANKS_PER_GPU, as_shared_gpu
@@ -132,7 +132,7 @@ def test_print_table_adds_the_note_column():
 
 
 def test_default_world_is_at_least_two_on_gpus(monkeypatch):
-    launch = importlib.import_module("trident.launch")    # (trident.launch is a function)
+    launch = importlib.import_module("trident.runtime.launch")   # (trident.launch: a function)
     monkeypatch.setattr(launch, "default_world_size", lambda backend: 1)
     assert common.default_world("cuda") == 2
     monkeypatch.setattr(launch, "default_world_size", lambda backend: 8)

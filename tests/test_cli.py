@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +41,7 @@ def test_demo_checks_every_part(world):
 
 
 def test_bench_help_says_what_each_suite_measures():
-    from trident.cli import SUITES
+    from trident.tools.cli import SUITES
     out = _trident("bench", "--help")
     assert "./trident-results" in out, out
     for suite, what in SUITES.items():

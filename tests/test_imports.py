@@ -1,12 +1,14 @@
-"""The import graph of trident/ (issues 23 and 32): no import circle anywhere in the
-package, trident.context in none either (Context is the facade over ccl/, ops/, trace/,
-torch_ops.py, emulation.py and sanitize/, which take the context as an argument and never
-import trident.context: docs/design.md, Layout), every module importable on its own in a
-fresh interpreter, and no file over 600 lines.
+"""The import graph of trident/ (issues 23, 32 and 42): no import circle anywhere in the
+package, the context's modules in none either (trident.api.Context is the facade over
+ccl/, ops/, trace/ and sanitize/, which take the context as an argument and never import
+it; the runtime's context imports no family: docs/design.md, Layout; the layers
+themselves: tests/test_layers.py), every module importable on its own in a fresh
+interpreter, and no file over 600 lines.
 
 The graph is read from the source with ast: imports at module level and inside functions
-(the facade's lazy ones included; module_level=True: only the former), not those under
-`if TYPE_CHECKING:`; relative imports are resolved. An import of a.b.c also imports the
+(the facade's lazy ones included; module_level=True: only the former), and
+importlib.import_module with a literal name, not those under `if TYPE_CHECKING:`;
+relative imports are resolved. An import of a.b.c also imports the
 packages a.b (their __init__ runs), except the packages the importing module lies in
 (loaded before it) and the root package `trident`."""
 import ast
@@ -30,10 +32,14 @@ def _modules() -> dict[str, pathlib.Path]:
     return files
 
 
-def _imports(mod: str, path: pathlib.Path, files, module_level: bool = False) -> set[str]:
-    """The trident modules that `mod` imports (see the module docstring); module_level:
-    only the imports that run when mod is imported (none inside a function's body)."""
-    out, stack = set(), [ast.parse(path.read_text())]
+def imported_modules(mod: str, path: pathlib.Path, files,
+                     module_level: bool = False) -> list[tuple[int, str]]:
+    """(line, trident module) for each import in `mod`'s source (see the module
+    docstring): `from x import function` counts as module x, `from trident import init`
+    (or `import trident`) as "trident", importlib.import_module("trident....") with a
+    literal name too. module_level: only the imports that run when mod is imported (none
+    inside a function's body)."""
+    out, stack = [], [ast.parse(path.read_text())]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -52,15 +58,28 @@ def _imports(mod: str, path: pathlib.Path, files, module_level: bool = False) ->
                 pkg = parts[:len(parts) - node.level + (path.name == "__init__.py")]
                 base = ".".join(pkg + ([node.module] if node.module else []))
             names = [f"{base}.{a.name}" for a in node.names]
+        elif (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module")
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            names = [str(node.args[0].value)]
         else:
             continue
         for name in names:
-            while name and name not in files:       # `from x import function`: module x
-                name = name.rpartition(".")[0]
-            while name and name != "trident":       # the module and its packages
-                if name != mod and not mod.startswith(name + "."):
-                    out.add(name)
-                name = name.rpartition(".")[0]
+            if name == "trident" or name.startswith("trident."):
+                while name not in files:            # `from x import function`: module x
+                    name = name.rpartition(".")[0]
+                out.append((node.lineno, name))
+    return out
+
+
+def _imports(mod: str, path: pathlib.Path, files, module_level: bool = False) -> set[str]:
+    """The trident modules that `mod` imports, with the packages each import loads on the
+    way (imported_modules; not the root package, nor mod's own packages)."""
+    out = set()
+    for _, name in imported_modules(mod, path, files, module_level):
+        while name and name != "trident":           # the module and its packages
+            if name != mod and not mod.startswith(name + "."):
+                out.add(name)
+            name = name.rpartition(".")[0]
     return out
 
 
@@ -96,10 +115,10 @@ def test_graph_sees_the_facade_imports():
     files = _modules()
     graph = {m: _imports(m, p, files) for m, p in files.items()}
     # the facade's lazy, function-level imports are edges (else the test below proves nothing)
-    assert {"trident.ccl", "trident.ops"} <= graph["trident.context_ops"]
-    assert {"trident.emulation", "trident.sanitize",
-            "trident.nodes.world"} <= graph["trident.context"]
-    assert "trident.context" in graph["trident"]
+    assert {"trident.ccl", "trident.ops"} <= graph["trident.api.context_ops"]
+    assert "trident.runtime.emulation" in graph["trident.runtime.context"]
+    assert {"trident.sanitize", "trident.nodes.world"} <= graph["trident.api.context"]
+    assert "trident.api" in graph["trident"]
 
 
 def _describe(graph, cycles) -> str:
@@ -121,9 +140,9 @@ def test_no_import_cycle_in_trident():
 def test_context_is_in_no_import_cycle():
     files = _modules()
     graph = {m: _imports(m, p, files) for m, p in files.items()}
-    context = {m for m in files if m == "trident.context" or m.startswith("trident.context_")}
+    context = {m for m in files if m.startswith(("trident.runtime.context", "trident.api"))}
     bad = [c for c in _cycles(graph) if context & set(c)]
-    assert not bad, "import cycles through trident.context: " + _describe(graph, bad)
+    assert not bad, "import cycles through the context: " + _describe(graph, bad)
 
 
 MAX_LINES = 600

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trident.launch import RankPool, check_world_size, default_world_size, launch
+from trident.runtime.launch import RankPool, check_world_size, default_world_size, launch
 
 from .faults.procs import alive
 
@@ -85,7 +85,7 @@ def test_world_size_none_is_the_default():
 
 
 def test_cli_world_size_is_checked(capsys):
-    from trident.cli import main
+    from trident.tools.cli import main
     for bad, why in (("0", "must be at least 1"), ("-2", "must be at least 1"),
                      ("two", "must be an integer")):
         with pytest.raises(SystemExit):

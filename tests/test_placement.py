@@ -1,5 +1,5 @@
-"""Placement of ranks on GPUs (trident/placement.py) and the job's MPS daemon
-(trident/mps.py), on any machine: the daemon is a stand-in script that speaks the control
+"""Placement of ranks on GPUs (trident/runtime/placement.py) and the job's MPS daemon
+(trident/runtime/mps.py), on any machine: the daemon is a stand-in script that speaks the control
 daemon's protocol as trident uses it (a `control` pipe; `get_server_list` and `quit`)."""
 import os
 import stat
@@ -10,8 +10,9 @@ import warnings
 
 import pytest
 
-from trident import mps, placement
-from trident.launch import sharing_env
+import trident
+from trident.runtime import mps, placement
+from trident.runtime.launch import sharing_env
 
 FAKE_CONTROL = textwrap.dedent("""\
     #!{python}
@@ -385,11 +386,11 @@ def test_usable_sms_follows_the_cap_in_force(fresh_placement):
 
 
 def test_import_presets_the_cap_under_torchrun(fresh_placement):
-    """trident/_env.py sets the cap at import for a torchrun rank that shares its GPU, so
+    """trident/runtime/_env.py sets the cap at import for a torchrun rank that shares its GPU, so
     that a script that calls torch.cuda.set_device before trident.init gets it too."""
     import torch
 
-    from trident import _env
+    from trident.runtime import _env
     mp = fresh_placement
     mp.delenv("TRITON_INTERPRET", raising=False)               # not the CPU emulation
     mp.delenv("TRIDENT_BACKEND", raising=False)
@@ -443,7 +444,7 @@ def test_import_sets_the_cap_before_it_initialises_the_driver(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in (CAP, "TRITON_INTERPRET", "TRIDENT_BACKEND")}
     env.update(LOCAL_WORLD_SIZE="2", LOCAL_RANK="1", PYTHONPATH=os.pathsep.join(
-        p for p in (os.path.dirname(os.path.dirname(os.path.abspath(placement.__file__))),
+        p for p in (os.path.dirname(os.path.dirname(os.path.abspath(trident.__file__))),
                     env.get("PYTHONPATH")) if p))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           env=env, timeout=120, cwd=tmp_path)

@@ -1,4 +1,4 @@
-"""trident.testing and the demo's checks built on it: correct bfloat16 results pass, even
+"""trident.tools.testing and the demo's checks built on it: correct bfloat16 results pass, even
 where an element is near zero because its terms cancel (there the fp32 accumulation order
 alone moves it by more than a bf16 unit of its own size), and wrong ones fail."""
 import types
@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from trident.testing import assert_close, dot_magnitude, mismatch, rounding_bound
+from trident.tools.testing import assert_close, dot_magnitude, mismatch, rounding_bound
 from trident.tools.demo import _check_matmul_sum, _check_sum
 
 RANK0 = types.SimpleNamespace(rank=0)

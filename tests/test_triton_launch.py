@@ -1,4 +1,4 @@
-"""trident/triton_launch.py: the one module on Triton's internals. In CI (no GPU) this
+"""trident/runtime/triton_launch.py: the one module on Triton's internals. In CI (no GPU) this
 fails loudly if an upgraded Triton changed what the fast launch relies on; on a GPU it
 checks that the fast path is taken and launches exactly what kernel[grid](...) does."""
 import pytest
@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from trident import _env, triton_launch
-from trident.triton_launch import Launch, Live, internals_problem
+from trident.runtime import _env, triton_launch
+from trident.runtime.triton_launch import Launch, Live, internals_problem
 
 GPU = not _env.INTERPRET
 
@@ -24,7 +24,7 @@ def _axpy(x, y, out, n, alpha, BLOCK: tl.constexpr, NEG: tl.constexpr):
 
 def test_internals_are_what_the_fast_launch_expects():
     assert internals_problem() is None, (
-        f"Triton {triton.__version__} changed what trident/triton_launch.py relies on: "
+        f"Triton {triton.__version__} changed what trident/runtime/triton_launch.py relies on: "
         f"{internals_problem()}. Update that module (launch plans fall back to the slow path).")
 
 
@@ -201,7 +201,7 @@ def test_launch_keeps_tensors_that_are_not_the_calls():
     """A launch keeps alive every tensor argument that is not (a view of) one of the
     call's own tensors: a split table or buffer made for the plan must not be freed while
     the plan launches with its address (the 2x H200 soak's all_to_all use-after-free)."""
-    from trident.triton_launch import not_the_calls
+    from trident.runtime.triton_launch import not_the_calls
     call_out, call_in = torch.zeros(8), torch.zeros(8)
     made_for_plan = torch.zeros(4, dtype=torch.int64)
     kept = not_the_calls([call_out.view(2, 4), call_in[2:], made_for_plan, 3, None],

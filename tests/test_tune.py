@@ -9,7 +9,7 @@ import os
 import pytest
 
 from trident.ccl import ALGORITHMS, selector, tune_cache
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 
 from .test_cli import _trident      # the command line in a subprocess, this environment
 

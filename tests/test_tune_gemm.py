@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from trident import tune
+from trident.tools import tune
 from trident.bench import gemm as bench
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 from trident.ops import gemm, gemm_tables
 from trident.tools import info
 

@@ -1,6 +1,6 @@
-"""`python -m trident ...`: the same command line as the `trident` script (cli.py)."""
+"""`python -m trident ...`: the same command line as the `trident` script (tools/cli.py)."""
 import sys
 
-from .cli import main
+from .tools.cli import main
 
 sys.exit(main())

@@ -234,7 +234,7 @@ def run(world: int, node_size: int, opts: dict, backend: str | None = None,
     nodes already); returns rank 0's result."""
     if pool is not None:
         return pool.run(measure, opts)[0]
-    from trident.launch import default_backend
+    from trident.runtime.launch import default_backend
     from trident.nodes.topology import pool_in_nodes
     backend = backend or default_backend()
     pool = pool_in_nodes(world, node_size, backend=backend,
@@ -295,7 +295,7 @@ def _moe_shape(text: str, world: int) -> tuple:
 
 def main(argv=None) -> int:
     from trident.nodes import topology
-    from trident.launch import default_backend
+    from trident.runtime.launch import default_backend
     p = argparse.ArgumentParser(prog="python -m bench.lab.hierarchical", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", "--world-size", type=int, default=None,

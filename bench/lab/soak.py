@@ -573,7 +573,7 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--log", default=None, help="log file (default bench/results/soak-*.log)")
     p.add_argument("--inject", type=int, default=-1, help=argparse.SUPPRESS)  # corrupt op N (tests)
     args = p.parse_args(argv)
-    from trident.launch import default_backend, default_world_size
+    from trident.runtime.launch import default_backend, default_world_size
     args.backend = args.backend or default_backend()
     args.world = args.world or (max(2, default_world_size("cuda")) if args.backend == "cuda"
                                 else 2)
@@ -586,7 +586,7 @@ def parse(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    from trident.launch import launch
+    from trident.runtime.launch import launch
     backend, world = args.backend, args.world
     os.environ.setdefault("TRIDENT_PLAN_CACHE", "32768")   # every signature keeps its plan
     t0 = time.perf_counter()

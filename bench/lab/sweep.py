@@ -306,7 +306,7 @@ def _run(ctx, ops, sizes, timing_for, out_dir):
 
 
 def main(argv=None) -> int:
-    from trident.launch import default_backend, default_world_size, launch
+    from trident.runtime.launch import default_backend, default_world_size, launch
     p = argparse.ArgumentParser(prog="python -m bench.lab.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", default=",".join(OPS))

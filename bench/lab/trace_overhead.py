@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=None, help="timed calls per case "
                         "(default 50 on GPUs, 3 on CPU)")
     args = parser.parse_args(argv)
-    from trident.launch import default_backend, launch
+    from trident.runtime.launch import default_backend, launch
     backend = default_backend()
     world = args.world_size or (None if backend == "cuda" else 2)
     iters = args.iters or (50 if backend == "cuda" else 3)

@@ -1,6 +1,6 @@
 """The Gluon all-gather (trident/ccl/all_gather/gluon.py) against torch.cat of every rank's
 random input: odd sizes, several dtypes, plain and heap tensors, in place, back to back.
-On the CPU emulation (Gluon mapped onto the interpreter, trident/emulation.py) at worlds
+On the CPU emulation (Gluon mapped onto the interpreter, trident/runtime/emulation.py) at worlds
 2 and 3, also under the race detector; on GPUs at worlds 2 and 4."""
 import pytest
 import torch

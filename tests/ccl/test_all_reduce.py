@@ -149,7 +149,7 @@ def _floats_only_algorithm(ctx):
     import dataclasses
 
     from trident.ccl import registry
-    from trident.plans import tensor_key
+    from trident.runtime.plans import tensor_key
     picked = _auto_pick(ctx, 33 * 4)          # what "auto" picks for this size
     key = ("all_reduce", picked)
     declared, table = registry._BY_KEY[key], registry.ALGORITHMS

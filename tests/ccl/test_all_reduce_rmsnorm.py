@@ -201,7 +201,7 @@ def test_bad_inputs(pool):
 
 
 def _compiled(ctx):
-    from trident import torch_ops
+    from trident.torch import ops as torch_ops
     dtype, shape = torch.bfloat16, (2, 24)
     xs, residual, weight, x, _ = _inputs(ctx, 3, dtype, shape, False, False)
     w = weight.to(ctx.device)

@@ -15,7 +15,7 @@ import torch
 
 from trident.ccl import lamport
 from trident.ccl.all_to_all.one_shot import CPU_SLOT_BYTES
-from trident.errors import CallMismatch, PeerFailed
+from trident.runtime.errors import CallMismatch, PeerFailed
 
 from .refs import assert_equal, rank_inputs
 

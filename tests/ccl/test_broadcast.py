@@ -10,7 +10,7 @@ import torch
 
 from trident.ccl import lamport
 from trident.ccl.broadcast.relay import relay
-from trident.plans import Plan
+from trident.runtime.plans import Plan
 
 from .refs import BLOCK, assert_equal, place, rank_inputs
 

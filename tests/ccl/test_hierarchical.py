@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trident.nodes import cost, topology
-from trident.launch import RankPool, default_backend
+from trident.runtime.launch import RankPool, default_backend
 
 from ..nodes import NODE_SIZES, WORLD, Layout, in_nodes_of, nodes_pool
 
@@ -335,16 +335,15 @@ def test_cost_model(monkeypatch):
 
 
 def test_selector_across_nodes():
-    from trident.ccl.selector import select_across_nodes
     for op in ("all_reduce", "all_to_all", "broadcast"):
         for nbytes in (1 << 10, 1 << 30):
-            assert select_across_nodes(op, nbytes, 4, 1) == cost.choose(op, nbytes, 4, 1)
+            assert cost.select(op, nbytes, 4, 1) == cost.choose(op, nbytes, 4, 1)
             # no NCCL (GPU ranks sharing a GPU): never the flat torch.distributed path
-            assert select_across_nodes(op, nbytes, 4, 1, nccl=False) == "hierarchical"
+            assert cost.select(op, nbytes, 4, 1, nccl=False) == "hierarchical"
 
 
 def test_info_prints_layout(monkeypatch, capsys):
-    from trident import _env
+    from trident.runtime import _env
     from trident.tools.info import _nodes_info
     if not _env.INTERPRET:
         pytest.skip("the default world of `trident info` on GPUs depends on the GPUs")

@@ -155,7 +155,7 @@ def test_sweep_runs_every_variant():
     if not nccl_available(get_pool(2)):
         pytest.skip("the sweep checks every variant against NCCL, which ranks sharing a GPU "
                     "cannot run")
-    from trident.launch import default_backend
+    from trident.runtime.launch import default_backend
     rows = get_pool(2).run(_sweep_tiny)[0]
     gpu = default_backend() == "cuda"     # on GPUs, variants limited to large sizes drop out
     assert len(rows) == sum(len(sweep.variants(op, 2048, gpu)) + 1 for op in sweep.GRID)

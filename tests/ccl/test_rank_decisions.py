@@ -226,7 +226,7 @@ def test_nccl_availability_is_the_groups():
     share one, the third has the other alone) are a gloo group, which the third rank must
     know as well as the others (it alone would pick the "nccl" algorithm, or put a host
     exchange's tensor on its GPU, where its peers cannot)."""
-    from trident import placement
+    from trident.runtime import placement
     gpus = [("node", "gpu-0"), ("node", "gpu-0"), ("node", "gpu-1")]
     views = [placement.gpu_sharing(gpus, me) for me in gpus]
     assert [count for count, _ in views] == [2, 2, 1]

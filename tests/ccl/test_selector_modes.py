@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from trident import _env
+from trident.runtime import _env
 from trident.bench import selection
 from trident.ccl import ALGORITHMS, selector, tune_cache
 
@@ -144,7 +144,7 @@ def _auto_passes_over_what_does_not_fit(ctx):
     the dtype, and one_shot where the message is past its capacity or integer."""
     import torch
     from trident.ccl import lamport
-    from trident.plans import tensor_key
+    from trident.runtime.plans import tensor_key
     rows = [[None, "lamport"]]
     tables = selector.Tables({"eager": {"all_reduce": rows}, "graph": {"all_reduce": rows}},
                              selector.builtin()["cost_model"], "test: lamport everywhere")

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trident import torch_backend
+from trident.torch import backend as torch_backend
 from trident.compat import deep_ep
 from trident.moe import fp8
 
@@ -218,7 +218,7 @@ def test_low_latency_like_deepep(pool2):
 
 
 def _on_trident_group(ctx):
-    """Buffer over a process group of backend "trident" (trident.torch_backend) runs on
+    """Buffer over a process group of backend "trident" (trident.torch.backend) runs on
     that group's own context (no second heap); one BF16 round, checked."""
     R, rank, dev = ctx.world_size, ctx.rank, ctx.device
     E = 2 * R

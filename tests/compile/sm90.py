@@ -4,8 +4,10 @@ what the CPU emulation cannot: that each kernel compiles (PTX, then ptxas), and 
 copy loops keep 16-byte vector accesses (ld/st .v4) where their alignment allows.
 
 Run in a process of its own, since the caller may be using the interpreter:
-    python -m tests.compile.sm90 [SUBSTRING ...]     (only the kernels whose name matches)
-tests/compile/test_sm90.py does so.
+    python -m tests.compile.sm90 [--ptx-dir DIR] [SUBSTRING ...]
+(only the kernels whose name matches; --ptx-dir writes each variant's PTX to
+DIR/<module>.<kernel>.<variant>.ptx, to compare two trees' kernels). tests/compile/test_sm90.py
+runs it.
 
 kernels() lists (module, kernel, argument types, constexpr combinations). Argument names come
 from the kernel itself: a kernel that gains an argument fails here until its entry gives
@@ -115,12 +117,13 @@ def _vector_accesses(ptx: str) -> tuple[int, int, int]:
     return loads, stores, scalar
 
 
-def compile_kernel(k: Kernel) -> list[str]:
-    """Compile every variant of `k`; returns one line per variant, raises on a failure."""
+def compile_kernel(k: Kernel, ptx_dir: str | None = None) -> list[str]:
+    """Compile every variant of `k`; returns one line per variant, raises on a failure.
+    With `ptx_dir`, each variant's PTX is written there as <label>.<variant index>.ptx."""
     fn = getattr(importlib.import_module(k.module), k.name)
     constexpr_names = [p.name for p in fn.params if p.is_constexpr]
     lines = []
-    for v in k.variants:
+    for index, v in enumerate(k.variants):
         types = {**COMMON, **k.types, **v.types}
         missing = [a for a in fn.arg_names if a not in constexpr_names and a not in types]
         if missing:
@@ -138,6 +141,9 @@ def compile_kernel(k: Kernel) -> list[str]:
         except Exception as exc:
             raise AssertionError(f"{k.label} {v.constexprs} does not compile for sm_90: "
                                  f"{type(exc).__name__}: {exc}") from exc
+        if ptx_dir is not None:
+            with open(os.path.join(ptx_dir, f"{k.label}.{index}.ptx"), "w") as f:
+                f.write(ptx)
         loads, stores, scalar = _vector_accesses(ptx)
         wanted = {"all": "ld+st", "ld+st": "ld+st", "st": "st"}.get(v.vectors, "")
         lost = [op for op, n in (("ld", loads), ("st", stores)) if op in wanted and not n]
@@ -410,7 +416,7 @@ def _ops() -> list[Kernel]:
     kernel (tensors TMA cannot address), and a swap-AB split-K config on the classic core
     and on the pointer path. bf16 and fp16, with and without bias (fp32 bias in one), K a
     multiple of BK or not. The pushers' and the partials' copies keep 16-byte accesses."""
-    from trident.errors import OP_CODES
+    from trident.runtime.errors import OP_CODES
     from trident.ops import gemm
     from trident.ops.fused_tile import tile_shape
     ints = ("M", "N", "K", "m_local", "stride_am", "stride_wn", "stride_om")
@@ -584,7 +590,7 @@ def _pipelined() -> list[Kernel]:
     """trident/ops/pipelined.py: the copy, wait, finish, reduce and gather kernels of the
     pipelined schedule (bf16 and fp16, bias on and off, the all-reduce's variant), at the
     GPU block (8 x 256): the copies and the reduction keep 16-byte accesses."""
-    from trident.errors import OP_CODES
+    from trident.runtime.errors import OP_CODES
     op = OP_CODES["matmul_all_reduce"]
     block = dict(BR=8, BC=256)
     flags = dict(sync=P32, rows=I32, cols=I32, peer=I32, stride_src=I32,
@@ -740,13 +746,18 @@ def kernels() -> list[Kernel]:
 
 
 def main(argv: list[str]) -> int:
+    ptx_dir = None
+    if argv and argv[0].startswith("--ptx-dir"):
+        ptx_dir = argv[0].partition("=")[2] or argv[1]
+        argv = argv[1:] if "=" in argv[0] else argv[2:]
+        os.makedirs(ptx_dir, exist_ok=True)
     chosen = [k for k in kernels() if not argv or any(a in k.label for a in argv)]
     if not chosen:
         print(f"no kernel matches {argv}", file=sys.stderr)
         return 2
     t0, count = time.perf_counter(), 0
     for k in chosen:
-        for line in compile_kernel(k):
+        for line in compile_kernel(k, ptx_dir):
             print(line, flush=True)
             count += 1
     print(f"{count} compilations of {len(chosen)} kernels for sm_90 in "

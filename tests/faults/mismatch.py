@@ -1,6 +1,6 @@
 """What the cases of a call that differs between ranks share (sizes, algorithms): how long
 they let a wait run, and the verdict on what every rank saw."""
-from trident.errors import CallMismatch, PeerFailed
+from trident.runtime.errors import CallMismatch, PeerFailed
 
 # the cases whose ranks do meet: long enough for a slow peer (4 ranks sharing one GPU's
 # host) not to pass for a missing one; a mismatch is found as soon as both ranks arrive,

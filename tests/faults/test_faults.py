@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import trident as td
-from trident.errors import CallMismatch, HostTimeout
-from trident.errors import GroupUnusable
-from trident.launch import RankPool
+from trident.runtime.errors import CallMismatch, HostTimeout
+from trident.runtime.errors import GroupUnusable
+from trident.runtime.launch import RankPool
 
 from .procs import alive
 

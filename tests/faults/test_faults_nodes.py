@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from trident.errors import CommTimeout, GroupUnusable, InterNodeError
+from trident.runtime.errors import CommTimeout, GroupUnusable, InterNodeError
 
 from ..nodes import pool_in_nodes
 

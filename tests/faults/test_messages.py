@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.errors import CallMismatch
+from trident.runtime.errors import CallMismatch
 
 
 def _different_ops_debug(ctx):

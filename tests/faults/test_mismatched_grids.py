@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from trident.errors import CallMismatch, PeerFailed
+from trident.runtime.errors import CallMismatch, PeerFailed
 
 from ..conftest import WORLD_SIZES
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import trident as td
-from trident.errors import CallMismatch
+from trident.runtime.errors import CallMismatch
 
 from ..conftest import WORLD_SIZES, get_pool
 
@@ -121,7 +121,7 @@ def _case(ctx, call, op):
 
 def _torch_case(ctx, op):
     """Rank 0 destroys a "trident" process group while the others call `op` on it."""
-    from trident.torch_backend import Options
+    from trident.torch.backend import Options
     g = dist.new_group(backend="trident", pg_options=Options(heap_size=8 << 20, timeout=TIMEOUT))
     w, dev = ctx.world_size, ctx.device
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.errors import CallMismatch, CommTimeout, HeapMismatchError, PeerFailed
+from trident.runtime.errors import CallMismatch, CommTimeout, HeapMismatchError, PeerFailed
 
 from ..conftest import WORLD_SIZES
 from .mismatch import MEET, assert_found_when_ranks_meet

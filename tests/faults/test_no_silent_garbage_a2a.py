@@ -7,7 +7,7 @@ right."""
 import pytest
 import torch
 
-from trident.errors import CallMismatch, CommTimeout, PeerFailed
+from trident.runtime.errors import CallMismatch, CommTimeout, PeerFailed
 
 from ..ccl.refs import assert_equal, rank_inputs
 from ..conftest import get_pool

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.errors import CallMismatch, CommTimeout, PeerFailed
+from trident.runtime.errors import CallMismatch, CommTimeout, PeerFailed
 
 from ..conftest import get_pool
 from ..moe.test_expert_parallel import (_check_dispatch, _reference_combine, _round_inputs,

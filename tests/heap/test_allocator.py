@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from trident.heap.allocator import ALIGNMENT, Allocator, HeapFullError
+from trident.runtime.heap.allocator import ALIGNMENT, Allocator, HeapFullError
 
 
 def test_alignment_and_reuse():

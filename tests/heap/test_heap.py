@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.heap import HeapFullError
+from trident.runtime.heap import HeapFullError
 
 
 def _offsets(ctx):

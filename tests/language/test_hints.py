@@ -1,12 +1,12 @@
 """The CPU emulation checks tl.multiple_of: a false alignment promise is a misaligned
-address crash on a GPU, so it must fail on the CPU too (trident/emulation.py)."""
+address crash on a GPU, so it must fail on the CPU too (trident/runtime/emulation.py)."""
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from trident import emulation
-from trident._env import INTERPRET
+from trident.runtime import emulation
+from trident.runtime._env import INTERPRET
 
 pytestmark = pytest.mark.skipif(not INTERPRET, reason="checks the interpreter's hints")
 

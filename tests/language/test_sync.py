@@ -10,7 +10,7 @@ import triton.language as tl
 
 import trident as td
 import trident.language as tdl
-from trident.errors import CallMismatch, PeerFailed
+from trident.runtime.errors import CallMismatch, PeerFailed
 
 
 @triton.jit

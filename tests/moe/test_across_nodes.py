@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 from trident.moe import fp8
 
 from ..nodes import NODE_SIZES, WORLD, Layout, nodes_pool

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import trident as td
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 
 TOL = {torch.bfloat16: 3e-2, torch.float16: 4e-3}
 

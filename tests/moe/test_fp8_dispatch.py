@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 import trident as td
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 from trident.moe import fp8
 
 from .test_expert_parallel import _check_combine, _expert_fn, _round_inputs, extreme_counts

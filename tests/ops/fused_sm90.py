@@ -45,7 +45,7 @@ def compile_kernel(fn, types: dict, constexprs: dict, cfg: dict):
 
 
 def main() -> int:
-    from trident.errors import OP_CODES
+    from trident.runtime.errors import OP_CODES
     from trident.ops import gemm
     from trident.ops.all_gather_matmul import _all_gather_matmul_kernel
     from trident.ops.fused_tile import tile_shape

@@ -6,7 +6,7 @@ op's result against plain torch in fp32 on the gathered inputs.
 import pytest
 import torch
 
-from trident import testing
+from trident.tools import testing
 
 
 def make(shape, seed, dtype, device):
@@ -27,6 +27,6 @@ def refused_without_nccl(ctx, algorithm, call) -> bool:
 
 def assert_close(out, ref, what, rel=2e-2):
     """bf16/fp16 output against an fp32 reference: relative Frobenius error below `rel` and
-    every element within 4 * rel of the reference's largest magnitude (trident.testing)."""
+    every element within 4 * rel of the reference's largest magnitude (trident.tools.testing)."""
     ref = ref.float().cpu()
     testing.assert_close(out, ref, 4 * rel * ref.abs().max().clamp_min(1e-6), what, rel)

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trident.ops import _common, async_tp, auto, schedules, tuning
+from trident.ops import _common, async_tp, auto, schedules
+from trident.tools import tune_ops as tuning
 
 from .reference import assert_close, make
 

@@ -1,4 +1,4 @@
-"""schedule="auto"'s table (trident/ops/auto.py) and `trident tune --ops` (ops/tuning.py):
+"""schedule="auto"'s table (trident/ops/auto.py) and `trident tune --ops` (tools/tune_ops.py):
 a cell never names a schedule slower than another measured in the same run, auto takes
 the fastest that can run here, and falls back to the crossovers, then the cost model."""
 import json
@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trident.ops import auto, schedules, tuning
+from trident.ops import auto, schedules
+from trident.tools import tune_ops as tuning
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from trident.ops import auto, schedules, tuning
+from trident.ops import auto, schedules
+from trident.tools import tune_ops as tuning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "bench", "results")

@@ -8,7 +8,7 @@ import torch
 from trident.ops import _common, fused_tile
 from trident.ops.all_gather_matmul import all_gather_matmul_fused
 from trident.ops.matmul_reduce_scatter import matmul_reduce_fused
-from trident.plans import Plan
+from trident.runtime.plans import Plan
 
 from .reference import assert_close, make
 

@@ -14,7 +14,7 @@ import torch
 
 from trident.ops import _common, fused_tile, gemm
 from trident.ops.matmul_reduce_scatter import matmul_reduce_fused
-from trident.plans import Plan
+from trident.runtime.plans import Plan
 
 from .reference import assert_close, make
 

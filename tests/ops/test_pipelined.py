@@ -9,7 +9,7 @@ the next call raises on every rank (the issue-29 contract); through the ops' `sc
 import pytest
 import torch
 
-from trident.errors import CallMismatch, PeerFailed
+from trident.runtime.errors import CallMismatch, PeerFailed
 
 from ..conftest import WORLD_SIZES
 from .reference import assert_close, make

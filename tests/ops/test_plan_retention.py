@@ -18,7 +18,7 @@ fresh context, so that its first call makes the workspaces, plans and buffers.
 The row-parallel ops' TMA launches take host-made descriptors (no global scratch; their
 sm_90 compilation is checked below). all_gather_matmul's still make theirs in the kernel:
 on GPUs its Launch keeps a scratch buffer per stream, made at its first run outside the
-graph pools (trident/triton_launch.py kept_buffer, on trident's allocation thread), so it
+graph pools (trident/runtime/triton_launch.py kept_buffer, on trident's allocation thread), so it
 is not one of the calling thread's storages that the first check looks for.
 
 The GPU check of the same thing, through Inductor itself: tests/torch_ops/
@@ -33,9 +33,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import trident as td
-from trident.context import _not_capturing
+from trident.runtime.context import _not_capturing
 from trident.ops import _common
-from trident.triton_launch import Launch
+from trident.runtime.triton_launch import Launch
 
 from ..compile import run_check
 from ..conftest import BACKEND

@@ -6,7 +6,7 @@ context whose calls are right again."""
 import pytest
 import torch
 
-from trident.errors import CallMismatch, CommTimeout, PeerFailed
+from trident.runtime.errors import CallMismatch, CommTimeout, PeerFailed
 
 from ..conftest import WORLD_SIZES, get_pool
 from .reference import assert_close, make

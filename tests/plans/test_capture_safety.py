@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trident import plans
+from trident.runtime import plans
 from trident.ops import _common
 
 from ..conftest import BACKEND, get_pool

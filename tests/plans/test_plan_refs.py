@@ -1,5 +1,5 @@
 """A cached launch plan keeps the addresses of a call's own tensors, never the tensors
-(trident/triton_launch.py, Launch.keep): a caller's input must die when the caller drops
+(trident/runtime/triton_launch.py, Launch.keep): a caller's input must die when the caller drops
 it, or every new activation would stay alive in the plan cache (up to its 512 plans) and
 torch.compile's CUDA-graph pool would find tensors it does not track. On GPUs only: the
 CPU emulation's launches keep their arguments by design."""
@@ -9,7 +9,7 @@ import weakref
 import pytest
 import torch
 
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 
 pytestmark = pytest.mark.skipif(default_backend() != "cuda",
                                 reason="the CPU emulation's launches keep their arguments")

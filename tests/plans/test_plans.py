@@ -1,9 +1,9 @@
-"""Launch plans (trident/plans.py): reused for the same signature, rebuilt for a new one,
+"""Launch plans (trident/runtime/plans.py): reused for the same signature, rebuilt for a new one,
 dropped on reset, free and close; right when a tensor's contents change in place."""
 import pytest
 import torch
 
-from trident.plans import Plan, PlanCache
+from trident.runtime.plans import Plan, PlanCache
 
 from ..ccl.refs import assert_equal, place, rank_inputs, reduce_ref
 
@@ -136,7 +136,7 @@ def test_a_plan_becomes_a_graph_on_its_second_run(monkeypatch):
     at its second (with that run's tensors), then replayed; a key used once -- a plain
     tensor at a new address every call -- never pays a capture. Never captured while the
     stream is being captured; a kept reference to the first `run` replays the graph."""
-    import trident.plans as plans
+    import trident.runtime.plans as plans
     captured, capturing = [], [False]
 
     def fake_capture(steps, tensors):

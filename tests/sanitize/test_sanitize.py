@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trident import sanitize
-from trident.launch import default_backend
+from trident.runtime.launch import default_backend
 
 from .planted import run_push_all_gather, run_put_unordered
 

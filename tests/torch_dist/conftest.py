@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from trident.launch import RankPool, default_backend
+from trident.runtime.launch import RankPool, default_backend
 
 from ..conftest import WORLD_SIZES
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
-from trident.errors import CallMismatch, CommTimeout, PeerFailed
+from trident.runtime.errors import CallMismatch, CommTimeout, PeerFailed
 
 from ..ccl.refs import assert_equal, rank_inputs, reduce_ref
 
@@ -250,7 +250,7 @@ def _wrong_size_on_one_rank(ctx):
     raises ValueError, the others PeerFailed naming it, at once; reset() on every rank, and
     a correct call is right; then destroy_process_group raises nothing. Then item 4: sizes
     that differ in the group's last call, and destroy_process_group raises the mismatch."""
-    from trident.torch_backend import Options, context
+    from trident.torch.backend import Options, context
     w, dev = ctx.world_size, ctx.device
     g = dist.new_group(backend="trident", pg_options=Options(heap_size=8 << 20, timeout=20.0))
     out = torch.empty(6, device=dev)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trident.errors import CallMismatch, CommTimeout, PeerFailed
+from trident.runtime.errors import CallMismatch, CommTimeout, PeerFailed
 
 
 def _warm_calls(ctx):

@@ -18,9 +18,9 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 def test_import_registers_the_backend_and_info_says_so(capsys):
-    assert trident.torch_backend.registered()
+    assert trident.torch.backend.registered()
     assert "TRIDENT" in dist.Backend._plugins
-    assert trident.torch_backend.register()           # again: a no-op
+    assert trident.torch.backend.register()           # again: a no-op
     info()
     out = capsys.readouterr().out
     assert "torch.distributed backend 'trident': registered" in out, out

@@ -1,4 +1,4 @@
-"""trident's torch custom ops (trident/torch_ops.py) on the CPU emulation: the eager calls
+"""trident's torch custom ops (trident/torch/ops/) on the CPU emulation: the eager calls
 inside torch.compile(fullgraph=True), a tensor-parallel MLP compiled vs eager, gradients
 against a single-process reference, and torch.library.opcheck of every op.
 
@@ -10,7 +10,7 @@ compiles its functions once per rank and reuses them.
 import torch
 import torch.nn.functional as F
 
-from trident import torch_ops as T
+from trident.torch import ops as T
 
 T_ROWS, HID, FFN = 12, 32, 24          # divisible by world sizes 2, 3 and 4
 BACKEND = "aot_eager"

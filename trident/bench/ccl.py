@@ -291,7 +291,7 @@ def heap_bytes(gpu: bool, world: int, hi: int) -> int:
 
 
 def main(argv=None) -> int:
-    from ..launch import default_backend, launch
+    from ..runtime.launch import default_backend, launch
     p = common.suite_parser("trident bench ccl", __doc__, OPS)
     p.add_argument("--min-size", default="1K")
     p.add_argument("--max-size", default=None, help="default 512M on GPUs, 4K on the CPU emulation")

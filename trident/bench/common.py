@@ -310,7 +310,7 @@ def device_kind(ctx) -> str:
 
 
 def _gpus(ctx) -> int:
-    """GPUs the job's ranks use (round-robin placement, trident/placement.py)."""
+    """GPUs the job's ranks use (round-robin placement, trident/runtime/placement.py)."""
     return -(-ctx.world_size // _ranks_per_gpu(ctx))
 
 
@@ -328,7 +328,7 @@ def default_world(backend: str, cpu: int = 2) -> int:
     (the ranks share it: correctness and host figures); `cpu` on the CPU emulation."""
     if backend != "cuda":
         return cpu
-    from ..launch import default_world_size
+    from ..runtime.launch import default_world_size
     return max(2, default_world_size(backend))
 
 

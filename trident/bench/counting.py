@@ -94,8 +94,8 @@ def triton_launches(mode: TorchOps | None = None):
     Launch.__call__s under LAUNCH_OBJECTS; `mode`'s counting is paused inside a launch."""
     from triton.runtime import interpreter
     from triton import knobs
-    from trident._env import INTERPRET
-    from trident.triton_launch import Launch
+    from trident.runtime._env import INTERPRET
+    from trident.runtime.triton_launch import Launch
     seen = Counter()
     launch_call = Launch.__call__
 

@@ -46,7 +46,7 @@ CALLS, BATCH = 20000, 50
 # ---------------------------------------------------------------------------- cases
 def _cases(ctx) -> dict:
     """name -> zero-argument callable making one call (tensors made here, once)."""
-    import trident as td
+    from trident.moe import ExpertParallel
     w = ctx.world_size
     f32, bf16 = torch.float32, torch.bfloat16
     kib = 256                                        # fp32 elements in 1 KiB
@@ -121,7 +121,7 @@ def _cases(ctx) -> dict:
         lambda: ctx.all_gather_matmul(a, wt, algorithm="fused", gemm="tma")
     # MoE
     experts, topk, hidden, tokens = 2 * w, 2, 64, 4
-    ep = td.ExpertParallel(ctx, experts, topk, hidden, tokens, dtype=bf16)
+    ep = ExpertParallel(ctx, experts, topk, hidden, tokens, dtype=bf16)
     x = torch.randn(tokens, hidden, dtype=bf16)
     idx = torch.stack([torch.randperm(experts)[:topk] for _ in range(tokens)]).to(torch.int32)
     weights = torch.rand(tokens, topk)
@@ -161,7 +161,7 @@ def _noop_step(tensors=()):
 
 def _silence(ctx):
     """Make every plan's steps no-ops; returns the function that undoes it."""
-    from trident.triton_launch import Launch
+    from trident.runtime.triton_launch import Launch
     saved_call = Launch.__call__
     Launch.__call__ = lambda self, tensors=(): None
     saved = []
@@ -197,7 +197,7 @@ def _time(fn, calls: int, batch: int) -> list[float]:
 
 def _launch_python(calls: int, batch: int) -> list[float]:
     """Launch.__call__'s fast path around a stand-in for the C launcher (15 arguments)."""
-    from trident.triton_launch import Launch
+    from trident.runtime.triton_launch import Launch
     launch = object.__new__(Launch)
     launch.grid, launch.live = (4, 1, 1), ()
     launch.packed = tuple(range(15))
@@ -272,7 +272,7 @@ def run(world: int = 2, calls: int = CALLS, batch: int = BATCH, only=None,
     if pool is not None:
         return pool.run(measure, calls, batch, only)[0]
     os.environ.setdefault("TRIDENT_BACKEND", "cpu")
-    from trident.launch import launch
+    from trident.runtime.launch import launch
     return launch(measure, world, calls, batch, only, backend="cpu", heap_size=64 << 20,
                   timeout=60.0)[0]
 

@@ -105,10 +105,11 @@ def _nvlink_bytes(ctx, idx, L, H, esize) -> tuple[float, float]:
     return float(per_gpu.max()), float(everyone.sum())
 
 
-def _trident_rows(ctx, td, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
+def _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
                   high_throughput):
     """trident's rows of a case, on the path `high_throughput` picks (None: the default)."""
-    ep = td.ExpertParallel(ctx, E, k, H, T, dtype=dtype, high_throughput=high_throughput)
+    from trident.moe import ExpertParallel
+    ep = ExpertParallel(ctx, E, k, H, T, dtype=dtype, high_throughput=high_throughput)
     try:
         y = torch.empty(T, H, dtype=dtype, device=ctx.device)
         d = ep.dispatch(x, idx)
@@ -165,7 +166,6 @@ def _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H):
 
 
 def _case(ctx, model, E, k, H, T, timing, bar):
-    import trident as td
     dtype = torch.bfloat16
     g = torch.Generator().manual_seed(1000 + ctx.rank)
     x = torch.randn(T, H, generator=g).to(dtype).to(ctx.device)
@@ -195,7 +195,7 @@ def _case(ctx, model, E, k, H, T, timing, bar):
     if T >= HT_MIN_TOKENS:
         variants.append(("trident (low-latency)", False))
     for impl, high_throughput in variants:
-        _trident_rows(ctx, td, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
+        _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
                       high_throughput)
     bar.step(f"{model} T={T} trident")
     if common.nccl_runs(ctx):
@@ -280,7 +280,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", default=None, help="comma-separated tokens per rank "
                         f"(default {GPU_TOKENS} on GPUs, {CPU_TOKENS} on the CPU emulation)")
     args = parser.parse_args(argv)
-    from trident.launch import default_backend, launch
+    from trident.runtime.launch import default_backend, launch
     from trident.moe import ExpertParallel
     backend = args.backend or default_backend()
     gpu = backend == "cuda"

@@ -240,7 +240,7 @@ def _impls(ctx, op, a, wt, only=None):
 
 
 def _recover(ctx) -> None:
-    """After a call that failed (its error is sticky until reset: trident/errors.py), a
+    """After a call that failed (its error is sticky until reset: trident/runtime/errors.py), a
     collective ctx.reset() so that the next rows run."""
     try:
         ctx.reset()
@@ -485,7 +485,7 @@ def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None, auto
 
 
 def main(argv=None) -> int:
-    from ..launch import default_backend, launch
+    from ..runtime.launch import default_backend, launch
     p = common.suite_parser("trident bench ops", __doc__, OPS)
     p.add_argument("--m", default=None, help="comma-separated total M (default "
                    f"{','.join(map(str, DEFAULT_M))} on GPUs, {','.join(map(str, TINY_M))} on CPU)")

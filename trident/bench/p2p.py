@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     parser.add_argument("--world-size", type=int, default=None)
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args(argv)
-    from trident.launch import default_backend, launch
+    from trident.runtime.launch import default_backend, launch
     backend = default_backend()
     gpu = backend == "cuda"
     size = args.size or ((256 << 20) if gpu else (16 << 10))

@@ -28,13 +28,13 @@
    processes (NCCL with one GPU per rank; gloo where ranks share a GPU, or on the CPU,
    which checks correctness only: gloo is not a speed baseline), outputs compared. The
    trident row also counts, per timed step, the plans trident built (a new address of a
-   plain tensor builds one: trident/plans.py tensor_key) and the calls that fell back to
+   plain tensor builds one: trident/runtime/plans.py tensor_key) and the calls that fell back to
    the inner group (docs/torch-backend.md, "TP MLP step").
 
 `--json PATH` writes common.write_results' document: the date, device, torch/triton/NCCL
 versions (common.metadata), "marked" (cpu-emulation, shared GPU), and "rows".
 
-Where ranks share a GPU (MPS; trident/placement.py), kernel times are not NVLink times:
+Where ranks share a GPU (MPS; trident/runtime/placement.py), kernel times are not NVLink times:
 the figures there are host time and correctness.
 """
 from __future__ import annotations
@@ -146,7 +146,7 @@ def _tp_rows(ctx, shape, steps: int, base=None) -> dict:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                    parallelize_module)
-    from ..torch_backend import inner
+    from ..torch.backend import inner
     tokens, dim, hidden = shape
     gpu = ctx.device.type == "cuda"
     base_name = "nccl" if gpu and inner.nccl_usable(ctx.world_size) else "gloo"
@@ -264,7 +264,7 @@ def summary(rows: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from ..launch import RankPool, default_backend
+    from ..runtime.launch import RankPool, default_backend
     p = argparse.ArgumentParser(prog="python -m trident.bench.torch_backend", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world", type=int, default=2)

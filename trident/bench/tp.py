@@ -268,7 +268,7 @@ def _run(ctx, shape, batches, impls, timing, out_dir):
 
 
 def main(argv=None) -> int:
-    from ..launch import default_backend, launch
+    from ..runtime.launch import default_backend, launch
     p = common.suite_parser("trident bench tp", __doc__, list(IMPLS))
     p.add_argument("--batch", default=None, help="comma-separated batch sizes (default 1,2,4,8 "
                    "on GPUs, 2 on CPU)")

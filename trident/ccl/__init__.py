@@ -1,7 +1,7 @@
 """Collectives over the symmetric heap: all_gather, reduce_scatter, all_reduce,
 all_to_all, broadcast (called as ctx.all_gather(...) etc.).
 
-Every function runs a launch plan (trident/plans.py, through its driver plans.call): one
+Every function runs a launch plan (trident/runtime/plans.py, through its driver plans.call): one
 entry (`_collective`) for the five, whose plan `_build` makes by the table `_OPS` (each
 op's checks, selector bytes, NCCL step and launch); the algorithms are those that
 registry.py declares. Built on the first call of a
@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from . import checks, common, nccl, registry
 from .options import knobs
-from .. import plans
-from ..plans import Plan, tensor_key
+from ..runtime import plans
+from ..runtime.plans import Plan, tensor_key
 from .selector import select
 
 # {op: {name: run function}} of trident's own algorithms (registry.py: registry.kernels)

@@ -59,8 +59,8 @@ from trident.trace import device as trd, kernel_args, tags
 from . import common, lamport as proto, nccl
 from .device import (DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, fingerprint, poison,
                      reduce_slots, scratch_half)
-from ..graph_pools import outside_graph_pools
-from ..plans import Live, Plan, tensor_key
+from ..runtime.graph_pools import outside_graph_pools
+from ..runtime.plans import Live, Plan, tensor_key
 
 NAME = "all_reduce_add_rmsnorm"
 ALGORITHMS = ("one_shot", "lamport", "unfused", "nccl")
@@ -235,9 +235,10 @@ _unfused_sums: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 def _unfused_sum(ctx, x) -> torch.Tensor:
     """The unfused path's sum buffer, kept by its plans: one per context, shape and dtype,
-    made at the first (eager) call where no CUDA-graph pool takes it (trident/graph_pools.py)
-    and shared with the plan a later capture builds for the same sizes (a capture may not
-    allocate it: outside_graph_pools refuses). The plans using it run in stream order."""
+    made at the first (eager) call where no CUDA-graph pool takes it
+    (trident/runtime/graph_pools.py) and shared with the plan a later capture builds for the
+    same sizes (a capture may not allocate it: outside_graph_pools refuses). The plans using
+    it run in stream order."""
     bufs = _unfused_sums.setdefault(ctx, {})
     key = (tuple(x.shape), x.dtype)
     if key not in bufs:

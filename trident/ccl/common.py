@@ -310,7 +310,7 @@ def launch_size(ctx, n: int, elem_size: int, block=None, programs=None) -> tuple
     block = block_size(ctx, elem_size, block)
     check_launch(block, programs)
     # on a GPU shared by several ranks, at most the rank's share of the SMs, so that every
-    # rank's programs are resident at once (trident/placement.py) -- the smallest share of
+    # rank's programs are resident at once (trident/runtime/placement.py) -- the smallest share of
     # any rank (Agreed.sms): programs wait on the programs of the same id on their peers,
     # so every rank launches the same grid. The rest depends on sizes and options only.
     limit = programs or (min(GPU_MAX_PROGRAMS, agreed(ctx).sms) if gpu else CPU_MAX_PROGRAMS)

@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.errors import OP_CODES
+from trident.runtime.errors import OP_CODES
 from trident.trace import device as trd, tags
 
 MAX_PROGRAMS = tl.constexpr(256)      # grid limit of every collective kernel
@@ -69,7 +69,7 @@ DONE = tl.constexpr(2)                # "I no longer read or write your buffers"
 NUM_PHASES = tl.constexpr(3)
 FP_REGION = tl.constexpr(3)           # after the phases: fingerprints by launch parity
 NUM_REGIONS = tl.constexpr(3 + 2)     # the flags buffer: phases, then fingerprints
-# Op codes that a timed-out wait records (trident/errors.py OP_NAMES), by collective.
+# Op codes that a timed-out wait records (trident/runtime/errors.py OP_NAMES), by collective.
 OP_ALL_GATHER = tl.constexpr(OP_CODES["all_gather"])
 OP_REDUCE_SCATTER = tl.constexpr(OP_CODES["reduce_scatter"])
 OP_ALL_REDUCE = tl.constexpr(OP_CODES["all_reduce"])

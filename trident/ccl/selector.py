@@ -28,7 +28,7 @@ import json
 import os
 import re
 
-from .. import _env
+from ..runtime import _env
 from . import registry, tune_cache
 
 TABLES_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tables.json")
@@ -118,17 +118,6 @@ def select(op: str, nbytes: int, world_size: int, table: dict | None = None,
     if name is None:                       # every row needs NCCL: the cost model's choice
         name = _row(builtin()["cost_model"]["eager"][op], nbytes, False)
     return name
-
-
-def select_across_nodes(op: str, nbytes: int, nodes: int, node_size: int,
-                        nccl: bool = True) -> str:
-    """The algorithm for `op` at `nbytes` per rank on `nodes` nodes of `node_size` ranks
-    (a trident.WorldContext): "hierarchical" (trident inside each node,
-    torch.distributed on the rails) or "nccl" (one torch.distributed collective over the
-    world), by the cost model of trident/nodes/cost.py until measured tables exist.
-    nccl=False (GPU ranks sharing a GPU) always gives "hierarchical"."""
-    from ..nodes import cost      # one way only: trident.nodes does not import this
-    return cost.select(op, nbytes, nodes, node_size, nccl)
 
 
 def _row(rows: list, nbytes: int, nccl: bool) -> str | None:

@@ -21,7 +21,7 @@ import os
 import re
 import subprocess
 
-from .. import _env
+from ..runtime import _env
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -33,12 +33,12 @@ trident/ccl/all_gather/gluon.py does), not per access.
 `jit`: `gluon.jit` on GPUs. Under the Triton interpreter (the CPU emulation) a Gluon
 kernel does not run -- Triton's interpreter knows only `triton.language` -- so there the
 kernel is handed to the interpreter with Gluon's operations mapped onto it
-(trident/emulation.py: layouts are no-ops; shared memory, TMA and mbarriers are not
+(trident/runtime/emulation.py: layouts are no-ops; shared memory, TMA and mbarriers are not
 mapped and raise NotImplementedError if a kernel uses them).
 """
 from __future__ import annotations
 
-from .._env import INTERPRET
+from ..runtime._env import INTERPRET
 
 
 def jit(fn):
@@ -47,7 +47,7 @@ def jit(fn):
     Only kernels (launched with `kernel[grid](...)`) take this decorator; helpers they call
     are @triton.jit functions (trident.language's, or a kernel module's own)."""
     if INTERPRET:
-        from ..emulation import gluon_kernel
+        from ..runtime.emulation import gluon_kernel
         return gluon_kernel(fn)
     from triton.experimental import gluon
     return gluon.jit(fn)

@@ -38,8 +38,8 @@ memory on GPUs; plain memory on the CPU emulation, whose kernels run in the host
 import triton
 import triton.language as tl
 
-from .. import errors as _errors
-from .._env import INTERPRET
+from ..runtime import control as _control, errors as _errors
+from ..runtime._env import INTERPRET
 from .rma import translate
 
 if INTERPRET:
@@ -51,32 +51,26 @@ else:
                        program_all, program_any, record_first, timestamp,
                        wait_previous_kernel)
 
-# Layout of the per-rank control block (int64 words, the first allocation of the heap).
-CTRL_ERROR = tl.constexpr(0)        # 0, or the first timeout's encode_timeout(...)
-CTRL_TIMEOUT = tl.constexpr(1)      # wait limit in ns
-CTRL_EPOCH = tl.constexpr(2)        # device-barrier epoch of this rank
-# The host-side call (barrier, close, a workspace's creation) this rank is in, its device
-# work finished: 0, or (n + 1) << 8 | the call's code (trident/errors.py HOST_CALLS), n
-# being the number of host exchanges the rank had completed before it; and that number as
-# of the rank's last such call (see "A peer in a host-side call" above).
-CTRL_HOST_CALL = tl.constexpr(3)
-CTRL_HOST_DONE = tl.constexpr(4)
-CTRL_FLAGS = tl.constexpr(8)        # device-barrier flags, one per source rank
-MAX_RANKS = tl.constexpr(64)
-# The first bad input value a kernel found (e.g. an MoE expert id out of range): a kind
-# (trident/errors.py VALUE_ERRORS) set by a CAS from 0, then four words that say where.
-# Bad values are dropped by the kernel; the host raises ValueError at the next sync.
-CTRL_VALUE_ERROR = tl.constexpr(8 + 64)
-CTRL_VALUE_ARGS = tl.constexpr(8 + 64 + 1)
-CTRL_FAILED = tl.constexpr(8 + 64 + 5)      # errors this rank raised on the host since reset
-CTRL_HOST_WORD = tl.constexpr(8 + 64 + 6)   # address of the host's mirror of CTRL_ERROR
-CTRL_BASES = tl.constexpr(8 + 64 + 8)       # heap base of every rank, in this process
-CTRL_TEXT = tl.constexpr(8 + 64 + 8 + 64)   # the last host error's message (512 bytes)
-CTRL_TEXT_WORDS = tl.constexpr(64)
-CTRL_WORDS = tl.constexpr(8 + 64 + 8 + 64 + 64)
+# Layout of the per-rank control block (int64 words, the first allocation of the heap):
+# trident/runtime/control.py, which the host reads too; see there for each word.
+CTRL_ERROR = tl.constexpr(_control.CTRL_ERROR)
+CTRL_TIMEOUT = tl.constexpr(_control.CTRL_TIMEOUT)
+CTRL_EPOCH = tl.constexpr(_control.CTRL_EPOCH)
+CTRL_HOST_CALL = tl.constexpr(_control.CTRL_HOST_CALL)
+CTRL_HOST_DONE = tl.constexpr(_control.CTRL_HOST_DONE)
+CTRL_FLAGS = tl.constexpr(_control.CTRL_FLAGS)
+MAX_RANKS = tl.constexpr(_control.MAX_RANKS)
+CTRL_VALUE_ERROR = tl.constexpr(_control.CTRL_VALUE_ERROR)
+CTRL_VALUE_ARGS = tl.constexpr(_control.CTRL_VALUE_ARGS)
+CTRL_FAILED = tl.constexpr(_control.CTRL_FAILED)
+CTRL_HOST_WORD = tl.constexpr(_control.CTRL_HOST_WORD)
+CTRL_BASES = tl.constexpr(_control.CTRL_BASES)
+CTRL_TEXT = tl.constexpr(_control.CTRL_TEXT)
+CTRL_TEXT_WORDS = tl.constexpr(_control.CTRL_TEXT_WORDS)
+CTRL_WORDS = tl.constexpr(_control.CTRL_WORDS)
 
 _ERROR_FLAG = tl.constexpr(1 << 62)
-# what a failed wait records, in bits 48..55 of the error word (trident/errors.py)
+# what a failed wait records, in bits 48..55 of the error word (trident/runtime/errors.py)
 KIND_TIMEOUT = tl.constexpr(_errors.KIND_TIMEOUT)
 KIND_PEER_FAILED = tl.constexpr(_errors.KIND_PEER_FAILED)
 KIND_MISMATCH = tl.constexpr(_errors.KIND_MISMATCH)

@@ -52,7 +52,7 @@ import torch
 
 from .. import language as tdl
 from ..ccl.device import poison_blocks, same_call
-from ..errors import OP_CODES
+from ..runtime.errors import OP_CODES
 from ..language.sync import CTRL_ERROR
 
 # words of `state` (int64)
@@ -72,7 +72,7 @@ FLAG_DISPATCH = tl.constexpr(0)
 FLAG_WEIGHTS = tl.constexpr(1)
 FLAG_COMBINE = tl.constexpr(2)
 
-# op codes a failed wait records (trident/errors.py)
+# op codes a failed wait records (trident/runtime/errors.py)
 OP_DISPATCH = tl.constexpr(OP_CODES["moe_dispatch"])
 OP_COMBINE = tl.constexpr(OP_CODES["moe_combine"])
 

@@ -25,17 +25,25 @@ are poisoned (NaN rows, counts of -1: buffers.py "Calls").
 from __future__ import annotations
 
 import itertools
+import weakref
 from dataclasses import dataclass
 
 import torch
 
-from ..plans import live_key, tensor_key
+from ..runtime.plans import live_key, tensor_key
 from . import buffers as B
 from . import plans
 from .high_throughput import HT_MIN_TOKENS
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _IDS = itertools.count()      # names an ExpertParallel in plan keys (id() can be reused)
+# the ExpertParallels of this process by name (ep.name), for the torch custom ops
+_NAMED: "weakref.WeakValueDictionary[str, ExpertParallel]" = weakref.WeakValueDictionary()
+
+
+def named(name: str) -> "ExpertParallel | None":
+    """The ExpertParallel named `name` in this process (ep.name), or None."""
+    return _NAMED.get(name)
 
 
 @dataclass(slots=True)
@@ -154,8 +162,12 @@ class ExpertParallel(metaclass=_NamedByContext):
         self.high_throughput = (max_num_tokens >= HT_MIN_TOKENS if high_throughput is None
                                 else bool(high_throughput))
         self._id = next(_IDS)
-        from ..torch_ops import register_expert_parallel
-        self.name = register_expert_parallel(self)    # for trident::moe_dispatch/combine
+        # how trident::moe_dispatch/combine find it (trident/torch/ops/moe.py): its context's
+        # name, its number in this process and what the ops' fakes read (local experts,
+        # max_num_tokens -- the capacity is max_num_tokens * world -- and the hidden size)
+        self.name = (f"{ctx.name}/ep{self._id}:local_experts{self.num_local_experts}"
+                     f":max_tokens{self.max_num_tokens}:hidden{self.hidden_dim}")
+        _NAMED[self.name] = self
         self.buf = B.Buffers(ctx, self.num_local_experts, experts_per_token, hidden_dim,
                              max_num_tokens, dtype)
         self.capacity = self.buf.cap
@@ -179,7 +191,7 @@ class ExpertParallel(metaclass=_NamedByContext):
 
     # ------------------------------------------------------------------ plans
     def _plan(self, key, build, *args):
-        """The plan of `key` (trident/plans.py), built by `build(self, *args)` if new."""
+        """The plan of `key` (trident/runtime/plans.py), built by `build(self, *args)` if new."""
         return plans.cached(self.ctx, key, build, self, *args)
 
     def programs(self, work: int) -> int:

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._env import INTERPRET
+from ..runtime._env import INTERPRET
 
 GROUP_SIZE = 128                  # channels per scale
 E4M3_MAX = 448.0

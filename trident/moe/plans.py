@@ -1,4 +1,4 @@
-"""The launch plans of ExpertParallel's calls (see trident/plans.py for what a plan is).
+"""The launch plans of ExpertParallel's calls (see trident/runtime/plans.py for what a plan is).
 
 A plan is built on the first call with a signature (which ExpertParallel, each tensor's
 address, shape, strides and dtype, T, wait, validate, whether a CUDA graph is being
@@ -23,7 +23,7 @@ import torch
 import triton
 
 from ..ccl.device import fingerprint
-from ..plans import Live, Plan, plan_for
+from ..runtime.plans import Live, Plan, plan_for
 from ..trace import kernel_args
 from . import buffers as B
 from . import fp8
@@ -102,7 +102,7 @@ def _check_combine(ep, expert_y, d, topk_weights, out) -> int:
 # ---------------------------------------------------------------------------- plans
 def cached(ctx, key, build, *args):
     """The run of `key`'s plan in ctx's cache, built by build(*args) if new, through the
-    plan driver (trident/plans.py plan_for: named after key[0] in the errors of the host
+    plan driver (trident/runtime/plans.py plan_for: named after key[0] in the errors of the host
     collectives its build makes). No capture twin: an ExpertParallel's buffers exist
     from its construction, so a capture's first build creates nothing. The caller runs
     the plan, then ctx.after_op() (debug mode's checks)."""

@@ -19,7 +19,7 @@ id of -1 means "no expert": dropped, never recorded.
 import triton
 import triton.language as tl
 
-from ..errors import VALUE_ERROR_CODES
+from ..runtime.errors import VALUE_ERROR_CODES
 from ..language.sync import CTRL_VALUE_ARGS, CTRL_VALUE_ERROR
 
 OUT_OF_RANGE = tl.constexpr(VALUE_ERROR_CODES["expert_id_out_of_range"])

@@ -13,8 +13,7 @@ same API as one node (docs/nodes.md).
                        td.ExpertParallel(ctx, ...) makes on a WorldContext
     rail_route.py      its kernels: packing rows per node, unpacking, fp8 forwarding
 
-The node-local library (ccl, ops, moe) does not import this package (but for
-ccl.selector.select_across_nodes, which hands over to cost.py); this package uses it.
-Nothing is imported here, so that `trident.nodes.topology` (used by every Context) stays
-light.
+The node-local library (ccl, ops, moe) does not import this package; this package uses
+it. Nothing is imported here, so that `trident.nodes.topology` (which trident.init uses)
+stays light.
 """

@@ -39,7 +39,7 @@ from ..moe import high_throughput as HT
 from ..moe.expert_parallel import (_IDS, Dispatched, ExpertParallel, PendingCombine,
                                   PendingDispatch, check_args)
 from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached
-from ..plans import live_key, tensor_key
+from ..runtime.plans import live_key, tensor_key
 from . import rail
 from . import rail_route as RR
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .. import errors
+from ..runtime import errors
+from ..runtime.context_exchange import failed, mark_failed
 from ..ccl import nccl
 from . import topology
 
@@ -23,13 +24,13 @@ def guarded(ctx, group, what: str, fn, *args) -> None:
     (the op), with this rank and the group's ranks. The group's timeout is the context's
     host timeout at init (topology.py), the one reported. A group that failed so
     is not used again: later calls over it raise errors.GroupUnusable at once."""
-    earlier = topology.failed(group)
+    earlier = failed(group)
     if earlier is not None:
         raise errors.GroupUnusable(f"{what} (its step between nodes)", dist.get_rank(), earlier)
     try:
         fn(*args)
     except RuntimeError as e:
-        topology.mark_failed(group, f"{what} (its step between nodes)")
+        mark_failed(group, f"{what} (its step between nodes)")
         ranks = dist.get_process_group_ranks(group)
         timeout = topology.group_timeout_s(group, ctx.host_timeout_s)
         raise errors.InterNodeError(what, dist.get_rank(), ranks, timeout,

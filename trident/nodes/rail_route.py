@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..plans import Live, Plan
+from ..runtime.plans import Live, Plan
 from ..moe import fp8 as F8
 from ..moe.routing import expert_ids
 
@@ -181,7 +181,7 @@ class RailRows:
 def pack_plan(r: RailRows, node, x: torch.Tensor, topk_idx: torch.Tensor, w, check: bool,
               num_experts: int, experts_per_node: int, fp8: bool, block_h: int,
               kp: int) -> Plan:
-    """The launch plan (trident/plans.py) that writes tokens x [T, H] (ids topk_idx,
+    """The launch plan (trident/runtime/plans.py) that writes tokens x [T, H] (ids topk_idx,
     weights w or None) into r.send's rows, one row per (token, node it has experts on),
     and each (token, node)'s row into r.dest[:T] (r.rows where not sent); the rows no
     token took get ids -1. One launch (pack_kernel), also for T = 0. Bad ids are

@@ -24,7 +24,8 @@ import socket
 import torch
 import torch.distributed as dist
 
-from .. import _env, placement
+from ..runtime import _env, placement
+from ..runtime.context_exchange import forget_failed
 
 NODE_SIZE_ENV = "TRIDENT_NODE_SIZE"
 
@@ -205,33 +206,19 @@ def group_timeout_s(group, default: float) -> float:
     return default if limit is None else limit
 
 
-_GROUP_FAILED: dict = {}        # group -> the call in which it failed (unusable since)
-
-
-def mark_failed(group, what: str) -> None:
-    """Record that a collective over `group` failed (timed out, lost a peer): the group
-    cannot be used again (errors.GroupUnusable). Any process group: a context's own (its
-    host exchanges, trident/context_sync.py) as well as the rails."""
-    _GROUP_FAILED.setdefault(group, what)
-
-
-def failed(group) -> str | None:
-    """The call in which `group` failed, or None."""
-    return _GROUP_FAILED.get(group)
-
-
 def forget_groups(*groups) -> None:
-    """Drop what is recorded of groups about to be destroyed."""
+    """Drop what is recorded of groups about to be destroyed (their limit here, and
+    whether they failed: trident/runtime/context_exchange.py)."""
     for g in groups:
         _GROUP_TIMEOUT_S.pop(g, None)
-        _GROUP_FAILED.pop(g, None)
+    forget_failed(*groups)
 
 
 def pool_in_nodes(world_size: int, node_size: int, **pool_options):
-    """A trident.launch.RankPool of world_size ranks in nodes of node_size consecutive
+    """A trident.runtime.launch.RankPool of world_size ranks in nodes of node_size consecutive
     ranks (TRIDENT_NODE_SIZE in the ranks' environment only; this process's own is left
     as it was): how the tests and benchmarks start a world of nodes on one machine."""
-    from ..launch import RankPool
+    from ..runtime.launch import RankPool
     saved = os.environ.get(NODE_SIZE_ENV)
     os.environ[NODE_SIZE_ENV] = str(node_size)
     try:

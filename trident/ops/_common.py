@@ -40,10 +40,10 @@ import triton
 import triton.language as tl
 
 from .. import language as tdl
-from .._env import INTERPRET
-from ..graph_pools import outside_graph_pools  # noqa: F401  (ops' kept buffers)
-from .. import plans
-from ..plans import Plan, tensor_key
+from ..runtime._env import INTERPRET
+from ..runtime.graph_pools import outside_graph_pools  # noqa: F401  (ops' kept buffers)
+from ..runtime import plans
+from ..runtime.plans import Plan, tensor_key
 
 DTYPES = (torch.bfloat16, torch.float16)
 
@@ -110,7 +110,7 @@ def check_inputs(ctx, op: str, a, w, bias, out, out_shape,
 
 
 def run(ctx, op: str, build, a, w, bias, out, algorithm: str, options: dict) -> torch.Tensor:
-    """Run the launch plan of this call's signature (trident/plans.py), building it first
+    """Run the launch plan of this call's signature (trident/runtime/plans.py), building it first
     if the signature is new (plans.call); allocate `out` (shape from the plan) when not
     given. `algorithm`: the schedule the call asked for (schedules.normalize)."""
     capturing = ctx.capturing()

@@ -43,11 +43,11 @@ import triton
 import triton.language as tl
 
 from .. import language as tdl
-from ..errors import OP_CODES
+from ..runtime.errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import schedules
-from ..plans import Live, Plan
+from ..runtime.plans import Live, Plan
 from ..ccl.device import fingerprint, poison
 from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
                       finish_slice, run, schedule_plan, signal_call, store_tile, take_tile,

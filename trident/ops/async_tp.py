@@ -7,7 +7,7 @@ second stream. There is no matmul_all_reduce: torch has no fused matmul + all-re
 The call is the one `trident bench ops` times as its torch async-TP baseline (the
 `torch_symm_mem` row calls `torch_call` below): all_gather_matmul with return_A=True,
 which keeps torch off its multimem (NVLink SHARP) path -- multicast stays off everywhere
-(TORCH_SYMM_MEM_DISABLE_MULTICAST=1, trident/_env.py), and no multimem op is called.
+(TORCH_SYMM_MEM_DISABLE_MULTICAST=1, trident/runtime/_env.py), and no multimem op is called.
 
 What it needs: a GPU per rank (torch's symmetric memory and NCCL, `needs_nccl` like
 "plain"), and a torch whose symm_mem library has the op. Where these are missing (the CPU
@@ -26,7 +26,7 @@ as long as the group's symmetric-memory workspace is large enough before the cap
 eager call of the same size (the warm-up every schedule asks for) makes the capture safe;
 a first call captured without one raises a RuntimeError saying so.
 
-Errors: torch's ops have no bounded waits or call fingerprints (trident/errors.py's
+Errors: torch's ops have no bounded waits or call fingerprints (trident/runtime/errors.py's
 contract covers trident's own kernels): like "plain" (NCCL), a rank that never makes the
 call leaves its peers waiting in torch.
 """

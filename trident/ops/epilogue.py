@@ -53,7 +53,7 @@ from .. import language as tdl
 from ..ccl import common as ccl_common
 from ..ccl.device import (ARRIVE, DATA, DONE, begin_epoch, exchange, fingerprint, poison,
                           publish_offset, scratch_half)
-from ..errors import OP_CODES
+from ..runtime.errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from ._common import add_bias, dot_ptrs, finish_slice, num_sms, store_tile, workspace
@@ -292,7 +292,7 @@ def _launch_options(ctx, cfg) -> dict:
 
 
 def _live_out():
-    from ..plans import Live
+    from ..runtime.plans import Live
     return Live(3)
 
 

@@ -64,9 +64,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .._env import INTERPRET
-from ..placement import usable_sms
-from ..triton_launch import Launch, Live
+from ..runtime._env import INTERPRET
+from ..runtime.placement import usable_sms
+from ..runtime.triton_launch import Launch, Live
 from . import gemm_tables
 from ._common import DOT_UPCAST, DTYPES, finish_slice, gemm_tile, outside_graph_pools
 # the candidates and the split-K choice live in gemm_configs.py (pure Python)
@@ -363,7 +363,7 @@ def tma_compatible(*tensors) -> bool:
 
 def num_sms(device: torch.device) -> int:
     """Persistent programs at most: one per SM of this rank's share of the GPU
-    (trident/placement.py; INTERPRET_PROGRAMS under the interpreter). A constexpr of the
+    (trident/runtime/placement.py; INTERPRET_PROGRAMS under the interpreter). A constexpr of the
     kernel -- the stride of its tile loop -- fixed per device, so that every shape shares
     one compiled kernel; a launch with fewer tiles starts fewer programs."""
     if INTERPRET or device.type != "cuda":
@@ -544,7 +544,7 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     return (min(tiles * split, sms),), args, kwargs
 
 
-# Launches of recent signatures (trident/triton_launch.py: one C call per launch after the
+# Launches of recent signatures (trident/runtime/triton_launch.py: one C call per launch after the
 # first): key = the tensors' addresses, shapes, strides, dtypes, the stream (the split-K
 # workspace is per stream), the config and the path.
 _launches: OrderedDict = OrderedDict()
@@ -571,7 +571,7 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     if fresh:
         out = torch.empty(a.shape[0], w.shape[0], dtype=a.dtype, device=a.device)
     if INTERPRET:                 # the ordinary launch; a Launch would keep the tensors
-        from .. import emulation
+        from ..runtime import emulation
         emulation.install()
         grid, args, kwargs = launch_args(a, w, bias, out, config, tma, desc, split_k)
         _gemm_kernel[grid](*args, **kwargs)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import schedules
-from ..plans import Plan
+from ..runtime.plans import Plan
 from ._common import check_inputs, run, schedule_plan
 
 

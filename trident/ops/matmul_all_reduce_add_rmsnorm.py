@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import plans
+from ..runtime import plans
 from ..ccl import common as ccl_common, lamport
 from ..ccl.add_rmsnorm import _unfused_sum, torch_add_rmsnorm
-from ..plans import Live, Plan, tensor_key
+from ..runtime.plans import Live, Plan, tensor_key
 from . import _common, epilogue_lamport, schedules
 from ._common import _AsCaptured, _options_key, check_inputs, check_matrix, schedule_plan
 from .epilogue import row_parallel

@@ -59,10 +59,10 @@ import triton.language as tl
 
 from .. import language as tdl
 from ..ccl.device import fingerprint
-from ..errors import OP_CODES
+from ..runtime.errors import OP_CODES
 from ..language.sync import CTRL_ERROR
-from ..plans import Live, Plan
-from ..triton_launch import Launch
+from ..runtime.plans import Live, Plan
+from ..runtime.triton_launch import Launch
 from . import plain
 from ._common import SYNC_EPOCH, SYNC_FLAGS, workspace
 

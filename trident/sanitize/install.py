@@ -83,7 +83,7 @@ def _sanitized_call(self, *args_dev, **kwargs):
 
 def _wrap_context(cls) -> None:
     """Have cls.sync, host_exchange and close (cls: trident.Context, passed in so that this
-    module does not import trident.context) call the sanitizer of a context that has one
+    module does not import trident.runtime.context) call the sanitizer of a context that has one
     (and, with TRIDENT_SANITIZE=1, switch it on at the context's first host collective:
     the barrier that ends trident.init). Done once per class, on first use."""
     if getattr(cls, "_sanitize_wrapped", False):
@@ -134,7 +134,7 @@ def enable(ctx, seed: int | None = None) -> Sanitizer:
     schedule (default: TRIDENT_SANITIZE_SEED, else a random one, shown in reports)."""
     import torch.distributed as dist
 
-    from ..heap.cpu import SHM_DIR, _libc, _map
+    from ..runtime.heap.cpu import SHM_DIR, _libc, _map
     if ctx.backend != "cpu":
         raise RuntimeError("the trident sanitizer runs on the CPU emulation only "
                            "(TRITON_INTERPRET=1 / TRIDENT_BACKEND=cpu)")
@@ -180,7 +180,7 @@ def enable(ctx, seed: int | None = None) -> Sanitizer:
 
 def disable(ctx) -> None:
     """Switch the sanitizer off for `ctx` (local; pending races are not checked)."""
-    from ..heap.cpu import _libc
+    from ..runtime.heap.cpu import _libc
     san = getattr(ctx, "_sanitizer", None)
     if san is None:
         return

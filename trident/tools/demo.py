@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
-from trident.errors import OP_CODES
-from trident.testing import dot_magnitude, mismatch, rounding_bound
+from trident.runtime.errors import OP_CODES
+from trident.tools.testing import dot_magnitude, mismatch, rounding_bound
 
 _DEMO_OP = tl.constexpr(OP_CODES["test"])
 
@@ -82,7 +82,7 @@ def _gathered(ctx, t):
 
 def _check(ctx, what: str, got: torch.Tensor, ref: torch.Tensor, bound) -> None:
     """`got` (bfloat16) against the fp32 reference `ref`, each element within `bound` (built
-    from the magnitudes summed into it, trident/testing.py) and within 2e-2 relative error
+    from the magnitudes summed into it, trident/tools/testing.py) and within 2e-2 relative error
     over the tensor, which a missing, doubled or misplaced part exceeds."""
     problem = mismatch(got, ref, bound)
     if problem is not None:
@@ -122,7 +122,7 @@ def _timed(ctx, fn):
 def _ops_rank(ctx, gpu: bool):
     """Each op on random data against plain torch; returns {op: seconds} (first call, so
     compilation is included)."""
-    import trident as td
+    from ..moe import ExpertParallel
     dev, bf16, g = ctx.device, torch.bfloat16, torch.Generator().manual_seed(7 + ctx.rank)
     times = {}
     x = torch.randn(1 << 20 if gpu else 3000, generator=g).to(bf16).to(dev)
@@ -137,7 +137,7 @@ def _ops_rank(ctx, gpu: bool):
     y, times["matmul_all_reduce"] = _timed(ctx, lambda: ctx.matmul_all_reduce(a, w))
     _check_matmul_sum(ctx, "matmul_all_reduce", y, _gathered(ctx, a), _gathered(ctx, w))
     experts, topk, hidden, max_tokens = 2 * ctx.world_size, 2, (2048 if gpu else 64), 32
-    ep = td.ExpertParallel(ctx, experts, topk, hidden, max_tokens)
+    ep = ExpertParallel(ctx, experts, topk, hidden, max_tokens)
     tokens = int(torch.randint(0, max_tokens + 1, (1,), generator=g))
     xt = torch.randn(tokens, hidden, generator=g).to(bf16).to(dev)
     idx = torch.stack([torch.randperm(experts, generator=g)[:topk] for _ in range(tokens)]) \
@@ -157,7 +157,7 @@ def _ops_rank(ctx, gpu: bool):
 
 
 def demo(world_size: int | None = None) -> int:
-    from trident.launch import RankPool
+    from trident.runtime.launch import RankPool
     t0 = time.perf_counter()
     with RankPool(world_size, heap_size=64 << 20) as pool:
         start_s = time.perf_counter() - t0

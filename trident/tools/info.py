@@ -9,8 +9,8 @@ import subprocess
 import torch
 import triton
 
-from .. import _env
-from ..context import DEFAULT_HEAP_SIZE
+from ..runtime import _env
+from ..runtime.context import DEFAULT_HEAP_SIZE
 
 
 def info() -> int:
@@ -39,7 +39,7 @@ def info() -> int:
     _selector_info()
     _gemm_info()
     _nodes_info()
-    from .. import torch_backend
+    from ..torch import backend as torch_backend
     print(torch_backend.describe())
     return 0
 
@@ -70,7 +70,7 @@ def _nodes_info() -> None:
 
 def _sharing_info(gpus: int) -> None:
     """How more ranks than GPUs would run, and how the heap is mapped."""
-    from .. import mps
+    from ..runtime import mps
     binary = mps.control_binary()
     pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", mps.DEFAULT_PIPE_DIR)
     if mps.daemon_reachable(binary, pipe_dir):

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
-    from ..launch import default_backend, launch
+    from ..runtime.launch import default_backend, launch
     backend = default_backend()
     opts = dict(vars(args))
     opts["output"] = os.path.abspath(args.output or f"trace-{args.op}.json")

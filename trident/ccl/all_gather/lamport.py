@@ -17,7 +17,7 @@ import triton.language as tl
 
 from trident.trace import device as trd, tags
 
-from .. import lamport as proto
+from .. import lamport as proto, lamport_ll as ll
 from ..device import OP_ALL_GATHER, poison
 
 
@@ -28,15 +28,15 @@ def _lamport_kernel(out, inp, count, data, heads, lsync, fsync, ctrl, heap_bases
     # count: the words (of WORD bytes) a rank gives; n: its lanes (4 bytes, one LL unit each)
     t0 = trd.begin(TRACE)
     epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD, PDL)
-    flag = proto.ll_flag(epoch)
+    flag = ll.ll_flag(epoch)
     pid, programs = tl.program_id(0), tl.num_programs(0)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
         offs = blk * BLOCK + tl.arange(0, BLOCK)
         mask = offs < n
-        lanes = proto.pack(inp, offs, count, WORD)
-        proto.send(base + rank * slot, proto.ll_units(lanes, flag), offs, mask, rank,
+        lanes = ll.pack(inp, offs, count, WORD)
+        proto.send(base + rank * slot, ll.ll_units(lanes, flag), offs, mask, rank,
                    heap_bases, WORLD)
-        proto.unpack(out + rank * count, lanes, offs, count, WORD)     # my own block
+        ll.unpack(out + rank * count, lanes, offs, count, WORD)     # my own block
     heads_row, ok, t0 = proto.sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD,
                                    TRACE)
     for blk in range(pid, tl.cdiv(n, BLOCK), programs):
@@ -47,7 +47,7 @@ def _lamport_kernel(out, inp, count, data, heads, lsync, fsync, ctrl, heap_bases
             lanes, ok = proto.receive_ll(base, slot, heads_row, src, offs, mask, flag, expect,
                                          ok, ctrl, fsync, rank, heap_bases, WORLD,
                                          OP_ALL_GATHER)
-            proto.unpack(out + src * count, poison(lanes, ok), offs, count, WORD)
+            ll.unpack(out + src * count, poison(lanes, ok), offs, count, WORD)
     proto.clear_heads(heads_row, rank, WORLD)
     proto.end(lsync, epoch)
     trd.end(trace_buf, t0, tags.COPY, rank, TRACE)

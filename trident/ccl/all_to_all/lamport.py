@@ -32,7 +32,7 @@ import triton.language as tl
 import trident.language as tdl
 from trident.trace import device as trd, tags
 
-from .. import lamport as proto
+from .. import lamport as proto, lamport_ll as ll
 from ..device import MAX_PROGRAMS, OP_ALL_TO_ALL, poison
 from .rows import (alignment, check_no_overlap, copy_own_rows, even_count, grid_size,
                    pair_programs, rows_from, rows_to, splits_tensor)
@@ -65,7 +65,7 @@ def _lamport_kernel(out, inp, splits, cap, data, heads, lsync, fsync, ctrl, heap
     per pair. BLOCK: units (4 bytes of payload each) a program moves per step."""
     t0 = trd.begin(TRACE)
     epoch, buf, base, _ = proto.open_round(data, lsync, slot, fp, WORLD, PDL)
-    flag = proto.ll_flag(epoch)
+    flag = ll.ll_flag(epoch)
     pid = tl.program_id(0)
     k = pid % (WORLD - 1) + 1            # this program's distance: to rank+k, from rank-k
     v = pid // (WORLD - 1)               # its index among the pair's programs
@@ -77,7 +77,7 @@ def _lamport_kernel(out, inp, splits, cap, data, heads, lsync, fsync, ctrl, heap
     if v < senders:
         for blk in range(v, tl.cdiv(units, BLOCK), senders):
             offs = blk * BLOCK + tl.arange(0, BLOCK)
-            words = proto.ll_units(proto.pack(src, offs, count, WORD), flag)
+            words = ll.ll_units(ll.pack(src, offs, count, WORD), flag)
             tdl.store(base + rank * slot + offs, words, rank, peer, heap_bases,
                       mask=offs < units)
         tdl.store(heads + (buf * WORLD + rank) * MAX_PROGRAMS + pid, _head(epoch, fp, count),
@@ -102,7 +102,7 @@ def _lamport_kernel(out, inp, splits, cap, data, heads, lsync, fsync, ctrl, heap
             lanes, ok = proto.receive_ll(base, slot, heads_row, src_rank, offs, offs < units,
                                          flag, head, ok, ctrl, fsync, rank, heap_bases, WORLD,
                                          OP_ALL_TO_ALL)
-            proto.unpack(dst, poison(lanes, ok), offs, expect, WORD)
+            ll.unpack(dst, poison(lanes, ok), offs, expect, WORD)
         tl.store(heads_row + src_rank * MAX_PROGRAMS, tl.cast(0, tl.int64))
         trd.end(trace_buf, t0, tags.COPY, rank, TRACE)
     proto.end(lsync, epoch)

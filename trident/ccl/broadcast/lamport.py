@@ -22,7 +22,7 @@ import triton.language as tl
 
 from trident.trace import device as trd, tags
 
-from .. import lamport as proto
+from .. import lamport as proto, lamport_ll as ll
 from ..device import OP_BROADCAST, poison
 
 
@@ -33,12 +33,12 @@ def _lamport_kernel(t, count, src, data, heads, lsync, fsync, ctrl, heap_bases, 
     # count: the tensor's words (of WORD bytes); n: its lanes (4 bytes, one LL unit each)
     t0 = trd.begin(TRACE)
     epoch, buf, base, expect = proto.open_round(data, lsync, slot, fp, WORLD, PDL)
-    flag = proto.ll_flag(epoch)
+    flag = ll.ll_flag(epoch)
     pid, programs = tl.program_id(0), tl.num_programs(0)
     if rank == src:
         for blk in range(pid, tl.cdiv(n, BLOCK), programs):
             offs = blk * BLOCK + tl.arange(0, BLOCK)
-            units = proto.ll_units(proto.pack(t, offs, count, WORD), flag)
+            units = ll.ll_units(ll.pack(t, offs, count, WORD), flag)
             proto.send(base + rank * slot, units, offs, offs < n, rank, heap_bases, WORLD)
     heads_row, ok, t0 = proto.sent(heads, buf, expect, rank, heap_bases, trace_buf, t0, WORLD,
                                    TRACE)
@@ -54,7 +54,7 @@ def _lamport_kernel(t, count, src, data, heads, lsync, fsync, ctrl, heap_bases, 
             lanes, ok = proto.receive_ll(base, slot, heads_row, src, offs, offs < n, flag,
                                          expect, ok, ctrl, fsync, rank, heap_bases, WORLD,
                                          OP_BROADCAST)
-            proto.unpack(t, poison(lanes, ok), offs, count, WORD)
+            ll.unpack(t, poison(lanes, ok), offs, count, WORD)
     proto.clear_heads(heads_row, rank, WORLD)
     proto.end(lsync, epoch)
     trd.end(trace_buf, t0, tags.COPY, rank, TRACE)

@@ -4,7 +4,7 @@
                             num_qps_per_rank=num_experts // group.size())
 
 The Buffer runs on the trident Context of `group`: a "trident" process group's own
-(trident.torch_backend.context), else the open Context of `group` in this process
+(trident.torch.backend.context), else the open Context of `group` in this process
 (trident.init or trident.launch made it), else one it makes (collective) with a heap of
 num_nvl_bytes + num_rdma_bytes + 64 MiB, or trident's default if that is larger, and
 closes in destroy(). What DeepEP offers that trident cannot do
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ... import torch_ops
-from ...context import init
+from ...api.context import init
+from ...runtime import context as runtime_context
 from .events import Config, EventHandle, EventOverlap, refuse
 from .low_latency import LowLatencyMethods
 from .normal import NormalMethods
@@ -27,7 +27,7 @@ _OWNERS: dict = {}           # id(Context) -> Buffers that use a Context they ma
 def _backend_group(group):
     """The TridentProcessGroup behind `group` (backend "trident", also in a device map such
     as "cuda:trident,cpu:gloo"), or None."""
-    from ... import torch_backend
+    from ...torch import backend as torch_backend
     if not torch_backend.registered():
         return None
     if isinstance(group, torch_backend.TridentProcessGroup):
@@ -45,11 +45,10 @@ def _context(group, heap_bytes: int):
     pg = _backend_group(group)
     if pg is not None:
         return pg.context(), False
-    for ctx in list(torch_ops._CONTEXTS.values()):
+    for ctx in runtime_context.open_contexts():
         if getattr(ctx, "group", None) is group and not getattr(ctx, "_closed", False):
             return ctx, False
-    from ...context import DEFAULT_HEAP_SIZE, _env_int
-    default = _env_int("TRIDENT_HEAP_SIZE", DEFAULT_HEAP_SIZE)
+    default = runtime_context._env_int("TRIDENT_HEAP_SIZE", runtime_context.DEFAULT_HEAP_SIZE)
     ctx = init(heap_size=max(default, heap_bytes + _SLACK), group=group)
     return ctx, True
 

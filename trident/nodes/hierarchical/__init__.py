@@ -3,9 +3,8 @@ with the same meaning as on one node: inside a node trident's kernels on the nod
 between nodes torch.distributed on the rails (one file per op). The inputs are checked as
 on one node, with the same messages; then `algorithm` ("auto", "hierarchical" or "nccl":
 one torch.distributed collective over the whole world) picks the path, "auto" through
-cost.select (the cost model, trident/nodes/cost.py; selector.select_across_nodes is its
-public name). all_to_all with uneven splits always takes the flat path (all_to_all.py
-says why).
+cost.select (the cost model, trident/nodes/cost.py). all_to_all with uneven splits always
+takes the flat path (all_to_all.py says why).
 
 No launch plans here: each call makes its checks and its selection again (a few us of
 host time) and then the node steps, which have their plans. CUDA graphs: the node steps

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from . import auto, schedules
+from ..ops import auto, schedules
 
 GPU_M = (1, 16, 64, 256, 1024, 4096)
 GPU_S = (4096, 8192, 16384)
@@ -155,7 +155,7 @@ def tune_rank(ctx, quick: bool, timing: dict, out: str | None, ops=schedules.OPS
     import json
     import os
     from ..ccl import tune_cache
-    from . import selector
+    from ..ops import selector
     gpu = ctx.backend == "cuda"
     Ms, Ss = shapes or ((GPU_M, QUICK_S if quick else GPU_S) if gpu else (CPU_M, CPU_S))
     rows = measure(ctx, ops, Ms, Ss, timing, only)

@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("-h", "--help", action="store_true",
                        help="this text, or with a suite that suite's options")
     bench.add_argument("suite", nargs="?", choices=BENCH_SUITES)
-    # tune and trace parse their own options, --help included (trident/tune.py,
+    # tune and trace parse their own options, --help included (trident/tools/tune.py,
     # trident/tools/trace.py): everything after the command goes to them
     sub.add_parser("tune", add_help=False, help="measure the collectives' algorithm tables "
                    "(eager and CUDA graph) on this machine, or with --gemm the GEMM core's "
@@ -70,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("info", "demo") and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     if args.command == "info":
-        from .tools.info import info
+        from .info import info
         return info()
     if args.command == "demo":
-        from .tools.demo import demo
+        from .demo import demo
         return demo(args.world_size)
     if args.command == "bench":
         if args.suite is None:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             rest = ["--help", *rest]
         return importlib.import_module(f"trident.bench.{args.suite}").main(rest) or 0
     if args.command == "tune":
-        return importlib.import_module("trident.tune").main(rest) or 0
+        return importlib.import_module("trident.tools.tune").main(rest) or 0
     if args.command == "trace":
         return importlib.import_module("trident.tools.trace").main(rest) or 0
     return 2

@@ -1,7 +1,7 @@
 """The inner group of a "trident" process group: a plain torch.distributed group over the
 same ranks, made from the same store, that serves as the trident Context's host group
 (its bootstrap, barriers and error exchanges) and as the fallback for what trident does
-not do (trident/torch_backend/group.py).
+not do (trident/torch/backend/group.py).
 
 It is gloo for CPU tensors and, on GPUs with one GPU per rank, NCCL for CUDA tensors
 (gloo for them too where ranks share a GPU: NCCL refuses two ranks on one device). It is
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from .. import _env
+from ...runtime import _env
 
 
 def inner_name(outer_name: str) -> str:

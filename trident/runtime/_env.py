@@ -8,7 +8,7 @@ turns the interpreter on.
 
 Under torchrun with more ranks on this host than visible GPUs (LOCAL_WORLD_SIZE), ranks
 share GPUs and each must be capped to its share of one under MPS
-(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, trident/placement.py). The cap only counts if it is in
+(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, trident/runtime/placement.py). The cap only counts if it is in
 the environment when the CUDA driver initialises in this process (cuInit, where the MPS
 client connects), so it is set here, first -- before the availability check below, whose
 torch.cuda.is_available() runs cuInit (cudaGetDeviceCount) -- when it is unset and the

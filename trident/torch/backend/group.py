@@ -3,7 +3,7 @@
 torch.distributed calls its methods (dist.all_reduce -> group.allreduce, the functional
 collectives of DTensor and FSDP2 through torch's C++ side). Each either hands the call to
 the group's trident Context or to the group's inner group (NCCL on GPUs, gloo on the CPU;
-trident/torch_backend/inner.py), which is also the Context's host group.
+trident/torch/backend/inner.py), which is also the Context's host group.
 
 Goes to trident, on tensors of trident's device (CUDA on GPUs; CPU on the emulation):
   all_reduce        SUM, MAX, MIN on bfloat16, float16, float32, int8, uint8, int32,
@@ -22,8 +22,8 @@ common). `fallbacks` counts what fell back, by op.
 
 Semantics are NCCL's: trident queues its kernels on the current stream; a call with
 async_op=True returns a Work whose wait() orders the current stream after it
-(trident/torch_backend/work.py); calls capture into CUDA graphs as trident's own do.
-Tensors on the context's heap (`trident.torch_backend.context(group).empty(...)`) are used
+(trident/torch/backend/work.py); calls capture into CUDA graphs as trident's own do.
+Tensors on the context's heap (`trident.torch.backend.context(group).empty(...)`) are used
 in place; others are staged through the heap by the collective's launch plan.
 
 One order on the GPU. trident's collectives on a context must run one after another on
@@ -38,7 +38,7 @@ wait is not allowed, and torch.cuda.graph orders the capture after the eager wor
 
 The Context is made at the group's first collective that trident serves (collective over
 the group's ranks: it maps the heap), with the heap size, timeout and debug mode of
-`trident.torch_backend.Options` (pg_options), else trident's defaults (TRIDENT_HEAP_SIZE).
+`trident.torch.backend.Options` (pg_options), else trident's defaults (TRIDENT_HEAP_SIZE).
 That first call must not be captured into a CUDA graph.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-from .. import _env
+from ...runtime import _env
 from . import inner
 from .work import DONE, TridentWork, issued
 
@@ -86,7 +86,7 @@ def create(opts, backend_options=None) -> "TridentProcessGroup":
     """The creator torch.distributed calls for backend "trident" (its extended API)."""
     if backend_options is not None and not isinstance(backend_options, Options):
         raise TypeError(f"pg_options of backend 'trident' must be a "
-                        f"trident.torch_backend.Options, got {type(backend_options).__name__}")
+                        f"trident.torch.backend.Options, got {type(backend_options).__name__}")
     return TridentProcessGroup(opts.store, opts.group_rank, opts.group_size, opts.timeout,
                                str(opts.group_id), list(opts.global_ranks_in_group),
                                backend_options or Options())
@@ -150,7 +150,7 @@ class TridentProcessGroup(dist.ProcessGroup):
         if self._on_gpu and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("the first collective that trident serves on a process group "
                                "maps its heap and cannot be captured into a CUDA graph; run "
-                               "one collective (or trident.torch_backend.context(group)) "
+                               "one collective (or trident.torch.backend.context(group)) "
                                "before capturing")
         from .make_context import make_context
         self._ctx, self.context_error = make_context(self.inner, self._options)
@@ -227,7 +227,7 @@ class TridentProcessGroup(dist.ProcessGroup):
 
     def _shortcut(self, ctx, t) -> None:
         """Keep a shortcut to the plan ctx.all_reduce(t) just ran (allreduce's hot path)."""
-        from ..ccl import all_reduce_plan
+        from ...ccl import all_reduce_plan
         plan = all_reduce_plan(ctx, t)
         if plan is not None:
             self._hot[(t.data_ptr(), t.shape, t.stride(), t.dtype, ctx.capturing())] = plan.run
@@ -412,7 +412,7 @@ def _serves(op, dtype) -> bool:
     tensor cannot take the division; the inner group averages it)."""
     global _REDUCIBLE
     if _REDUCIBLE is None:
-        from ..ccl.common import REDUCE_DTYPES
+        from ...ccl.common import REDUCE_DTYPES
         _REDUCIBLE = frozenset(REDUCE_DTYPES)
     return (op is not None and dtype in _REDUCIBLE
             and (op is not _AVG or dtype.is_floating_point))
@@ -449,11 +449,11 @@ def _check_numel(ctx, big, small, op: str, which: str = "output") -> None:
 
 def _share_gpu_before_cuda(size: int) -> None:
     """Ranks of this host that share GPUs (torchrun's LOCAL_WORLD_SIZE above the GPUs)
-    need their MPS share set before CUDA starts here (trident/placement.py), as
+    need their MPS share set before CUDA starts here (trident/runtime/placement.py), as
     trident.init does."""
     import os
 
-    from .. import placement
+    from ...runtime import placement
     local = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
     if local:
         placement.ensure_share(placement.ranks_on_my_gpu(

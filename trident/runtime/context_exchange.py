@@ -4,8 +4,8 @@ alike on every rank; the one-sided posts of a rank that will not make an exchang
 peers may wait in (a call that failed before it, a reset), and reset's realignment of the
 numbers (issue 41).
 
-Part of trident.Context (trident/context.py), which inherits ExchangeMethods; this module
-does not import trident.context."""
+Part of the runtime's Context (context.py), which inherits ExchangeMethods; this module does not
+import context.py."""
 from __future__ import annotations
 
 import datetime
@@ -17,7 +17,27 @@ import torch
 import torch.distributed as dist
 
 from .errors import CallMismatch, GroupUnusable, HostTimeout, PeerFailed
-from .nodes import topology
+
+_GROUP_FAILED: dict = {}        # group -> the call in which it failed (unusable since)
+
+
+def mark_failed(group, what: str) -> None:
+    """Record that a collective over `group` failed (timed out, lost a peer): the group
+    cannot be used again (errors.GroupUnusable). Any process group: a context's own (its
+    host exchanges, below) as well as the rails between nodes (trident/nodes/rail.py)."""
+    _GROUP_FAILED.setdefault(group, what)
+
+
+def failed(group) -> str | None:
+    """The call in which `group` failed, or None."""
+    return _GROUP_FAILED.get(group)
+
+
+def forget_failed(*groups) -> None:
+    """Drop what is recorded of groups about to be destroyed."""
+    for g in groups:
+        _GROUP_FAILED.pop(g, None)
+
 
 # Host-side collectives of a context (barrier, workspace creation, debug-mode agreement
 # checks, reset) all begin with one all_gather of a header of this fixed size: which call
@@ -130,7 +150,7 @@ class ExchangeMethods:
         return [row[3 + _NAME_WORDS:] for row in table], details
 
     def _check_group(self, what: str, detail) -> None:
-        earlier = topology.failed(self.group)     # a group that failed once stays unusable
+        earlier = failed(self.group)     # a group that failed once stays unusable
         if earlier is not None:
             raise GroupUnusable(self._describe_call(what, detail), self.rank, earlier)
 
@@ -154,10 +174,10 @@ class ExchangeMethods:
 
     def post_failure(self, op: str, exc: BaseException) -> None:
         """This rank's call of `op` raised `exc` before its first host exchange (a build's
-        input check, trident/context_ops.py): peers that wait in that exchange raise
+        input check, trident/api/context_ops.py): peers that wait in that exchange raise
         PeerFailed naming it, at once (a one-sided _FAILED header). A courtesy: never
         raises, nothing on a group that failed."""
-        if self._closed or topology.failed(self.group) is not None:
+        if self._closed or failed(self.group) is not None:
             return
         try:
             self._post_alone(_FAILED, f"{op}, which raised {type(exc).__name__} on rank "
@@ -230,7 +250,7 @@ class ExchangeMethods:
             store.wait(keys, datetime.timedelta(seconds=self.host_timeout_s))
             return store.multi_get(keys)
         except RuntimeError as e:
-            topology.mark_failed(self.group, describe())
+            mark_failed(self.group, describe())
             raise HostTimeout(describe(), self.rank, self.host_timeout_s,
                               str(e).strip()[:200]) from None
 

@@ -7,7 +7,7 @@
 (or `dist.new_group(ranks, backend="trident")`), and torch.distributed's collectives on
 that group -- including those DTensor, tensor parallel and FSDP2 make -- run as trident
 kernels on the symmetric heap, with NCCL's semantics. What trident does not do goes to an
-inner NCCL/gloo group over the same ranks. What goes where: trident/torch_backend/group.py
+inner NCCL/gloo group over the same ranks. What goes where: trident/torch/backend/group.py
 and docs/torch-backend.md.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .. import _env
+from ...runtime import _env, launch as _launch
 from .group import FALLBACK_OPS, TRIDENT_OPS, Options, TridentProcessGroup, create
 
 NAME = "trident"
@@ -75,6 +75,17 @@ def describe() -> str:
             f"{', '.join(FALLBACK_OPS)}, other reductions and dtypes, tensors of another "
             f"device, and groups that span nodes")
 
+
+def _rank_context(heap_size, timeout):
+    """The context of a rank started by trident.launch(..., dist_backend="trident")."""
+    return context()
+
+
+def _rank_options(heap_size, timeout) -> Options:
+    return Options(heap_size=heap_size, timeout=timeout)
+
+
+_launch.register_rank_init(NAME, _rank_context, _rank_options)
 
 __all__ = ["register", "registered", "context", "group_of", "device", "describe", "Options",
            "TridentProcessGroup", "NAME"]

@@ -3,7 +3,7 @@
 `kernel[grid](*args)` runs Triton's JIT front door on every call: it binds and
 specialises the arguments, hashes them to find the compiled kernel, builds launch
 metadata, and only then calls the launcher (about 19 us with 15 arguments on an H200
-host). A launch plan (trident/plans.py) knows all of that after its first call, so a
+host). A launch plan (trident/runtime/plans.py) knows all of that after its first call, so a
 `Launch` compiles once and from then on calls the compiled kernel's C launcher with
 arguments packed when the plan was built; only the current stream is read per call.
 Launch hooks (`triton.knobs.runtime.launch_enter_hook`, e.g. the proton profiler) still

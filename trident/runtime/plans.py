@@ -6,7 +6,7 @@ the op, its options, the algorithm mode (eager or CUDA-graph capture), and each 
 address, shape, strides and dtype -- checks the inputs, picks the algorithm, finds the
 workspaces, makes the views and packs every kernel's arguments into a `Plan`. Later
 calls with that signature look the plan up and run its steps: kernel launches through
-the compiled kernel's own launcher (trident/triton_launch.py), and the copies that
+the compiled kernel's own launcher (trident/runtime/triton_launch.py), and the copies that
 stage a tensor that is not on the heap. Nothing that depends only on the signature is
 checked twice; checks of values run on the device and report through the error word.
 
@@ -185,7 +185,7 @@ class PlanCache:
         """Before every lookup, check `error_word[0]` (host memory the device writes when a
         wait gives up: no sync) and call `raise_error()` when it is set, so that a call made
         after a failed one raises at once instead of running on state that is out of step
-        (trident/context_sync.py). A memoryview element read: about 50 ns."""
+        (trident/runtime/context_sync.py). A memoryview element read: about 50 ns."""
         self._error, self._raise = error_word, raise_error
 
     @property
@@ -263,7 +263,7 @@ def plan_for(ctx, key, build, signature=None, first=None, twin: bool = True,
       first, for the warm path), so that the key is not looked up twice.
 
     A build runs inside ctx.building(key[0]): its host collectives name the op, and an
-    error it raises is published to the peers (trident/context_ops.py)."""
+    error it raises is published to the peers (trident/api/context_ops.py)."""
     plans = ctx.plans
     plan = plans.get(key) if found is _LOOK else found
     if plan is None and first is not None:

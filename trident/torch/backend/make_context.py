@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 def make_context(inner, options):
     """Collective over the inner group: (the Context, None), or (None, why there is none)."""
-    from ..nodes import topology
-    from ..context import Context
+    from ...nodes import topology
+    from ...api.context import Context
     size, rank = dist.get_world_size(inner), dist.get_rank(inner)
     source = "one rank"
     if size > 1:

@@ -2,8 +2,8 @@
 is_symmetric / check_symmetric, heap offsets and peer views, and workspaces (heap objects
 that live as long as the context, created collectively on an op's first call).
 
-Part of trident.Context (trident/context.py), which inherits HeapMethods; this module does
-not import trident.context."""
+Part of the runtime's Context (context.py), which inherits HeapMethods; this module does not
+import context.py."""
 from __future__ import annotations
 
 import math
@@ -18,7 +18,7 @@ class HeapMethods:
     """The heap methods of trident.Context. They use the context's device, world_size,
     heap_size, allocator, plans, _heap (the backend's mapping), _heap_ptr, _persistent,
     _workspaces, _calling, _closed, _check_open() and _barrier() (set by Context.__init__
-    and trident.context_sync.SyncMethods)."""
+    and trident.runtime.context_sync.SyncMethods)."""
 
     def _alloc(self, shape, dtype: torch.dtype) -> torch.Tensor:
         self._check_open()

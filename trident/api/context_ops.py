@@ -11,7 +11,7 @@ def _ccl():
     """trident.ccl, imported on first use (an import statement per call costs ~0.5 us)."""
     global _ccl_module
     if _ccl_module is None:
-        from . import ccl
+        from .. import ccl
         _ccl_module = ccl
     return _ccl_module
 
@@ -19,7 +19,7 @@ def _ccl():
 def _ops():
     global _ops_module
     if _ops_module is None:
-        from . import ops
+        from .. import ops
         _ops_module = ops
     return _ops_module
 
@@ -113,14 +113,14 @@ class OpMethods:
     def trace(self, path: str | None = None, **options):
         """Context manager: record device-side events of the ops inside it, then write
         one Chrome/Perfetto trace merged across ranks."""
-        from . import trace
+        from .. import trace
         return trace.session(self, path, **options)
 
     # ------------------------------------------------------------------ device barrier
     def device_barrier(self) -> None:
         """Stream-ordered barrier across ranks (one tiny kernel; CUDA-graph capturable).
         Like every op, it raises at once after a failed call (no launch plan checks it)."""
-        from .ccl.barrier import device_barrier
+        from ..ccl.barrier import device_barrier
         if self._error_view[0]:
             self._raise_failure()
         device_barrier(self)

@@ -1,20 +1,22 @@
 """Context: one rank's view of the job -- rank, world size, device, the symmetric heap.
 
-Context is made of five files, each one seam of it (none imports this one):
-  context.py        trident.init, Context's construction (heap backend, device, names),
-                    its properties and lifetime (close);
+The runtime's Context is made of four files, each one seam of it (none imports this one):
+  context.py        Context's construction (heap backend, device, names), its properties
+                    and lifetime (close); the open contexts by name;
   context_heap.py   HeapMethods: tensor factories, free, peer views, workspaces;
   context_sync.py   SyncMethods: timeouts, sync, barrier, agree, reset;
   context_exchange.py  ExchangeMethods: host_exchange, the numbered host collective
-                    those are made of, and its one-sided posts;
-  context_ops.py    OpMethods: the collectives, fused ops and tracing, which hand over to
-                    trident.ccl / trident.ops / trident.trace (imported on first use).
+                    those are made of, and its one-sided posts.
+The Context users hold (trident.Context, trident/api/context.py) is this one with the
+families' methods on it (collectives, fused ops, tracing), and trident.init makes it: the
+runtime imports none of the families.
 """
 from __future__ import annotations
 
 import os
 import socket
 import uuid
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -22,7 +24,6 @@ import torch.distributed as dist
 from . import _env, placement
 from .context_exchange import ExchangeMethods
 from .context_heap import HeapMethods
-from .context_ops import OpMethods
 from .context_sync import CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, SyncMethods  # noqa: F401
 # importable from here too (CallMismatchError: CallMismatch's name before issue 41)
 from .errors import CallMismatch, CallMismatchError, HostTimeout  # noqa: F401
@@ -38,6 +39,26 @@ def _not_capturing() -> bool:
 
 
 _CONTEXTS_MADE: dict[str, int] = {}     # contexts made per process group (Context.name)
+# the open contexts of this process by name (Context.name), and what runs when one opens
+_OPEN: "weakref.WeakValueDictionary[str, Context]" = weakref.WeakValueDictionary()
+_ON_OPEN: list = []
+
+
+def named(name: str) -> "Context | None":
+    """The open Context named `name` in this process, or None."""
+    return _OPEN.get(name)
+
+
+def open_contexts() -> list["Context"]:
+    """The open Contexts of this process, in the order they were made."""
+    return list(_OPEN.values())
+
+
+def on_open(hook) -> None:
+    """Have hook(ctx) run for every Context made from now on, once it is named (the torch
+    layer loads its custom ops then: trident/torch/__init__.py). Idempotent."""
+    if hook not in _ON_OPEN:
+        _ON_OPEN.append(hook)
 
 
 def _env_int(name: str, default: int) -> int:
@@ -45,16 +66,11 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
-class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
-    """Created by `trident.init`; holds the heap and offers the collectives and ops.
-
-    Attributes: rank, world_size, device, backend ("cuda" or "cpu"), heap_size,
-    topology (trident.nodes.topology.Topology: one node, set by trident.init; None otherwise),
-    ranks_per_device (ranks of the group on this rank's GPU; 1 on the CPU emulation),
-    heap_bases (int64 tensor on `device`: where each rank's heap lives in this process),
-    ctrl (this rank's control block: error word, timeout, barrier epoch and flags),
-    trace_buffer (the event buffer of the active `ctx.trace(...)` session, else None: set
-    by trident.trace, read by ops through trident.trace.kernel_args).
+class Context(HeapMethods, SyncMethods, ExchangeMethods):
+    """The runtime's part of trident.Context (trident/api/context.py adds the collectives,
+    fused ops and tracing, and trident.init makes it): rank, world size, device, the heap,
+    the control block and the launch plans. Its attributes are listed in trident.Context's
+    docstring (trident/api/context.py), for the users who see them there.
     """
 
     topology = None
@@ -90,11 +106,9 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
             self._heap = CudaHeap(self.heap_size, self.rank, self.world_size, self.group,
                                   self.device)
         else:
-            from . import emulation, sanitize
+            from . import emulation
             from .heap.cpu import CpuHeap
             emulation.install()
-            if sanitize.requested():    # TRIDENT_SANITIZE=1: on from init's last barrier
-                sanitize.install_auto(type(self))
             self.device = torch.device("cpu")
             self.ranks_per_device, self._gpu_per_rank = 1, True
             self._heap = CpuHeap(self.heap_size, self.rank, self.world_size, self.group,
@@ -103,7 +117,7 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
         self._host_step = 0          # host-side collectives made since init / reset
         self._calling = None         # the public op running now (for error messages)
         self.trace_buffer = None     # set while a trace session is active (trident/trace)
-        # launch plans of this context's calls (trident/plans.py), and whether the current
+        # launch plans of this context's calls (trident/runtime/plans.py), and whether the current
         # stream is being captured into a CUDA graph (selection differs there)
         # (torch.cuda.is_current_stream_capturing's C function: one Python frame less per call)
         self.capturing = (getattr(torch._C, "_cuda_isCurrentStreamCapturing",
@@ -147,7 +161,7 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
         me = (socket.gethostname(), str(torch.cuda.get_device_properties(self.device).uuid))
         everyone = [None] * self.world_size
         dist.all_gather_object(everyone, me, group=self.group)
-        # ranks on one GPU must each be held to their share of it (trident/placement.py);
+        # ranks on one GPU must each be held to their share of it (trident/runtime/placement.py);
         # CUDA is initialised by now, so a missing cap can only be refused here
         count, alone = placement.gpu_sharing(everyone, me)
         placement.ensure_share(count)
@@ -155,7 +169,7 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
 
     @property
     def shares_device(self) -> bool:
-        """True when other ranks of this context use the same GPU (see trident/placement.py)."""
+        """True when other ranks of this context use the same GPU (see placement.py)."""
         return self.ranks_per_device > 1
 
     @property
@@ -183,17 +197,19 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
                 "process group, peers mapped through NVLink peer access)" + shared)
 
     def _register_name(self) -> None:
-        """`name`: how trident's torch custom ops (trident/torch_ops.py) find this context
-        in a compiled graph -- the group's name and the number of contexts made on it before
-        (the same on every rank, since every rank makes the same contexts in order), and the
-        world size, which the ops' fake implementations read (a compiled graph in Inductor's
-        disk cache is found by the names in it: see trident/torch_ops.py)."""
-        from . import torch_ops
+        """`name`: how trident's torch custom ops (trident/torch/ops/) find this context
+        in a compiled graph (`named`) -- the group's name and the number of contexts made
+        on it before (the same on every rank, since every rank makes the same contexts in
+        order), and the world size, which the ops' fake implementations read (a compiled
+        graph in Inductor's disk cache is found by the names in it: see
+        trident/torch/ops/__init__.py). Then the on_open hooks run."""
         group = getattr(self.group, "group_name", "") or "world"
         made = _CONTEXTS_MADE.get(group, 0)
         self.name = f"trident:{group}:{made}:world{self.world_size}"
         _CONTEXTS_MADE[group] = _CONTEXTS_MADE.get(group, 0) + 1
-        torch_ops.register(self)
+        _OPEN[self.name] = self
+        for hook in _ON_OPEN:
+            hook(self)
 
     def _job_id(self) -> str:
         job = [os.environ.get("TRIDENT_JOB_ID") or uuid.uuid4().hex[:12]]
@@ -234,8 +250,8 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
                       and dist.get_backend(self.group) == "gloo")
             self._closed = True
             self.plans.clear()
-            from . import torch_ops
-            torch_ops.unregister(self)
+            if _OPEN.get(self.name) is self:
+                del _OPEN[self.name]
             self.ctrl = self.heap_bases = None
             self._heap.close()
             if settle:
@@ -284,52 +300,3 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods, OpMethods):
                 f"backend={self.backend!r}, device={self.device}, heap_size={self.heap_size}, "
                 f"in_use={self.allocator.bytes_in_use})")
 
-
-def init(heap_size: int | None = None, group=None, timeout: float | None = None,
-         debug: bool | None = None) -> Context:
-    """Collective over `group` (default: the whole job): map every rank's symmetric heap.
-
-    Under torchrun (RANK/WORLD_SIZE set) the process group is created if it is not yet:
-    NCCL with a GPU per rank; gloo when LOCAL_WORLD_SIZE exceeds the visible GPUs, which
-    ranks then share round-robin (LOCAL_RANK % GPUs). Ranks that share a GPU need an MPS
-    daemon (`nvidia-cuda-mps-control -d` before the job; TRIDENT_MPS=off lets them
-    time-slice instead, at milliseconds per cross-rank wait) and each its share of the GPU
-    as CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (100 // ranks per GPU): init sets it when it is
-    unset and CUDA is not initialised yet in this process, and refuses to go on without it
-    (or with a larger one) otherwise (trident/placement.py).
-    heap_size defaults to $TRIDENT_HEAP_SIZE or 1 GiB; timeout (seconds) bounds every
-    device wait; debug=True checks for timed-out waits after every op.
-
-    Ranks on several nodes (host names, LOCAL_WORLD_SIZE, or TRIDENT_NODE_SIZE=n on one
-    machine; trident/nodes/topology.py) get a trident.WorldContext: the same methods over
-    the whole world, with a node-local Context inside (docs/nodes.md, "Beyond one node").
-    """
-    local = _env_int("LOCAL_WORLD_SIZE", 0)
-    if not _env.INTERPRET and local and not (dist.is_initialized() and
-                                             dist.get_backend() == "nccl"):
-        # ranks that will share a GPU: their MPS cap, before CUDA initialises here (set_device
-        # below does; device_count does not). An NCCL group cannot serve them: Context says so
-        placement.ensure_share(placement.ranks_on_my_gpu(
-            local, torch.cuda.device_count(), _env_int("LOCAL_RANK", 0)))
-    if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        backend = "gloo"
-        if not _env.INTERPRET:
-            gpus = torch.cuda.device_count()
-            torch.cuda.set_device(placement.device_index(_env_int("LOCAL_RANK", 0), gpus))
-            # ranks that outnumber the GPUs share them: NCCL cannot, gloo can
-            if _env_int("LOCAL_WORLD_SIZE", 1) <= gpus:
-                backend = "nccl"
-        dist.init_process_group(backend)
-    from .nodes import topology
-    # the node and rail groups give up after the host timeout (a node that skips a call)
-    layout = topology.discover(group, (DEFAULT_TIMEOUT_S if timeout is None else timeout) + 5.0)
-    if layout.spans_nodes:          # a node-local context inside a world of nodes
-        from .nodes.world import WorldContext
-        node = Context(heap_size=heap_size, group=layout.node_group, timeout=timeout,
-                       debug=debug)
-        node.topology = topology.Topology(layout.node_size, layout.local_rank,
-                                          layout.node_size, layout.source)
-        return WorldContext(node, layout)
-    ctx = Context(heap_size=heap_size, group=group, timeout=timeout, debug=debug)
-    ctx.topology = layout
-    return ctx

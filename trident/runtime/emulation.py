@@ -171,7 +171,7 @@ _LAYOUT_OPS = ("arange", "full", "thread_barrier", "convert_layout", "set_auto_l
 def _unmapped(name):
     def op(*args, **kwargs):
         raise NotImplementedError(
-            f"gl.{name} does not run on the CPU emulation: trident/emulation.py maps only "
+            f"gl.{name} does not run on the CPU emulation: trident/runtime/emulation.py maps only "
             f"Gluon's operations on registers and global memory (layouts as no-ops)")
     return op
 

@@ -11,7 +11,7 @@ NVLink. Two things make it work:
   that every rank's programs fit on the GPU together;
 - concurrency: without MPS, processes on one GPU time-slice and every cross-rank wait
   costs a time slice (4.6 ms per flag round trip measured on one H200, against 1.9 us
-  under MPS). The launcher starts a private MPS daemon for the job (trident/mps.py).
+  under MPS). The launcher starts a private MPS daemon for the job (trident/runtime/mps.py).
 
 The share is process-wide: a Context sets it once (`set_ranks_per_device`) after it has
 found which ranks of its group use its GPU, before any kernel is sized.
@@ -22,7 +22,7 @@ fused-op cases came back wrong, with no error, under torchrun with an MPS daemon
 So every rank that shares a GPU runs with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE at most its fair
 share (100 // ranks on the GPU). `share_plan` is the decision (a pure function of the ranks
 per GPU, the environment, whether the CUDA driver is initialised and whether an MPS daemon
-answers); `ensure_share` applies it in this process: `import trident` (trident/_env.py) and
+answers); `ensure_share` applies it in this process: `import trident` (trident/runtime/_env.py) and
 trident.init call it before CUDA initialises (torchrun's LOCAL_WORLD_SIZE against the
 visible GPUs), a Context again once it has counted the ranks on its GPU. The cap must be in
 the environment when the CUDA *driver* initialises (cuInit: the MPS client connects to its
@@ -33,7 +33,7 @@ and does not initialise the driver. A cap set after cuInit comes too late, and t
 nothing holds the rank to its share: a fused kernel of one program per tile (hundreds) can
 fill every SM while its peer's kernel waits behind it (bench/heldout_torchrun.py on one
 H100: trident used to set the cap after its own import had called torch.cuda.is_available()).
-The launcher (trident/launch.py) sets the cap for its ranks before they start.
+The launcher (trident/runtime/launch.py) sets the cap for its ranks before they start.
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ budget did not reach take the nearest measured M bucket of the tuned table: rais
 --budget-s to measure them all. Refused on the CPU emulation: the interpreter's times say
 nothing about a GPU.
 
-`trident tune --ops` measures the fused ops' schedules instead (trident/ops/tuning.py):
+`trident tune --ops` measures the fused ops' schedules instead (trident/tools/tune_ops.py):
 every schedule of all_gather_matmul, matmul_reduce_scatter and matmul_all_reduce at each
 M bucket and size class, eagerly and from CUDA graphs, and writes the table that
 schedule="auto" reads (trident/ops/auto.py) to ops-<gpu>-w<world>-<topology>.json in the
@@ -45,9 +45,9 @@ import os
 import sys
 import time
 
-from . import _env
-from .bench import ccl, common, selection
-from .ccl import tune_cache
+from ..runtime import _env
+from ..bench import ccl, common, selection
+from ..ccl import tune_cache
 
 GEMM_BUDGET_S = 420.0   # seconds of `trident tune --gemm`: the GEMM bench's default
 CPU_REFUSAL = ("trident tune --gemm measures the GEMM core on this machine's GPU; there is "
@@ -72,8 +72,8 @@ def tune_gemm(budget_s: float, timeout_s: float | None, calls: int | None,
     this GPU within budget_s seconds and write this model's table to `out` (default: the
     user's cache, gemm_tables.tuned_path). force_on_cpu: a test hook that runs it on the
     CPU emulation (two tiny shapes, a table for the device "cpu") instead of refusing."""
-    from .bench import gemm as bench_gemm
-    from .ops import gemm_tables
+    from ..bench import gemm as bench_gemm
+    from ..ops import gemm_tables
     if _env.INTERPRET and not force_on_cpu:
         raise ValueError(CPU_REFUSAL)
     t0 = time.monotonic()
@@ -105,9 +105,9 @@ OPS_HEAP_GPU = 6 << 30      # the largest shapes' buffers: gathered A, partials,
 
 
 def tune_ops(world: int, args, gpu: bool, backend: str) -> int:
-    """`trident tune --ops` (see the module docstring and trident/ops/tuning.py)."""
-    from .launch import launch
-    from .ops import tuning
+    """`trident tune --ops` (see the module docstring and trident/tools/tune_ops.py)."""
+    from ..runtime.launch import launch
+    from . import tune_ops as tuning  # (this function has the module's name)
     timing = common.timing_options(argparse.Namespace(calls=args.calls, reps=args.reps,
                                                       warmup=None, iters=0), gpu)
     path, entries = launch(tuning.tune_rank, world, args.quick, timing, args.out,
@@ -123,7 +123,7 @@ def tune_ops(world: int, args, gpu: bool, backend: str) -> int:
 
 def main(argv=None, force_on_cpu: bool = False) -> int:
     """force_on_cpu: a test hook, see tune_gemm."""
-    from .launch import default_backend, default_world_size, launch
+    from ..runtime.launch import default_backend, default_world_size, launch
     p = argparse.ArgumentParser(prog="trident tune", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gemm", action="store_true", help="measure the GEMM core's table on "

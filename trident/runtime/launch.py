@@ -1,9 +1,9 @@
 """Start N ranks (GPU processes, or CPU processes with gloo) and run code in them.
 
-On GPUs, ranks are placed round-robin over the visible GPUs (trident/placement.py). With
+On GPUs, ranks are placed round-robin over the visible GPUs (trident/runtime/placement.py). With
 one GPU per rank the host group is NCCL. With more ranks than GPUs, ranks share GPUs: the
 host group is gloo (NCCL refuses two ranks on one device), the ranks run under MPS (a
-private daemon for the job when none runs: trident/mps.py), and their kernels size their
+private daemon for the job when none runs: trident/runtime/mps.py), and their kernels size their
 grids by their share of the SMs. That mode checks correctness and host cost on one GPU;
 it does not measure NVLink.
 
@@ -32,6 +32,31 @@ from .errors import CommTimeout
 
 # what the ranks' falling out of step raises: a consequence of an error elsewhere
 _OUT_OF_STEP = (CommTimeout,)     # CallMismatch, PeerFailed, HostTimeout... too
+
+# How a rank makes its context once its default process group is up, by the group's
+# torch.distributed backend: the layers above register theirs (the runtime imports none of
+# them): trident.init for NCCL/gloo (key None: trident/api/context.py), the "trident"
+# backend's own context (trident/torch/backend). `import trident` registers both, and a
+# process that imports this module has imported the package `trident` first.
+_RANK_INITS: dict = {}
+
+
+def register_rank_init(dist_backend: str | None, make, pg_options=None) -> None:
+    """make(heap_size, timeout) -> the rank's context, for ranks whose default group has
+    backend `dist_backend` (a name found in the dist_backend given to launch, e.g.
+    "trident" in "cuda:trident,cpu:gloo"; None: any other), and pg_options(heap_size,
+    timeout) -> the group's pg_options, if the backend takes them."""
+    _RANK_INITS[dist_backend] = (make, pg_options)
+
+
+def _rank_init(dist_backend: str | None):
+    """(make, pg_options) for a rank whose default group has backend `dist_backend`."""
+    named = [k for k in _RANK_INITS if k is not None and dist_backend and k in dist_backend]
+    found = _RANK_INITS.get(named[0] if named else None)
+    if found is None:
+        raise RuntimeError(f"no way to make a rank's context for torch.distributed backend "
+                           f"{dist_backend!r} is registered (import trident first)")
+    return found
 
 
 def _free_port() -> int:
@@ -239,9 +264,8 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn, dist_back
         torch.set_num_threads(1)
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=pg_timeout)
-    import trident
     try:
-        ctx = trident.init(heap_size=heap_size, timeout=timeout)
+        ctx = _rank_init(None)[0](heap_size, timeout)
     except BaseException as exc:
         conn.send((0, "err", *_pack_error(exc)))
         raise
@@ -256,20 +280,17 @@ def _init_with_backend(dist_backend, rank, world_size, backend, port, heap_size,
     import torch
     import torch.distributed as dist
 
-    import trident
     from .placement import device_index
     if backend == "cuda":
         torch.cuda.set_device(device_index(rank, torch.cuda.device_count()))
     else:
         torch.set_num_threads(1)
     try:
-        options = trident.torch_backend.Options(heap_size=heap_size, timeout=timeout)
-        uses_trident = "trident" in dist_backend
+        make, pg_options = _rank_init(dist_backend)
         dist.init_process_group(dist_backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=pg_timeout,
-                                pg_options=options if uses_trident else None)
-        ctx = trident.torch_backend.context() if uses_trident else trident.init(
-            heap_size=heap_size, timeout=timeout)
+                                pg_options=pg_options and pg_options(heap_size, timeout))
+        ctx = make(heap_size, timeout)
     except BaseException as exc:
         conn.send((0, "err", *_pack_error(exc)))
         raise
@@ -316,7 +337,7 @@ class RankPool:
     dist_backend: the torch.distributed backend of the ranks' default group; None: NCCL
     (one GPU per rank) or gloo, as `launch` says. "trident" (or a device map such as
     "cuda:trident,cpu:gloo") makes the default group trident's torch.distributed backend
-    (trident/torch_backend), and the ctx that functions get is that group's context."""
+    (trident/torch/backend), and the ctx that functions get is that group's context."""
 
     def __init__(self, world_size: int | None = None, backend: str | None = None,
                  heap_size: int | None = None, timeout: float | None = None,

@@ -2,8 +2,8 @@
 errors), the host barrier (every rank's errors and heap allocations), the debug-mode
 agreement check and reset, all made of the header exchange (context_exchange.py).
 
-Part of trident.Context (trident/context.py), which inherits SyncMethods; this module does
-not import trident.context."""
+Part of the runtime's Context (context.py), which inherits SyncMethods; this module does not
+import context.py."""
 from __future__ import annotations
 
 import weakref
@@ -15,15 +15,9 @@ from .context_exchange import _Joined, _digest
 from .errors import (ERROR_MARK, HOST_CALL_CODES, KIND_HOST_CALL, KIND_PEER_FAILED,
                      CallMismatch, HeapMismatchError, HostTimeout, PeerFailed, decode_timeout,
                      device_error, value_error_message)
-from .language import sync as _sync
-
-# Host-side copies of the control-block layout (the device side uses tl.constexpr).
-(CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, CTRL_FAILED, CTRL_HOST_WORD, CTRL_BASES,
- CTRL_TEXT, CTRL_TEXT_WORDS, CTRL_HOST_CALL, CTRL_HOST_DONE) = (
-    int(getattr(c, "value", c)) for c in (
-        _sync.CTRL_ERROR, _sync.CTRL_TIMEOUT, _sync.CTRL_WORDS, _sync.MAX_RANKS,
-        _sync.CTRL_FAILED, _sync.CTRL_HOST_WORD, _sync.CTRL_BASES, _sync.CTRL_TEXT,
-        _sync.CTRL_TEXT_WORDS, _sync.CTRL_HOST_CALL, _sync.CTRL_HOST_DONE))
+from .control import (CTRL_BASES, CTRL_ERROR, CTRL_FAILED, CTRL_HOST_CALL, CTRL_HOST_DONE,
+                      CTRL_HOST_WORD, CTRL_TEXT, CTRL_TEXT_WORDS, CTRL_TIMEOUT, CTRL_VALUE_ERROR,
+                      CTRL_WORDS, MAX_RANKS)
 
 
 class SyncMethods:
@@ -202,7 +196,7 @@ class SyncMethods:
     def _error_words(self) -> tuple[int, list[int]]:
         """This rank's timeout word and bad-value record (kind, 4 words; see
         language/sync.py), read in one device->host copy after the device work is done."""
-        first = int(_sync.CTRL_VALUE_ERROR)
+        first = int(CTRL_VALUE_ERROR)
         words = self.ctrl[:first + 5].tolist()
         return words[CTRL_ERROR], words[first:]
 
@@ -211,7 +205,7 @@ class SyncMethods:
         own record (cleared first), or rank `rank`'s as the barrier saw it."""
         if record[0]:
             if rank is None:
-                first = int(_sync.CTRL_VALUE_ERROR)
+                first = int(CTRL_VALUE_ERROR)
                 self.ctrl[first:first + 5] = 0
             # not published to the peers (_publish): the kernel dropped the bad values and
             # went on, so this rank is in step with them; barrier() raises it everywhere
