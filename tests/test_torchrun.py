@@ -14,6 +14,7 @@ import textwrap
 import pytest
 
 RUNS = 3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = textwrap.dedent("""\
     import torch
     import trident as td
@@ -36,7 +37,10 @@ def script(tmp_path):
 
 
 def test_a_torchrun_script_that_closes_exits_cleanly(script, tmp_path):
-    env = dict(os.environ, TRIDENT_BACKEND="cpu", TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
+    # this tree's trident, from the script's folder too (a relative PYTHONPATH would not
+    # reach it there, and an installed trident would be run instead)
+    env = dict(os.environ, TRIDENT_BACKEND="cpu", TRITON_INTERPRET="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("LOCAL_WORLD_SIZE", None)
     for run in range(RUNS):
         for r in range(2):
