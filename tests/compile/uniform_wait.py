@@ -80,7 +80,7 @@ def _lamport_ptx() -> str:
     types = {"t": "*bf16", "data": "*i16", "heads": "*i64", "lsync": "*i64", "fsync": "*i64",
              "ctrl": "*i64", "heap_bases": "*i64", "trace_buf": "*i64", "rank": "i32",
              "n": "i32", "slot": "i32", "fp": "i32"}
-    constexprs = {"WORLD": 2, "OP": 0, "BLOCK": 16, "TRACE": False}
+    constexprs = {"WORLD": 2, "OP": 0, "BLOCK": 16, "TRACE": False, "PDL": True}
     sig = {a: "constexpr" if a in constexprs else types[a] for a in _lamport_kernel.arg_names}
     return compile_ptx(_lamport_kernel, sig, constexprs, num_warps=4)
 
