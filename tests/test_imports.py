@@ -155,6 +155,16 @@ def test_no_file_over_600_lines():
     assert not long, f"files in trident/ over {MAX_LINES} lines (split them): {long}"
 
 
+def test_no_dated_notes_in_source():
+    """Dated measurements belong in docs/ (docs/history.md, docs/results.md) and
+    bench/results/, not in source files, where they go stale unseen (issue 42)."""
+    import re
+    dated = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+    found = [f"{p.relative_to(ROOT.parent)}:{i}" for p in ROOT.rglob("*.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if dated.search(line)]
+    assert not found, f"dated notes in source (move them to docs/history.md): {found}"
+
+
 # Imports each module named in argv in a process of its own, forked from one that has
 # loaded only the third-party packages: every module starts from no trident module loaded,
 # as in a fresh interpreter, without paying torch's import for each.

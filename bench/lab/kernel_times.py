@@ -33,7 +33,7 @@ MOE = (("deepseek-v3", 256, 8, 7168), ("deepseek-v3 hidden 256", 256, 8, 256))
 TOKENS = (1, 128)
 
 
-def _graph(fn, calls: int) -> torch.cuda.CUDAGraph:
+def graph_of(fn, calls: int) -> torch.cuda.CUDAGraph:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(calls):
@@ -41,7 +41,7 @@ def _graph(fn, calls: int) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _events_us(ctx, graph, calls: int, reps: int) -> float:
+def events_us(ctx, graph, calls: int, reps: int) -> float:
     best = float("inf")
     for _ in range(reps):
         ctx.barrier()
@@ -99,10 +99,10 @@ def _measure(ctx, fn, calls: int, reps: int) -> dict:
         return {"graph_us": None}
     torch.cuda.synchronize()
     ctx.barrier()
-    graph = _graph(fn, calls)
+    graph = graph_of(fn, calls)
     graph.replay()
     torch.cuda.synchronize()
-    row = {"graph_us": _events_us(ctx, graph, calls, reps)}
+    row = {"graph_us": events_us(ctx, graph, calls, reps)}
     row.update(_profiled(ctx, graph, calls))
     del graph
     return row

@@ -17,26 +17,18 @@ import torch.distributed as dist
 import trident as td
 from trident.bench.ccl import parse_size
 
+from bench.lab import kernel_times
+
 WARPS = (1, 2, 4, 8)
 
 
 def _graph_us(ctx, t, warps, calls, reps) -> float:
-    for _ in range(3):
+    def call():
         ctx.all_reduce(t, algorithm="lamport", warps=warps)
+    for _ in range(3):
+        call()
     ctx.barrier()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            ctx.all_reduce(t, algorithm="lamport", warps=warps)
-    best = float("inf")
-    for _ in range(reps):
-        ctx.barrier()
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        stop.record()
-        stop.synchronize()
-        best = min(best, start.elapsed_time(stop) * 1e3 / calls)
+    best = kernel_times.events_us(ctx, kernel_times.graph_of(call, calls), calls, reps)
     mine = torch.tensor([best], device=ctx.device)
     dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=ctx.group)
     return float(mine)

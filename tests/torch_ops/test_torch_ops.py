@@ -47,7 +47,9 @@ def _eager_calls(ctx, x, a, w, wk):
     y1 = ctx.all_gather_matmul(a, wk)
     y2 = ctx.matmul_reduce_scatter(a, w)
     y3 = ctx.matmul_all_reduce(a, w)
-    return t + 1, g, rs, a2a, b, y1, y2, y3
+    residual = (y3 * 0.5).contiguous()          # the same on every rank
+    y4, res4 = ctx.matmul_all_reduce_add_rmsnorm(a, w, residual, residual[0].abs() + 0.5)
+    return t + 1, g, rs, a2a, b, y1, y2, y3, y4, res4
 
 
 def _check_eager_calls(ctx):
@@ -72,7 +74,22 @@ def _check_eager_calls(ctx):
     captured = sorted({s.split(".")[1] for s in seen if s.startswith("trident.")})
     assert captured == sorted(["all_reduce_", "all_gather_into", "reduce_scatter_into",
                                "all_to_all_into", "broadcast_", "all_gather_matmul",
-                               "matmul_reduce_scatter", "matmul_all_reduce"]), (captured, seen)
+                               "matmul_reduce_scatter", "matmul_all_reduce",
+                               "matmul_all_reduce_add_rmsnorm"]), (captured, seen)
+    # the custom ops of GEMM + all-reduce + add + RMSNorm called directly: the functional
+    # one leaves residual as it is, the in-place one (residual_out=residual) updates it
+    residual = want[7].mul(0.5).contiguous()
+    weight = residual[0].abs() + 0.5
+    y, res = torch.ops.trident.matmul_all_reduce_add_rmsnorm(a, w, residual, weight, 1e-6,
+                                                             None, ctx.name, "auto", None)
+    _close(y, want[8], f"rank {r} torch.ops matmul_all_reduce_add_rmsnorm", 1e-2)
+    _close(res, want[9], f"rank {r} torch.ops matmul_all_reduce_add_rmsnorm res", 1e-2)
+    same = residual.clone()
+    y_ = torch.ops.trident.matmul_all_reduce_add_rmsnorm_(a, w, same, weight, 1e-6, None,
+                                                          ctx.name, "auto", None)
+    _close(y_, y, f"rank {r} in-place twin", 1e-6)
+    _close(same, res, f"rank {r} in-place twin: residual", 1e-6)
+    _close(residual, want[7].mul(0.5), f"rank {r} functional form left residual", 0)
     # the in-place op mutates a graph input, as eagerly
     def inplace(t):
         ctx.all_reduce(t)

@@ -6,11 +6,9 @@ The GEMM core (env TRIDENT_GEMM, read once at import; a call's `gemm=` option ov
 it and is part of the plan key like every option):
 - "auto" (the default): "tma" for GEMMs of M >= TMA_MIN_M rows, and below that where the
   GEMM table's entry is a small-M one (swap-AB or split-K: the core's decode choice,
-  fused_tile.fused_gemm_config), else "classic". Measured
-  2026-11-22 on 2x H200 at M = 8192 (Llama-3-70B TP=2 layers, bench/results/
-  ops-ab-gemm-*-2xh200-2026-11-22.json): "tma" made every fused op 1.14-1.24x faster than
-  "classic" and 1.02-1.15x faster than NCCL + cuBLAS eagerly; on one H200 the core alone
-  was 0.99-1.05x cuBLAS at M >= 4096 and 0.63-0.96x below (gemm-1xh200-2026-11-22.json).
+  fused_tile.fused_gemm_config), else "classic". On 2x H200 at M = 8192 "tma" made every
+  fused op faster than "classic" and than NCCL + cuBLAS eagerly, and the core alone
+  matched cuBLAS from M = 4096 but not below (figures: docs/history.md, "Notes moved out of the source").
   Smaller M with "tma" inside the fused kernels is not measured yet, and the table's
   small-M entries are what the core alone measured (or starting points), not the fused ops.
 - "classic": one output tile (or split-K slice) per GEMM program,

@@ -34,11 +34,10 @@ When it should win: at M <= 64 the GEMM streams the weights from HBM and the pro
 small, so a launch and a synchronisation saved (vs. "sequential": GEMM, then the
 collective) could be worth more than the overlap "fused" buys. all_gather_matmul pays in
 link traffic: every column tile reads the remote rows again (A_remote * column tiles).
-Measured on 2x H100 (ops-2xh100-2026-11-25b.json; docs/fused-ops.md, "Why epilogue
-misses"): >= 1.1x "sequential" on 3 of 28 cases at M <= 64 from graphs -- about equal at
-M <= 16 row-parallel (one exchange costs what the separate collective does), slower at
-M = 64 (in its k-loop: no split-K, a tile's pusher is fixed; not yet traced) and for
-all_gather_matmul (the pull above).
+Measured (docs/fused-ops.md, "Why epilogue misses"; figures: docs/history.md, "Notes moved out of the source"): about
+equal to "sequential" at M <= 16 row-parallel (one exchange costs what the separate
+collective does), slower at M = 64 (in its k-loop: no split-K, a tile's pusher is fixed;
+not yet traced) and for all_gather_matmul (the pull above).
 So auto takes it only where a table measured it fastest.
 """
 from __future__ import annotations

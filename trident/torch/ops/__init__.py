@@ -42,7 +42,11 @@ Functional forms (new output; differentiable where noted):
     trident::all_reduce_add_rmsnorm(x, residual, weight, eps, group, algorithm)
                                            -> (out, new residual)     (no grad)
 and trident::all_reduce_add_rmsnorm_(x, Tensor(a!) residual, weight, eps, group, algorithm)
--> out, the fused all-reduce + residual add + RMSNorm mutating its residual.
+-> out, the fused all-reduce + residual add + RMSNorm mutating its residual;
+    trident::matmul_all_reduce_add_rmsnorm(a, w, residual, norm_weight, eps, bias, group,
+                                           schedule, options) -> (out, res)   (no grad)
+and its in-place twin trident::matmul_all_reduce_add_rmsnorm_(..., Tensor(a!) residual, ...)
+-> out.
 
 Gradients are those of the sum of every rank's loss (torch.distributed.nn's convention):
 the gradient of all_reduce is the all_reduce of the gradients. A loss computed the same
@@ -67,9 +71,10 @@ all-reduce + RMSNorm), moe.py. Loaded when the first context opens (trident/torc
 from .collectives import all_gather, all_reduce, all_to_all, broadcast, reduce_scatter
 from .common import context
 from .fused import (all_gather_matmul, all_reduce_add_rmsnorm, matmul_all_reduce,
-                    matmul_reduce_scatter)
+                    matmul_all_reduce_add_rmsnorm, matmul_reduce_scatter)
 from .moe import moe_combine, moe_dispatch
 
 __all__ = ["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
            "all_gather_matmul", "matmul_reduce_scatter", "matmul_all_reduce",
-           "all_reduce_add_rmsnorm", "moe_dispatch", "moe_combine", "context"]
+           "all_reduce_add_rmsnorm", "matmul_all_reduce_add_rmsnorm", "moe_dispatch",
+           "moe_combine", "context"]

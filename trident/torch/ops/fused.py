@@ -1,7 +1,8 @@
 """The fused ops as torch custom ops: the three GEMM + communication ops (functional,
-differentiable through plain ops) with their options, and all-reduce + residual add +
-RMSNorm (in-place and functional, no autograd); their Python API and the stand-ins Dynamo
-traces in place of trident.ops' and ccl.all_reduce_add_rmsnorm's eager entries."""
+differentiable through plain ops) with their options, all-reduce + residual add + RMSNorm
+and GEMM + all-reduce + residual add + RMSNorm (in-place and functional, no autograd);
+their Python API and the stand-ins Dynamo traces in place of trident.ops' and
+ccl.all_reduce_add_rmsnorm's eager entries."""
 from __future__ import annotations
 
 import ast
@@ -102,6 +103,71 @@ def all_reduce_add_rmsnorm(ctx, x, residual, weight, eps: float = 1e-6,
                                                     algorithm)
 
 
+# ---------------------------------------------------------------------------- GEMM + all-reduce + RMSNorm
+# trident::matmul_all_reduce_add_rmsnorm(a, w, residual, norm_weight, eps, bias, group,
+#     schedule, options) -> (out, res): res = all_reduce(a @ w.T) + bias + residual (a new
+#     tensor; residual left as it is), out = rmsnorm(res) * norm_weight. No autograd.
+# trident::matmul_all_reduce_add_rmsnorm_(..., Tensor(a!) residual, ...) -> out: the same
+#     with residual updated in place (residual_out=residual).
+def _norm_call(group, a, w, residual, norm_weight, eps, bias, schedule, options, **kw):
+    kwargs = {} if options is None else _decode_options(options)
+    return _ops.matmul_all_reduce_add_rmsnorm(context(group), a, w, residual, norm_weight,
+                                              eps, bias=bias, schedule=schedule, **kw,
+                                              **kwargs)
+
+
+@torch.library.custom_op(_LIB + "matmul_all_reduce_add_rmsnorm", mutates_args=())
+def matmul_all_reduce_add_rmsnorm_out(
+        a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+        eps: float, bias: Optional[torch.Tensor], group: str, schedule: str = "auto",
+        options: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _norm_call(group, a, w, residual, norm_weight, eps, bias, schedule, options)
+
+
+@matmul_all_reduce_add_rmsnorm_out.register_fake
+def _(a, w, residual, norm_weight, eps, bias, group, schedule="auto", options=None):
+    shape = (a.shape[0], w.shape[0])
+    return a.new_empty(shape), a.new_empty(shape)
+
+
+@torch.library.custom_op(_LIB + "matmul_all_reduce_add_rmsnorm_", mutates_args=("residual",))
+def matmul_all_reduce_add_rmsnorm_(
+        a: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+        eps: float, bias: Optional[torch.Tensor], group: str, schedule: str = "auto",
+        options: Optional[str] = None) -> torch.Tensor:
+    return _norm_call(group, a, w, residual, norm_weight, eps, bias, schedule, options,
+                      residual_out=residual)[0]
+
+
+@matmul_all_reduce_add_rmsnorm_.register_fake
+def _(a, w, residual, norm_weight, eps, bias, group, schedule="auto", options=None):
+    return a.new_empty((a.shape[0], w.shape[0]))
+
+
+def matmul_all_reduce_add_rmsnorm(ctx, a, w, residual, norm_weight, eps: float = 1e-6,
+                                  bias=None, schedule: str = "auto", **options):
+    """Functional GEMM + all-reduce + residual add + RMSNorm: (out, res), residual left as
+    it is (see ctx.matmul_all_reduce_add_rmsnorm)."""
+    return torch.ops.trident.matmul_all_reduce_add_rmsnorm(
+        a, w, residual, norm_weight, float(eps), bias, ctx.name, schedule,
+        _encode_options("matmul_all_reduce_add_rmsnorm", options))
+
+
+def _compiled_matmul_norm(ctx, a, w, residual, norm_weight, eps=1e-6, bias=None, out=None,
+                          residual_out=None, schedule="auto", **options):
+    encoded = _encode_options("matmul_all_reduce_add_rmsnorm", options)
+    if residual_out is residual:
+        y = torch.ops.trident.matmul_all_reduce_add_rmsnorm_(
+            a, w, residual, norm_weight, float(eps), bias, ctx.name, schedule, encoded)
+        res = residual
+    else:
+        y, res = torch.ops.trident.matmul_all_reduce_add_rmsnorm(
+            a, w, residual, norm_weight, float(eps), bias, ctx.name, schedule, encoded)
+        if residual_out is not None:
+            res = residual_out.copy_(res)
+    return (y if out is None else out.copy_(y)), res
+
+
 # ---------------------------------------------------------------------------- autograd
 def _setup_fused(ctx, inputs, output):
     a, w, bias, group = inputs[:4]
@@ -194,5 +260,6 @@ for _original, _standin in (
         (_ccl.all_reduce_add_rmsnorm, _compiled_add_rmsnorm),
         (_ops.all_gather_matmul, _compiled_fused("all_gather_matmul")),
         (_ops.matmul_reduce_scatter, _compiled_fused("matmul_reduce_scatter")),
-        (_ops.matmul_all_reduce, _compiled_fused("matmul_all_reduce"))):
+        (_ops.matmul_all_reduce, _compiled_fused("matmul_all_reduce")),
+        (_ops.matmul_all_reduce_add_rmsnorm, _compiled_matmul_norm)):
     torch.compiler.substitute_in_graph(_original, skip_signature_check=True)(_standin)
