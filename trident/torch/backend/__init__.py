@@ -70,7 +70,8 @@ def describe() -> str:
         return "torch.distributed backend 'trident': not registered"
     return (f"torch.distributed backend 'trident': registered (dist.init_process_group("
             f"'trident'), devices {DEVICES}). To trident: {', '.join(TRIDENT_OPS)} (reductions "
-            f"SUM/AVG/MAX/MIN on bf16/fp16/fp32; moving ops any dtype). Falls back to the inner "
+            f"SUM/MAX/MIN on bf16/fp16/fp32 and int8/uint8/int32/int64, AVG on the floats; moving "
+            f"ops any dtype). Falls back to the inner "
             f"group (NCCL for CUDA tensors with one GPU per rank, else gloo): "
             f"{', '.join(FALLBACK_OPS)}, other reductions and dtypes, tensors of another "
             f"device, and groups that span nodes")
