@@ -117,7 +117,8 @@ def _all_reduce_cases(ctx):
         cases["trident lamport (no PDL)"] = _without_pdl(ctx, cases["trident lamport"])
         if ctx.backend == "cuda":
             import torch.distributed as dist
-            cases["nccl"] = lambda: dist.all_reduce(t, group=ctx.group)
+            if dist.get_backend(ctx.group) == "nccl":   # not when ranks share a GPU (gloo)
+                cases["nccl"] = lambda: dist.all_reduce(t, group=ctx.group)
             torch_impls, _ = _torch_symm_mem(ctx, nbytes // 2)
             cases.update({f"torch {k.removeprefix('torch_')}": v for k, v in torch_impls.items()})
         for name, fn in cases.items():
@@ -182,7 +183,11 @@ def main(ctx, only, calls, reps):
         if only and name != only:
             continue
         for head, fn in cases(ctx):
-            rows.append({**head, **_measure(ctx, fn, calls, reps)})
+            try:
+                rows.append({**head, **_measure(ctx, fn, calls, reps)})
+            except Exception as e:      # one broken case must not lose the others' rows
+                rows.append({**head, "error": f"{type(e).__name__}: {e}"[:300]})
+                print(f"kernel_times: {head} failed: {e}", file=sys.stderr)
             if hasattr(fn, "done"):
                 fn.done()
     return rows

@@ -238,8 +238,9 @@ def _unfused_sum(ctx, x) -> torch.Tensor:
     made at the first (eager) call where no CUDA-graph pool takes it
     (trident/runtime/graph_pools.py) and shared with the plan a later capture builds for the
     same sizes (a capture may not allocate it: outside_graph_pools refuses). The plans using
-    it run in stream order."""
-    bufs = _unfused_sums.setdefault(ctx, {})
+    it run in stream order. Keyed by the context's plan cache, which a capture twin's
+    build sees through its wrapper (ops/_common._AsCaptured) as the same object."""
+    bufs = _unfused_sums.setdefault(ctx.plans, {})
     key = (tuple(x.shape), x.dtype)
     if key not in bufs:
         bufs[key] = outside_graph_pools(
