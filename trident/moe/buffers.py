@@ -29,7 +29,7 @@ Calls. Ranks that meet in one dispatch or combine must have made the same call (
 hidden dim, dtype, experts, top-k, max tokens, path, fp8, weights at dispatch); heaps of
 the same size do not say so (bf16 rows of 64 take the bytes of fp32 rows of 32). A
 rank stores its call's fingerprint (ccl/device.py "Call fingerprints", made once per
-plan) in the peer's `fps` beside each flag it signals (`signal_call`), and a rank that
+plan) in the peer's `fps` beside each flag it signals (`signal_calls`), and a rank that
 waits for a flag compares it with its own (`wait_call`): a difference is CallMismatch.
 A wait that fails -- a timeout, a peer that failed, another call -- leaves the rank
 touching no peer's memory in that launch from then on, and the launch's last receiver
@@ -107,15 +107,25 @@ def senders(send_programs, PART: tl.constexpr):
         return send_programs
 
 
-
 @triton.jit
-def signal_call(flags, fps, kind: tl.constexpr, par, world, rank, peer, value, fp,
-                heap_bases):
-    """Set `peer`'s flag (kind, par, this rank) to `value`, with this call's fingerprint
-    `fp` stored beside it first (see "Calls")."""
+def signal_calls(flags, fps, kind: tl.constexpr, par, world, rank, values, fp, heap_bases,
+                 WP: tl.constexpr):
+    """Set flag (kind, par, this rank) on every rank, with this call's fingerprint `fp`
+    stored beside each first (see "Calls"); lane r of `values` ([WP], lanes >= world
+    unused) is rank r's flag value. The fingerprints go out as one vector store, then,
+    after one program barrier, the flags as one release atomic per lane, in one
+    instruction: the system-scope fence of a release waits for the acks of the stores
+    before it, so a signal per peer in turn paid `world` NVLink round trips in series,
+    and this pays one. Lane r stores rank r's fingerprint before its flag."""
+    rs = tl.arange(0, WP)
+    m = rs < world
+    peers = tl.where(m, rs, rank)
     slot = (kind * 2 + par) * world + rank
-    tdl.store(fps + slot, tl.cast(fp, tl.int64), rank, peer, heap_bases)
-    tdl.signal(flags + slot, value, rank, peer, heap_bases)
+    tl.store(tdl.translate(fps + slot, rank, peers, heap_bases),
+             tl.full((WP,), 0, tl.int64) + tl.cast(fp, tl.int64), mask=m)
+    tl.debug_barrier()
+    tl.atomic_xchg(tdl.translate(flags + slot, rank, peers, heap_bases),
+                   values.to(tl.int64), mask=m, sem="release", scope="sys")
 
 
 @triton.jit

@@ -227,11 +227,10 @@ def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_w
                              HAS_WEIGHTS, FP8, BLOCK_H)
     trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
     if tdl.last_program_out(state + B.DISPATCH_SEND_DONE, npid):
-        for r in range(world):
-            sent = tl.atomic_xchg(slot_counter + r, 0, sem="relaxed", scope="gpu")
-            value = (epoch << B.COUNT_BITS) | sent.to(tl.int64)
-            B.signal_call(flags, fps, B.FLAG_DISPATCH, par, world, rank, r, value, fp,
-                          heap_bases)
+        sent = tl.atomic_xchg(slot_counter + rs, 0, mask=rs < world, sem="relaxed",
+                              scope="gpu")
+        B.signal_calls(flags, fps, B.FLAG_DISPATCH, par, world, rank,
+                       (epoch << B.COUNT_BITS) | sent.to(tl.int64), fp, heap_bases, WP)
         tl.store(state + B.DISPATCH_SEND_EPOCH, epoch)
 
 

@@ -99,10 +99,10 @@ def ht_dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, top
     epoch = tdl.launch_epoch(state + B.DISPATCH_SEND_EPOCH)
     par = epoch % 2
     if pid == 0:    # the count first: it says how many chunks every rank must wait for
-        for r in range(world):
-            B.signal_call(flags, fps, B.FLAG_DISPATCH, par, world, rank, r,
-                          (epoch << B.COUNT_BITS) | tl.cast(num_tokens, tl.int64), fp,
-                          heap_bases)
+        B.signal_calls(flags, fps, B.FLAG_DISPATCH, par, world, rank,
+                       tl.full((WP,), 0, tl.int64)
+                       + ((epoch << B.COUNT_BITS) | tl.cast(num_tokens, tl.int64)), fp,
+                       heap_bases, WP)
     ks = tl.arange(0, KP)
     rs = tl.arange(0, WP)
     for c in range(pid, tl.cdiv(num_tokens, CHUNK), npid):
