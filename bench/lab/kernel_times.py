@@ -202,6 +202,15 @@ if __name__ == "__main__":
     p.add_argument("--backend", default=None)
     a = p.parse_args()
     ranks = td.launch(main, a.world, a.only, a.calls, a.reps, backend=a.backend)
+    import datetime
+    import triton
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     json.dump({"what": "graph us per call and the kernels inside it (CUPTI), per rank",
+               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "device": torch.cuda.get_device_name(0) if gpus else "cpu",
+               "gpus": gpus, "world": a.world or gpus, "torch": torch.__version__,
+               "triton": triton.__version__,
+               "note": "ranks share one GPU (MPS): HBM, not NVLink" if a.world and gpus
+                       and a.world > gpus else "",
                "calls": a.calls, "ranks": ranks}, sys.stdout, indent=1)
     print()

@@ -135,6 +135,23 @@ def signal(flag, value, rank, peer, heap_bases, add: tl.constexpr = False):
 
 
 @triton.jit
+def signal_ranks(flag, values, rank, world, heap_bases, WP: tl.constexpr):
+    """Set `flag` on every rank 0 .. world-1 at once, with release semantics: lane r of
+    `values` ([WP], or one value for all; WP >= world, a power of two) is rank r's.
+
+    One program barrier, then one release atomic per lane in a single instruction, so the
+    system-scope fence that waits for the acks of this program's earlier stores is paid
+    once, where `signal` to each peer in turn pays it once per peer (NVLink round trips
+    in series)."""
+    rs = tl.arange(0, WP)
+    m = rs < world
+    tl.debug_barrier()
+    remote = translate(flag, rank, tl.where(m, rs, rank), heap_bases)
+    values = (tl.full((WP,), 0, tl.int64) + values).to(flag.dtype.element_ty)
+    tl.atomic_xchg(remote, values, mask=m, sem="release", scope="sys")
+
+
+@triton.jit
 def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
     """Wait until the local `flag` >= `value` (acquire, system scope). Returns True if it did.
 

@@ -111,21 +111,15 @@ def senders(send_programs, PART: tl.constexpr):
 def signal_calls(flags, fps, kind: tl.constexpr, par, world, rank, values, fp, heap_bases,
                  WP: tl.constexpr):
     """Set flag (kind, par, this rank) on every rank, with this call's fingerprint `fp`
-    stored beside each first (see "Calls"); lane r of `values` ([WP], lanes >= world
-    unused) is rank r's flag value. The fingerprints go out as one vector store, then,
-    after one program barrier, the flags as one release atomic per lane, in one
-    instruction: the system-scope fence of a release waits for the acks of the stores
-    before it, so a signal per peer in turn paid `world` NVLink round trips in series,
-    and this pays one. Lane r stores rank r's fingerprint before its flag."""
+    stored beside each first (see "Calls"); lane r of `values` ([WP]) is rank r's flag
+    value. The fingerprints go out as one vector store, the flags through
+    tdl.signal_ranks: one system-scope fence for all ranks, not one per rank in series."""
     rs = tl.arange(0, WP)
     m = rs < world
-    peers = tl.where(m, rs, rank)
     slot = (kind * 2 + par) * world + rank
-    tl.store(tdl.translate(fps + slot, rank, peers, heap_bases),
+    tl.store(tdl.translate(fps + slot, rank, tl.where(m, rs, rank), heap_bases),
              tl.full((WP,), 0, tl.int64) + tl.cast(fp, tl.int64), mask=m)
-    tl.debug_barrier()
-    tl.atomic_xchg(tdl.translate(flags + slot, rank, peers, heap_bases),
-                   values.to(tl.int64), mask=m, sem="release", scope="sys")
+    tdl.signal_ranks(flags + slot, values, rank, world, heap_bases, WP)
 
 
 @triton.jit

@@ -100,8 +100,7 @@ def ht_dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, top
     par = epoch % 2
     if pid == 0:    # the count first: it says how many chunks every rank must wait for
         B.signal_calls(flags, fps, B.FLAG_DISPATCH, par, world, rank,
-                       tl.full((WP,), 0, tl.int64)
-                       + ((epoch << B.COUNT_BITS) | tl.cast(num_tokens, tl.int64)), fp,
+                       (epoch << B.COUNT_BITS) | tl.cast(num_tokens, tl.int64), fp,
                        heap_bases, WP)
     ks = tl.arange(0, KP)
     rs = tl.arange(0, WP)
@@ -121,10 +120,8 @@ def ht_dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, top
                     push_payload(src, row, t, r, tokens, dweights, topk_weights, stride_wt,
                                  stride_wk, rank, heap_bases, world, max_tokens, H, K, KP,
                                  HAS_WEIGHTS, FP8, BLOCK_H)
-        for j in range(world):
-            r = (pid + j) % world
-            tdl.signal(_chunk_flag(chunk_flags, B.CHUNK_DISPATCH, rank, c, world, max_tokens,
-                                   CHUNK), epoch, rank, r, heap_bases)
+        tdl.signal_ranks(_chunk_flag(chunk_flags, B.CHUNK_DISPATCH, rank, c, world,
+                                     max_tokens, CHUNK), epoch, rank, world, heap_bases, WP)
     trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
     if tdl.last_program_out(state + B.DISPATCH_SEND_DONE, npid):
         tl.store(state + B.DISPATCH_SEND_EPOCH, epoch)
