@@ -131,3 +131,25 @@ def test_table_of_a_run(tmp_path):
     assert h100.capability == (9, 0) and h100.m_edges == gemm_tables.M_EDGES
     assert h100.entry(1, 8192, 16384)["config"] == "swab128x64x64_s6_w4_sk8"
     assert h100.entry(1024, 8192, 16384)["config"] == "128x256x64_s3_w8"   # nearest: mbig
+
+
+def test_table_keep_classes(tmp_path):
+    """--update-table with --keep-classes: a run over some M writes its classes into the
+    file's table of that GPU and keeps the rest of it; without, the table is the run's."""
+    from trident.ops import gemm, gemm_tables
+
+    def row(m, impl, vs):
+        return dict(M=m, N=8192, K=8192, impl=impl, vs_cublas=vs, vs_floor=vs * 0.9,
+                    shape_class=gemm_tables.shape_class(m, 8192, 8192))
+    result = dict(device="NVIDIA H100 80GB HBM3", capability=(9, 0), hbm_read_gbps=3200.0)
+    first = bench.summarize([row(8192, "128x256x64_s3_w8", 0.99), row(128, "64x128x64_s4_w4", 0.8)])
+    bench.write_table(str(tmp_path), dict(result), first, gemm.CANDIDATES, 2)
+    mid = bench.summarize([row(128, "128x128x64_s4_w8_streamk", 0.97)])
+    _, path = bench.write_table(str(tmp_path), dict(result), mid, gemm.CANDIDATES, 2,
+                                keep_classes=True)
+    classes = gemm_tables.read(path)[1]["NVIDIA H100 80GB HBM3"].classes
+    assert classes["m128-nbig-kbig"]["config"] == "128x128x64_s4_w8_streamk"
+    assert classes["mbig-nbig-kbig"]["config"] == "128x256x64_s3_w8"
+    bench.write_table(str(tmp_path), dict(result), mid, gemm.CANDIDATES, 2)
+    assert sorted(gemm_tables.read(path)[1]["NVIDIA H100 80GB HBM3"].classes) == \
+        ["m128-nbig-kbig"]

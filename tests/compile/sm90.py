@@ -427,6 +427,7 @@ def _ops() -> list[Kernel]:
         cfg = gemm.resolve(cfg)
         opts = dict(num_warps=cfg.pop("num_warps"), num_stages=cfg.pop("num_stages"))
         cfg.pop("WARP_SPECIALIZE", None)
+        cfg.pop("STREAM_K", None)           # fused_tile runs a stream-K config's tiles plainly
         split = cfg.pop("SPLIT_K") > 1
         swap = cfg["SWAP_AB"]
         cfg["BM"], cfg["BN"] = tile_shape(cfg)      # the op's tile of out
@@ -535,10 +536,12 @@ def _fused_table_configs() -> list[str]:
 
 def _gemm() -> list[Kernel]:
     """trident/ops/gemm.py's persistent GEMM: every candidate config on the TMA path with
-    host-side descriptors (bf16; split-K ones run SPLIT; swap-AB ones SWAP_AB), with
+    host-side descriptors (bf16; split-K ones run SPLIT; swap-AB ones SWAP_AB; stream-K
+    ones STREAM_K), with
     in-kernel descriptors at the large, a warp-specialised (must show setmaxnreg), a
     split-K and a swap-AB config, fp16 and an fp32 bias once, and the pointer path
-    (unaligned tensors) at the large and the small tile, split-K and swap-AB once. Every
+    (unaligned tensors) at the large and the small tile, split-K, swap-AB and stream-K
+    once. Every
     variant's PTX must hold wgmma (the tensor cores of sm_90: a swap-AB tile of 16-64
     columns too) and, on the TMA path, TMA copies; shared memory under 227 KB."""
     from trident.ops import gemm
@@ -561,7 +564,8 @@ def _gemm() -> list[Kernel]:
                           GROUP_M=cfg["GROUP_M"], TMA=tma, HOST_DESC=tma and host,
                           SPLIT=split, WARP_SPECIALIZE=cfg["WARP_SPECIALIZE"] and tma and
                           not split, EVEN_K=even_k, HAS_BIAS=bias,
-                          SWAP_AB=cfg.get("SWAP_AB", False)))
+                          SWAP_AB=cfg.get("SWAP_AB", False),
+                          STREAM_K=cfg.get("STREAM_K", False) and not split))
 
     for cfg in gemm.CANDIDATES.values():
         add(cfg, True)
@@ -581,6 +585,9 @@ def _gemm() -> list[Kernel]:
     add(swab, True, bias=True, host=False)
     add(dict(swab, SPLIT_K=1), True, dict(a=PF16, w=PF16, bias=PF32, out=PF16), bias=True)
     add(gemm.CANDIDATES["swab128x32x128_s4_w4_sk8"], False, even_k=False, bias=True)
+    # stream-K: in-kernel descriptors (an output descriptor) with a bias, and the pointer path
+    add(gemm.CANDIDATES["128x128x64_s4_w8_streamk"], True, bias=True, host=False)
+    add(gemm.CANDIDATES["128x64x64_s6_w4_streamk"], False, even_k=False, bias=True)
     return [Kernel("trident.ops.gemm", "_gemm_kernel",
                    dict(partials=PF32, counters=P32, split_k=I32, **dict.fromkeys(ints, I32)),
                    variants)]

@@ -153,3 +153,67 @@ def test_split_k_choice():
     assert gemm.base_candidate("64x128x64_s4_w4") is None
     assert "SPLIT_K" not in gemm.config_for(64, 4096, 4096)
     assert "SPLIT_K" in gemm.config_for(64, 4096, 4096, split_k=True)
+
+
+# Every candidate of trident/ops/gemm_configs.py at its own tiles (one odd shape: partial
+# tiles in M, N and K), and the stream-K ones also where stream_k_for shares tiles between
+# programs (under the interpreter: 3 programs, K of 25 BK-steps of 64).
+@pytest.mark.parametrize("name", list(gemm.CANDIDATES))
+def test_candidates(name):
+    cfg = gemm.CANDIDATES[name]
+    shapes = [(70, 200, 136)] + ([(70, 200, 1544)] if cfg.get("STREAM_K") else [])
+    for m, n, k in shapes:
+        a, w = _inputs(m, n, k, torch.bfloat16, m + n + k)
+        bias = torch.randn(n).to(torch.bfloat16).to(DEVICE)
+        out = gemm.matmul(a, w, bias=bias, config=cfg)
+        assert_close(out, a.float() @ w.float().T + bias.float(), f"{name} {m}x{n}x{k}")
+    if cfg.get("STREAM_K") and DEVICE == "cpu":
+        assert gemm.stream_k_for(m, n, k, cfg, gemm.INTERPRET_PROGRAMS) == 3
+        assert _counters_zero()
+
+
+# Stream-K at the interpreter's 16 x 32 x 32 tiles over its 3 programs: (M, N, K) of 4
+# tiles (each program 1 1/3 of them), 7 tiles (3 data-parallel, then 4 shared), 1 tile
+# (3 programs in one tile); K not a multiple of BK in two.
+@pytest.mark.parametrize("m,n,k", [(32, 64, 200), (112, 24, 256), (9, 17, 800)])
+def test_stream_k_values(m, n, k):
+    cfg = dict(gemm.INTERPRET_CONFIG, STREAM_K=True)
+    assert gemm.stream_k_for(m, n, k, cfg, gemm.INTERPRET_PROGRAMS) == 3
+    a, w = _inputs(m, n, k, torch.float16, m * 5 + n + k)
+    bias = torch.randn(n).to(torch.float16).to(DEVICE)
+    ref = a.float() @ w.float().T + bias.float()
+    paths = [dict(tma=False)] + ([dict(tma=True, desc="host"), dict(tma=True, desc="kernel")]
+                                 if gemm.tma_compatible(a, w) and n % 8 == 0 else [])
+    for path in paths:
+        for swap in (False, True):
+            out = gemm.matmul(a, w, bias=bias, config=dict(cfg, SWAP_AB=swap), **path)
+            assert_close(out, ref, f"{m}x{n}x{k} stream-K {path} swap {swap}")
+            assert _counters_zero()
+
+
+def test_stream_k_repeated_and_choice():
+    """Stream-K again and again: bitwise the same (partials summed in program order), the
+    counters 0 after every call; stream_k_for: 0 without STREAM_K, for a full last wave and
+    for too few BK-steps; base_candidate of a _streamk name; the fused ops' config has no
+    STREAM_K."""
+    cfg = dict(gemm.INTERPRET_CONFIG, STREAM_K=True)
+    a, w = _inputs(32, 64, 200, torch.bfloat16, 17)
+    first = gemm.matmul(a, w, config=cfg)
+    assert_close(first, a.float() @ w.float().T, "stream-K")
+    for _ in range(2):
+        assert torch.equal(gemm.matmul(a, w, config=cfg), first)
+        assert _counters_zero()
+    # an explicit split_k runs split-K instead
+    assert_close(gemm.matmul(a, w, config=cfg, split_k=2), a.float() @ w.float().T, "split")
+    big = gemm.CANDIDATES["128x128x64_s4_w8_streamk"]
+    assert gemm.stream_k_for(128, 14336, 4096, big, 132) == 132       # 112 tiles
+    assert gemm.stream_k_for(128, 14336, 4096, gemm.CANDIDATES["128x128x64_s4_w8"], 132) == 0
+    assert gemm.stream_k_for(128, 16896, 4096, big, 132) == 0         # 132 tiles: one wave
+    assert gemm.stream_k_for(1024, 16384, 4096, big, 132) == 0        # 1024 tiles: 97% full
+    assert gemm.stream_k_for(128, 512, 4096, big, 132) == 32          # 4 tiles, 8 steps each
+    assert gemm.stream_k_for(128, 512, 512, big, 132) == 0            # 4 tiles of 8 steps
+    assert gemm.stream_k_for(128, 512, 64, big, 132) == 0             # one step a tile
+    assert gemm.stream_k_tiles(448, 132) == 264 and gemm.stream_k_tiles(112, 132) == 0
+    assert gemm.base_candidate("128x128x64_s4_w8_streamk") == "128x128x64_s4_w8"
+    assert gemm.base_candidate("256x128x64_s3_w8_streamk") == "256x128x64_s3_w8"
+    assert "STREAM_K" not in gemm.config_for(128, 4096, 4096)

@@ -11,8 +11,8 @@ bucket of the tables each), plus a few large squares. bf16, random data, out = a
 with w in nn.Linear layout [N, K].
 
 For each shape: cuBLAS, then the candidates that fit its M (swap-AB ones at M <= 256,
-those of 128-row tiles without swap-AB at M >= 128: outside those ranges they lose by
-far, docs/history.md, "Notes moved out of the source"; the table search compares only
+those of 128- or 256-row tiles without swap-AB at M >= BM: outside those ranges they lose
+by far, docs/history.md, "Notes moved out of the source"; the table search compares only
 candidates timed on every shape of a class), then the table's config with in-kernel
 descriptors ("table:kdesc", what the host descriptors save; never chosen), each checked
 against torch.matmul first and then timed with bench/common.time_modes (eager_us: calls
@@ -20,8 +20,8 @@ queued back to back; graph_us: replayed from one CUDA graph; host_us). `table` m
 candidate that the package's tables pick now (for this GPU, or the nearest measured one:
 trident/ops/gemm_tables.py). Split-K candidates (name ending _sk<n>) run split_k_for's
 number of K slices (column split_k); where that is 1 they are their base candidate's
-kernel and copy its row (same_as) instead of timing it again. To time only small M:
---m 1,16,64 --squares ''.
+kernel and copy its row (same_as); so do stream-K ones (_streamk) where stream_k_for
+gives 0 programs (column stream_k). Only small M: --m 1,16,64 --squares ''.
 
 Floors, beside every row and beside cuBLAS's time from the same run:
   floor_us       max(hbm_floor_us, flop_floor_us)
@@ -246,12 +246,12 @@ def serve(task: dict) -> dict:
 # ------------------------------------------------------------------ the parent's side
 def timed_at(cfg: dict, m: int) -> bool:
     """Whether a candidate is timed at M rows (module docstring): swap-AB ones up to 256,
-    128-row tiles without swap-AB from 128; planted ones always."""
+    tiles of 128 or 256 rows without swap-AB from M = BM; planted ones always."""
     if "plant" in cfg:
         return True
     if cfg.get("SWAP_AB"):
         return m <= 256
-    return cfg["BM"] < 128 or m >= 128
+    return cfg["BM"] < 128 or m >= cfg["BM"]
 
 
 def _impls(m: int, n: int, k: int, candidates: dict, gpu: tuple):
@@ -308,9 +308,10 @@ def _shape_rows(worker, case, candidates: dict, info: dict, timing: dict,
         if cfg is not None and desc is not None:
             row["desc"] = desc
             row["split_k"] = gemm.split_k_for(m, n, k, cfg, sms)
+            row["stream_k"] = gemm.stream_k_for(m, n, k, cfg, sms)
         basis = gemm.base_candidate(name)
-        if row.get("split_k") == 1 and basis in done:
-            # split_k_for gives one slice here: the same kernel as its base candidate
+        if row.get("split_k") == 1 and not row.get("stream_k") and basis in done:
+            # one slice, no stream-K here: the same kernel as its base candidate
             rows.append({**done[basis], **row, "same_as": basis})
             continue
         task = dict(kind="measure", M=m, N=n, K=k, impl=name, config=cfg, desc=desc,
@@ -427,7 +428,7 @@ def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str)
                                 classes=classes, about=about)
 
 
-COLUMNS = ["M", "N", "K", "impl", "table", "split_k", "status", "eager_us", "graph_us",
+COLUMNS = ["M", "N", "K", "impl", "table", "split_k", "stream_k", "status", "eager_us", "graph_us",
            "cublas_eager_us", "cublas_graph_us", "floor_us", "of_floor", "of_floor_eager",
            "cublas_of_floor", "vs_cublas", "vs_cublas_eager"]
 
@@ -489,6 +490,9 @@ def parser() -> argparse.ArgumentParser:
                    metavar="PATH", help="write this GPU's table (the measured best config per "
                    "shape class) into the gemm table file PATH (a folder: its "
                    "gemm_table_<model>.json), keeping other GPUs' tables it holds")
+    p.add_argument("--keep-classes", action="store_true", help="with --update-table: keep "
+                   "the classes of this GPU's table in that file that this run did not "
+                   "measure (e.g. a run over some M only)")
     return p
 
 
@@ -552,15 +556,25 @@ def run(args: argparse.Namespace, planted: dict | None = None,
 
 
 def write_table(path: str, result: dict, best: dict, candidates: dict, world: int,
-                keep_others: bool = True):
+                keep_others: bool = True, keep_classes: bool = False):
     """Write the GPU's table of a run (gpu_table) into the gemm table file `path` (a folder:
     its gemm_table_<model>.json, gemm_tables.file_for) (gemm_tables.update, keep_others as
     there), listing the candidates it names beside the package's (planted ones excepted);
-    returns (the table, the file written)."""
+    returns (the table, the file written). keep_classes: the classes of this GPU's table
+    in that file that the run did not measure stay as they are (a run over some M only;
+    the file's table must have the same class edges)."""
     from ..ops import gemm, gemm_tables
     table = gpu_table(result, best, candidates, world, time.strftime("%Y-%m-%d"))
     if os.path.isdir(path):
         path = os.path.join(path, os.path.basename(gemm_tables.file_for(table.name)))
+    old = gemm_tables.read(path)[1].get(table.name) if keep_classes else None
+    if old is not None:
+        edges = (old.m_edges, old.n_edges, old.k_edges)
+        if edges != (table.m_edges, table.n_edges, table.k_edges):
+            raise ValueError(f"--keep-classes: the table of {table.name} in {path} has other "
+                             f"class edges {edges}; write a whole table instead")
+        table.classes = {**old.classes, **table.classes}
+        table.about += "; the classes it did not measure kept from the table before"
     listed = {**gemm.CANDIDATES, **{n: c for n, c in candidates.items() if "plant" not in c}}
     gemm_tables.update(path, table, listed, TABLE_ABOUT, keep_others=keep_others)
     return table, path
@@ -575,7 +589,8 @@ def main(argv=None, planted: dict | None = None) -> int:
         if _device(index=False).type != "cuda":
             print("--update-table: nothing measured on the CPU emulation; no table written")
         elif best:
-            table, path = write_table(args.update_table, result, best, candidates, args.world)
+            table, path = write_table(args.update_table, result, best, candidates, args.world,
+                                      keep_classes=args.keep_classes)
             print(f"gemm table of {table.name}: {path}")
     print(f"done in {time.monotonic() - t0:.0f} s")
     return 0

@@ -393,6 +393,21 @@ def store_tile(out_ptr, stride_om, tile, m0, n0, m_end, N, BM: tl.constexpr, BN:
 
 
 @triton.jit
+def arrive_partial(acc, slot, counters, index, count, BM: tl.constexpr, BN: tl.constexpr):
+    """The arrival of split-K's fix-up (finish_slice; gemm.py's stream-K too): store this
+    program's fp32 partial [BM, BN] at `slot` and count it in counters[index] (acq_rel);
+    True for the last of `count` arrivals, which alone may read the others' partials, and
+    must set the counter back to 0."""
+    offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    tl.store(slot + offs, acc)
+    # every thread's partial before the arrival (release), the others' partials after it
+    # (acquire) -- as in trident/language/epoch.py's last_program_out
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counters + index, 1, sem="acq_rel", scope="gpu")
+    return arrived == count - 1
+
+
+@triton.jit
 def finish_slice(acc, partials, counters, tile, s, split_k, BM: tl.constexpr,
                  BN: tl.constexpr):
     """Split-K's deterministic fix-up, slice s of `tile`: store this slice's fp32 partial
@@ -403,12 +418,7 @@ def finish_slice(acc, partials, counters, tile, s, split_k, BM: tl.constexpr,
     last may store or publish the tile: the others' sums are incomplete."""
     offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
     first = partials + tile.to(tl.int64) * split_k * (BM * BN)
-    tl.store(first + s * (BM * BN) + offs, acc)
-    # every thread's partial before the arrival (release), the others' partials after it
-    # (acquire) -- as in trident/language/epoch.py's last_program_out
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
-    last = arrived == split_k - 1
+    last = arrive_partial(acc, first + s * (BM * BN), counters, tile, split_k, BM, BN)
     if last:
         tl.store(counters + tile, 0)                     # rearmed for the next launch
         acc = tl.zeros((BM, BN), dtype=tl.float32)

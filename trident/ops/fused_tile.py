@@ -67,6 +67,7 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
         cfg = table_cfg
     cfg.update(config or {})
     cfg.pop("WARP_SPECIALIZE", None)
+    cfg.pop("STREAM_K", None)          # the fused ops run a stream-K config's tiles plainly
     cfg["SWAP_AB"] = bool(cfg.get("SWAP_AB", False))
     cfg["SPLIT_K"] = int(cfg.get("SPLIT_K", 1))
     cfg["PERSISTENT"] = mode == "tma"

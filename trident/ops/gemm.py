@@ -41,6 +41,10 @@ What Hopper needs, after Triton's persistent-matmul tutorial (09-persistent-matm
   life of the process (graphs keep its addresses); launches on one stream are ordered,
   so they can share it. It is made outside CUDA-graph pools (_common.outside_graph_pools).
   The fused ops keep theirs with their op's workspace instead (fused_tile.split_buffers).
+- Stream-K (config STREAM_K) where the tiles leave SMs idle in their last wave: P
+  programs (stream_k_for, gemm_configs.py) share the last waves' BK-steps evenly across
+  tile boundaries; shared tiles take split-K's workspace and arrival protocol, summed in
+  program order (deterministic, graph-safe): _stream_k.
 - Host-side TMA descriptors (desc="host", the default of `matmul` on the TMA path):
   triton.tools.tensor_descriptor.TensorDescriptor objects for a and w, made once per
   launch plan (the plan knows the addresses) and passed as kernel arguments, so the
@@ -68,10 +72,11 @@ from ..runtime._env import INTERPRET
 from ..runtime.placement import usable_sms
 from ..runtime.triton_launch import Launch, Live
 from . import gemm_tables
-from ._common import DOT_UPCAST, DTYPES, finish_slice, gemm_tile, outside_graph_pools
-# the candidates and the split-K choice live in gemm_configs.py (pure Python)
+from ._common import DOT_UPCAST, arrive_partial, finish_slice, gemm_tile, outside_graph_pools
+from .gemm_host import _Address, addresses_only, check, host_descriptors  # noqa: F401
+# the candidates and the split-K / stream-K choices live in gemm_configs.py (pure Python)
 from .gemm_configs import (CANDIDATES, base_candidate, split_for_tiles,  # noqa: F401
-                           split_k_for)
+                           split_k_for, stream_k_for, stream_k_tiles)
 
 # Under the interpreter: small tiles keep the CPU emulation fast, and few programs make
 # each of them take several tiles.
@@ -126,7 +131,8 @@ def config_for(M: int, N: int, K: int, split_k: bool = False, gpu: tuple | None 
     split_k: the standalone GEMM's config (`matmul`): the table entry as it is, SPLIT_K
     and SWAP_AB included. Without it, the fused kernels' config, which take tiles from
     their own queue and know neither: the entry's fused_config where the entry is
-    swap-AB (its best plain candidate), the tiles without SPLIT_K and SWAP_AB keys."""
+    swap-AB (its best plain candidate), the tiles without SPLIT_K, SWAP_AB and STREAM_K
+    keys."""
     if INTERPRET:
         cfg = dict(INTERPRET_CONFIG)
     else:
@@ -142,6 +148,7 @@ def config_for(M: int, N: int, K: int, split_k: bool = False, gpu: tuple | None 
     if not split_k:
         cfg.pop("SPLIT_K", None)
         cfg.pop("SWAP_AB", None)
+        cfg.pop("STREAM_K", None)
     return cfg
 
 
@@ -269,14 +276,17 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
                  BK: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
                  HOST_DESC: tl.constexpr, SPLIT: tl.constexpr,
                  WARP_SPECIALIZE: tl.constexpr, EVEN_K: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr,
+                 STREAM_K: tl.constexpr = False):
     """a, w: pointers, or TMA descriptors made on the host (HOST_DESC; blocks [BM, BK] and
     [BN, BK]); out: a pointer. SPLIT: split_k (> 1) K slices per tile, with partials
     (fp32, [tiles * split_k, BM * BN]) and counters (int32, one per tile, 0 between
     launches) of the split-K workspace; split_k is a runtime value, so that one compiled
-    kernel per config serves every slice count. SWAP_AB: the host passes the layer's w
-    as a and its a as w (M, N and their strides too), so the tiles are of out.T = w @ a.T;
-    only the epilogue knows (it stores each tile transposed, through pointers)."""
+    kernel per config serves every slice count. STREAM_K (SPLIT off): stream-K over
+    split_k programs (the grid), partials [2 * split_k, BM * BN] and counters (one per
+    stream-K tile) of the same workspace: see _stream_k. SWAP_AB: the host passes the
+    layer's w as a and its a as w (M, N and their strides too), so the tiles are of out.T
+    = w @ a.T; only the epilogue knows (it stores each tile transposed, through pointers)."""
     start = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BM)
     num_pid_n = tl.cdiv(N, BN)
@@ -301,7 +311,11 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
         a_op = a
         w_op = w
         dst = out
-    if not SPLIT:
+    if STREAM_K:
+        _stream_k(a_op, w_op, dst, bias, partials, counters, start, split_k, M, N, K,
+                  stride_am, stride_wn, stride_om, num_pid_m, num_pid_n, BM, BN, BK,
+                  GROUP_M, TMA, HAS_BIAS, OUT_DESC, SWAP_AB)
+    elif not SPLIT:
         # The epilogue recomputes its tile from a counter of its own, as the tutorial
         # does: a value used in both the prologue and the epilogue of the flattened loop
         # hurts the pipeliner. Flattening the two loops keeps TMA loads of the next tile
@@ -338,6 +352,62 @@ def _gemm_kernel(a, w, bias, out, partials, counters, M, N, K, stride_am, stride
                           HAS_BIAS, OUT_DESC, SWAP_AB)
 
 
+@triton.jit
+def _stream_k(a_op, w_op, dst, bias, partials, counters, start, programs, M, N, K,
+              stride_am, stride_wn, stride_om, num_pid_m, num_pid_n, BM: tl.constexpr,
+              BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
+              HAS_BIAS: tl.constexpr, OUT_DESC: tl.constexpr, SWAP_AB: tl.constexpr):
+    """Stream-K over `programs` programs, this one `start`. The first stream_k_tiles(tiles,
+    programs) tiles (all but the last one to two waves' worth) run data-parallel; the
+    rest are one sequence of BK-steps (tile-major), of which program p takes [p * iters //
+    programs, (p + 1) * iters // programs), across tile boundaries. A tile one program
+    covers whole is stored at once; a shared one goes through arrive_partial (split-K's
+    protocol): each program's partial in a slot of its own (2p: the first tile of its
+    range, 2p + 1: its last), the last to arrive sums the slots in program order (fixed
+    by the shape and `programs`: deterministic), rearms the counter and stores the tile.
+    Nobody waits for anybody: no deadlock whatever programs run at a time."""
+    num_tiles = num_pid_m * num_pid_n
+    steps = tl.cdiv(K, BK)
+    dp_tiles = tl.maximum(num_tiles // programs - 1, 0) * programs
+    for tile in range(start, dp_tiles, programs):
+        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = dot_slice(a_op, stride_am, w_op, stride_wn, pid_m * BM, pid_n * BN, M, N, K,
+                        0, steps, BM, BN, BK, TMA)
+        _epilogue(acc, dst, bias, pid_m * BM, pid_n * BN, M, N, stride_om, BM, BN,
+                  HAS_BIAS, OUT_DESC, SWAP_AB)
+    iters = (num_tiles - dp_tiles) * steps
+    g0 = start * iters // programs
+    g1 = (start + 1) * iters // programs
+    t_first = g0 // steps
+    for t in range(t_first, tl.where(g1 > g0, tl.cdiv(g1, steps), t_first)):
+        k_lo = tl.maximum(g0 - t * steps, 0)
+        k_hi = tl.minimum(g1 - t * steps, steps)
+        pid_m, pid_n = tile_position(dp_tiles + t, num_pid_m, num_pid_n, GROUP_M)
+        acc = dot_slice(a_op, stride_am, w_op, stride_wn, pid_m * BM, pid_n * BN, M, N, K,
+                        k_lo, k_hi, BM, BN, BK, TMA)
+        # the programs holding this tile's first and last step: p(g) = ((g + 1) * P - 1)
+        # // iters is the one with p * iters // P <= g < (p + 1) * iters // P
+        p_lo = ((t * steps + 1) * programs - 1) // iters
+        p_hi = ((t + 1) * steps * programs - 1) // iters
+        done = p_lo == p_hi
+        if not done:
+            slot = partials + (2 * start + (t != t_first).to(tl.int32)).to(tl.int64) * \
+                (BM * BN)
+            done = arrive_partial(acc, slot, counters, t, p_hi - p_lo + 1, BM, BN)
+            if done:
+                tl.store(counters + t, 0)                # rearmed for the next launch
+                offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+                acc = tl.zeros((BM, BN), dtype=tl.float32)
+                for q in range(p_lo, p_hi + 1):          # program order: deterministic
+                    first_q = (q * iters // programs) // steps
+                    slot = partials + (2 * q + (t != first_q).to(tl.int32)).to(tl.int64) * \
+                        (BM * BN)
+                    acc += tl.load(slot + offs, cache_modifier=".cg")
+        if done:
+            _epilogue(acc, dst, bias, pid_m * BM, pid_n * BN, M, N, stride_om, BM, BN,
+                      HAS_BIAS, OUT_DESC, SWAP_AB)
+
+
 # ---------------------------------------------------------------------------- host side
 def _torch_alloc(size: int, alignment: int, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
@@ -371,78 +441,7 @@ def num_sms(device: torch.device) -> int:
     return usable_sms(device)
 
 
-def check(a, w, bias=None, out=None) -> None:
-    """Input checks of `matmul` (TypeError / ValueError that say what was expected)."""
-    for name, t in (("a", a), ("w", w)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"gemm: {name} must be a 2-D matrix, got shape {list(t.shape)}")
-        if t.dtype == torch.float32:
-            raise TypeError(f"gemm: {name} is float32; trident's GEMM takes bfloat16 or float16 "
-                            f"(pass {name}.to(torch.bfloat16), or use torch.matmul for fp32/TF32)")
-        if t.dtype not in DTYPES:
-            raise TypeError(f"gemm: {name} must be bfloat16 or float16, got {t.dtype}")
-        if t.stride(1) != 1:
-            raise ValueError(f"gemm: {name} needs a contiguous last dimension, got strides "
-                             f"{t.stride()}")
-    if w.dtype != a.dtype:
-        raise TypeError(f"gemm: w has dtype {w.dtype} but a has {a.dtype}; they must match")
-    if a.shape[1] != w.shape[1]:
-        raise ValueError(f"gemm: a is [M, K] = {list(a.shape)} and w is [N, K] = "
-                         f"{list(w.shape)} (nn.Linear layout): their K differ")
-    if a.device != w.device:
-        raise ValueError(f"gemm: a is on {a.device} and w on {w.device}")
-    if bias is not None and (not isinstance(bias, torch.Tensor) or bias.dim() != 1 or
-                             bias.shape[0] != w.shape[0] or bias.device != a.device or
-                             bias.dtype not in (*DTYPES, torch.float32)):
-        raise ValueError(f"gemm: bias must be a [{w.shape[0]}] bf16/fp16/fp32 tensor on "
-                         f"{a.device}, got {bias!r:.80}")
-    shape = (a.shape[0], w.shape[0])
-    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or
-                            out.dtype != a.dtype or out.device != a.device or
-                            out.stride(1) != 1):
-        raise ValueError(f"gemm: out must be a {list(shape)} {a.dtype} tensor on {a.device} "
-                         f"with a contiguous last dimension")
-
-
 DESCS = ("host", "kernel")
-
-
-class _Address:
-    """What a host TensorDescriptor of a launch plan points at once the plan is built: the
-    base address alone, so that the plan does not keep the caller's tensor alive (Triton's
-    launcher reads only `base.data_ptr()` when it encodes the descriptor)."""
-    __slots__ = ("ptr", "dtype")
-
-    def __init__(self, t: torch.Tensor):
-        self.ptr, self.dtype = t.data_ptr(), t.dtype
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-
-def host_descriptors(a: torch.Tensor, w: torch.Tensor, bm: int, bn: int, bk: int) -> tuple:
-    """Host-made TMA descriptors of a [M, K] and w [N, K] with [bm, bk] and [bn, bk] blocks,
-    for `operand` in a fused kernel: the kernel then makes none itself and needs no global
-    scratch (which a Launch would keep past the call). Pass the launch that takes them to
-    `addresses_only` once it is made."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    return (TensorDescriptor(a, list(a.shape), [a.stride(0), 1], [bm, bk]),
-            TensorDescriptor(w, list(w.shape), [w.stride(0), 1], [bn, bk]))
-
-
-def addresses_only(launch, descriptors) -> None:
-    """After `launch` (a triton_launch.Launch) was made with host descriptors: on its fast
-    path (GPUs) the descriptors keep only their base address (_Address), so that the plan
-    does not keep the call's tensors alive; Triton's launcher reads nothing else of the
-    base when it encodes a descriptor. The ordinary path (the CPU emulation) launches
-    through the interpreter, which reads the tensor: left as it is."""
-    if getattr(launch, "fast", None) is None:
-        return
-    for d in descriptors:
-        if hasattr(d, "block_shape") and isinstance(d.base, torch.Tensor):
-            d.base = _Address(d.base)
 
 
 def _bucket_pow2(n: int) -> int:
@@ -504,7 +503,9 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
         raise ValueError(f"gemm: split_k must be a positive int, got {split_k!r}")
     else:
         split = split_k
-    ws = bool(cfg["WARP_SPECIALIZE"]) and tma and split == 1
+    # stream-K programs (0: none); an explicit split_k runs split-K (or nothing) instead
+    stream = stream_k_for(M, N, K, cfg, sms) if split == 1 and split_k is None else 0
+    ws = bool(cfg["WARP_SPECIALIZE"]) and tma and split == 1 and not stream
     if desc is None:
         desc = "kernel" if ws else "host"
     if desc not in DESCS:
@@ -526,6 +527,9 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
             raise ValueError(f"gemm: split_k={split} over {tiles} tiles of {bm}x{bn} needs "
                              f"more than 2**31 partial elements; use fewer slices")
         partials, counters = split_workspace(a.device, tiles * split * bm * bn, tiles)
+    elif stream:                                # two partial slots a program (_stream_k)
+        partials, counters = split_workspace(a.device, 2 * stream * bm * bn,
+                                             tiles - stream_k_tiles(tiles, stream))
     else:
         partials = counters = a                 # not read
     if host_desc:
@@ -535,13 +539,13 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     else:
         a_arg, w_arg = a, w
     kwargs = dict(NUM_PROGRAMS=sms, BM=bm, BN=bn, BK=bk, GROUP_M=cfg["GROUP_M"], TMA=tma,
-                  HOST_DESC=host_desc, SPLIT=split > 1,
+                  HOST_DESC=host_desc, SPLIT=split > 1, STREAM_K=stream > 0,
                   WARP_SPECIALIZE=ws,
                   EVEN_K=K % bk == 0, HAS_BIAS=bias is not None, SWAP_AB=swap,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     args = (a_arg, w_arg, bias if bias is not None else a, out, partials, counters, M, N, K,
-            a.stride(0), w.stride(0), out.stride(0), split)
-    return (min(tiles * split, sms),), args, kwargs
+            a.stride(0), w.stride(0), out.stride(0), stream or split)
+    return (stream or min(tiles * split, sms),), args, kwargs
 
 
 # Launches of recent signatures (trident/runtime/triton_launch.py: one C call per launch after the

@@ -4,7 +4,9 @@ many K slices a split-K launch uses (`split_k_for`). Pure Python: no kernel here
 
 A config: BM x BN output tiles (of out.T with SWAP_AB: BM tiles N, BN tiles M), BK per
 step, GROUP_M row blocks per group, num_stages of TMA pipeline, num_warps, SPLIT_K (at
-most this many K slices; 1: none), SWAP_AB, WARP_SPECIALIZE (no candidate: see below).
+most this many K slices; 1: none), SWAP_AB, WARP_SPECIALIZE (no candidate: see below),
+STREAM_K (stream-K over one wave of programs where the tiles leave SMs idle:
+`stream_k_for`; named <base candidate>_streamk).
 """
 from __future__ import annotations
 
@@ -38,9 +40,12 @@ import triton
 # candidates below are the plain pipelined kernel. (64x256 with warp specialisation
 # also trips an assertion in triton 3.6's sm_90 backend.)
 def _config(bm: int, bn: int, bk: int, stages: int, warps: int, ws: bool = False,
-            split_k: int = 1, swap_ab: bool = False) -> dict:
-    return dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_stages=stages, num_warps=warps,
-                WARP_SPECIALIZE=ws, SPLIT_K=split_k, SWAP_AB=swap_ab)
+            split_k: int = 1, swap_ab: bool = False, stream_k: bool = False) -> dict:
+    cfg = dict(BM=bm, BN=bn, BK=bk, GROUP_M=8, num_stages=stages, num_warps=warps,
+               WARP_SPECIALIZE=ws, SPLIT_K=split_k, SWAP_AB=swap_ab)
+    if stream_k:                       # only these carry the key (table files stay as they are)
+        cfg["STREAM_K"] = True
+    return cfg
 
 
 CANDIDATES = {
@@ -78,14 +83,88 @@ CANDIDATES = {
     "swab64x64x128_s4_w4_sk16": _config(64, 64, 128, 4, 4, split_k=16, swap_ab=True),
     # M=128 in one row block of 128, N in blocks of 64 (twice the tiles of 128x128)
     "128x64x64_s6_w4_sk8": _config(128, 64, 64, 6, 4, split_k=8),
+    # Mid M (64..1024), issue 40: what the candidates above lose there to cuBLAS is mostly
+    # the last wave. M=128, N=14336 is 112 tiles of 128x128 (or 56 of 128x256) on 132 SMs:
+    # 15% of the SMs idle while w streams from HBM; M=1024, N=14336 is 448 tiles of
+    # 128x256, 3.4 waves run as 4. Stream-K (STREAM_K; stream_k_for, and the kernel's
+    # stream-K branch in gemm.py) gives every one of the P programs the same share of the
+    # last one-to-two waves' BK-steps, across tile boundaries; partial tiles are summed by
+    # the last to arrive, in program order (deterministic, counters rearmed: split-K's
+    # protocol). Where the last wave is >= 90% full they run their base candidate's kernel.
+    # Shared memory: as their base candidates (the fix-up adds no buffer).
+    # - M=128..1024, tiles of the plain winners at M=128 and M=1024: 128x128x64 (m128
+    #   nbig), 128x256x64 (fewest re-reads of a; the best MMA shape at M=1024), 128x64x64
+    #   (m128/m256 small N: twice the tiles, 6 stages of 24 KB in flight)
+    "128x128x64_s4_w8_streamk": _config(128, 128, 64, 4, 8, stream_k=True),
+    "128x256x64_s3_w8_streamk": _config(128, 256, 64, 3, 8, stream_k=True),
+    "128x64x64_s6_w4_streamk": _config(128, 64, 64, 6, 4, stream_k=True),
+    # - M=256 in one row block (w read once, whatever L2 does; stream-K's programs work
+    #   on far-apart tiles at a time, so with two row blocks of 128 w would be read twice):
+    #   8 warps, 128 fp32 accumulators a thread as 128x256; 3 stages of 48 KB (w: 16 KB a
+    #   stage), the shared memory of 128x256x64_s3_w8. N=14336 is 112 such tiles.
+    "256x128x64_s3_w8": _config(256, 128, 64, 3, 8),
+    "256x128x64_s3_w8_streamk": _config(256, 128, 64, 3, 8, stream_k=True),
+    # - M=64: one row block of 64 rows, w in 256-column blocks (4 stages of 40 KB), and
+    #   swap-AB's 128 rows of N x 64 columns of M (6 stages of 24 KB): N=4096 is only 16
+    #   or 32 tiles, which stream-K spreads over all SMs (split-K stops at 8 slices)
+    "64x256x64_s4_w4_streamk": _config(64, 256, 64, 4, 4, stream_k=True),
+    "swab128x64x64_s6_w4_streamk": _config(128, 64, 64, 6, 4, swap_ab=True, stream_k=True),
 }
+
+# Stream-K: at least this many BK-steps a program (fewer programs than SMs on small
+# problems): a pipeline of 3-6 stages has to fill before it streams.
+STREAM_K_MIN_STEPS = 8
 
 
 def base_candidate(name: str) -> str | None:
-    """The candidate a split-K one is built on ("128x128x64_s4_w8_sk8" -> "128x128x64_s4_w8"),
-    None for one without split-K: where split_k_for gives 1 slice, both run one kernel."""
+    """The candidate a split-K or stream-K one is built on ("128x128x64_s4_w8_sk8" and
+    "128x128x64_s4_w8_streamk" -> "128x128x64_s4_w8"), None for one without either (or
+    whose base is no candidate): where split_k_for gives 1 slice (stream_k_for 0
+    programs), both run one kernel."""
+    if name.endswith("_streamk"):
+        head = name[:-len("_streamk")]
+        return head if head in CANDIDATES else None
     head, sep, tail = name.rpartition("_sk")
     return head if sep and tail.isdigit() and head in CANDIDATES else None
+
+
+def stream_k_tiles(tiles: int, programs: int) -> int:
+    """The tiles of a stream-K launch of `programs` programs that run data-parallel (one
+    program each, whole K): all but the last one-to-two waves' worth, so that the stream-K
+    share is `programs` to 2 * `programs` tiles (or all tiles, when fewer). The kernel's
+    stream-K branch (gemm.py) computes the same."""
+    return max(tiles // programs - 1, 0) * programs
+
+
+def stream_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
+    """Programs of a stream-K launch of `cfg` (STREAM_K) on `sms` SMs, 0 for the plain
+    kernel (no STREAM_K, or the last wave of tiles is >= 90% full, or stream-K's cost is
+    not 5% under it). Cost in full-tile times: plain ceil(tiles / sms) waves; stream-K
+    tiles / P, plus the fix-up of a stream-K tile (each slice's fp32 partial written and
+    read once, against the tile's operand bytes, as split_for_tiles counts it) times the
+    programs a stream-K tile is shared by. P: the SMs, or fewer where a program would get
+    under STREAM_K_MIN_STEPS BK-steps."""
+    if not cfg.get("STREAM_K"):
+        return 0
+    rows, cols = (N, M) if cfg.get("SWAP_AB") else (M, N)
+    tiles = triton.cdiv(rows, cfg["BM"]) * triton.cdiv(cols, cfg["BN"])
+    steps = triton.cdiv(K, cfg["BK"])
+    waves = triton.cdiv(tiles, sms)
+    if tiles >= 0.9 * waves * sms:
+        return 0
+    programs = sms
+    while programs > 1:
+        sk_tiles = tiles - stream_k_tiles(tiles, programs)
+        if sk_tiles * steps >= programs * STREAM_K_MIN_STEPS:
+            break
+        programs -= 1
+    if programs <= 1:
+        return 0
+    sk_tiles = tiles - stream_k_tiles(tiles, programs)
+    partial = cfg["BM"] * cfg["BN"] * 4 / (K * (cfg["BM"] + cfg["BN"]) * 2)
+    shared_by = programs / sk_tiles + 1
+    cost = tiles / programs + shared_by * partial
+    return programs if cost < 0.95 * waves else 0
 
 
 def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
