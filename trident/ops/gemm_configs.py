@@ -92,12 +92,10 @@ CANDIDATES = {
     # the last to arrive, in program order (deterministic, counters rearmed: split-K's
     # protocol). Where the last wave is >= 90% full they run their base candidate's kernel.
     # Shared memory: as their base candidates (the fix-up adds no buffer).
-    # Measured on one H200 (2026-12-01, bench/results/gemm-midm-1xh200-2026-12-01.json):
-    # wherever stream-K ran (stream_k > 0: M=64..256) it was 1.1-1.5x slower than the best
-    # base candidate (M=128, N=14336, K=4096: 47.4 us against 36.4; cuBLAS 33.9), so no
-    # shape class picks one. The same as split-K with several units a program (split_for_
+    # On one H200 stream-K lost wherever it ran, and no shape class picks one; of the
+    # tiles added with it only 256x128x64_s3_w8 won a class (figures: docs/history.md,
+    # "The GEMM core at mid M"). Like split-K with several units a program (split_for_
     # tiles' note): a program that takes several pieces runs slower, cause not known yet.
-    # Of the new tiles, only 256x128x64_s3_w8 won a class (m1024-n4096-k4096: 0.99x).
     # - M=128..1024, tiles of the plain winners at M=128 and M=1024: 128x128x64 (m128
     #   nbig), 128x256x64 (fewest re-reads of a; the best MMA shape at M=1024), 128x64x64
     #   (m128/m256 small N: twice the tiles, 6 stages of 24 KB in flight)
