@@ -1,9 +1,11 @@
 """The high-throughput path (trident/moe/high_throughput.py) at small sizes: the same
 checks as test_expert_parallel.py / test_fp8_dispatch.py, with every ExpertParallel made
-on that path (its threshold, HT_MIN_TOKENS, set to 0 on the ranks for the test), plus
+on that path (its threshold, ctx.options.moe_ht_min_tokens, set to 0 for the test), plus
 routing that stresses its chunks: uneven counts per rank (none, one, a partial chunk, a
 full batch), every token to one expert, and tokens that reach only their own rank.
 """
+import dataclasses
+
 import torch
 
 import trident as td
@@ -16,13 +18,12 @@ from .test_fp8_dispatch import _distinct, _fp8_rounds
 
 def _ht(ctx, fn, *args):
     """Run fn(ctx, *args) with every new ExpertParallel on the high-throughput path."""
-    import trident.moe.expert_parallel as mod
-    old = mod.HT_MIN_TOKENS
-    mod.HT_MIN_TOKENS = 0
+    old = ctx.options
+    ctx.options = dataclasses.replace(old, moe_ht_min_tokens=0)
     try:
         return fn(ctx, *args)
     finally:
-        mod.HT_MIN_TOKENS = old
+        ctx.options = old
 
 
 def _routing_cases(ctx, E, k, H, M, dtype):

@@ -94,7 +94,9 @@ def test_bad_core(pool):
 
 
 def test_default_core():
-    assert _common.GEMM_MODE in _common.GEMM_MODES
+    from trident.runtime import options
+    assert options.variable("TRIDENT_GEMM").parse.shape == f"one of {_common.GEMM_MODES}"
+    assert options.variable("TRIDENT_GEMM").default in _common.GEMM_MODES
 
 
 def _auto_core(ctx):

@@ -9,13 +9,11 @@ this package (they take the context as an argument).
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
-from ..runtime import _env, launch as _launch, placement
-from ..runtime.context import DEFAULT_TIMEOUT_S, Context as _RuntimeContext, _env_int
+from ..runtime import _env, launch as _launch, options, placement
+from ..runtime.context import DEFAULT_TIMEOUT_S, Context as _RuntimeContext
 from .context_ops import OpMethods
 
 
@@ -59,20 +57,21 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
     machine; trident/nodes/topology.py) get a trident.WorldContext: the same methods over
     the whole world, with a node-local Context inside (docs/nodes.md, "Beyond one node").
     """
-    local = _env_int("LOCAL_WORLD_SIZE", 0)
+    local = options.get("LOCAL_WORLD_SIZE", 0)
     if not _env.INTERPRET and local and not (dist.is_initialized() and
                                              dist.get_backend() == "nccl"):
         # ranks that will share a GPU: their MPS cap, before CUDA initialises here (set_device
         # below does; device_count does not). An NCCL group cannot serve them: Context says so
         placement.ensure_share(placement.ranks_on_my_gpu(
-            local, torch.cuda.device_count(), _env_int("LOCAL_RANK", 0)))
-    if not dist.is_initialized() and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            local, torch.cuda.device_count(), options.get("LOCAL_RANK", 0)))
+    if not dist.is_initialized() and options.raw("RANK") is not None \
+            and options.raw("WORLD_SIZE") is not None:
         backend = "gloo"
         if not _env.INTERPRET:
             gpus = torch.cuda.device_count()
-            torch.cuda.set_device(placement.device_index(_env_int("LOCAL_RANK", 0), gpus))
+            torch.cuda.set_device(placement.device_index(options.get("LOCAL_RANK", 0), gpus))
             # ranks that outnumber the GPUs share them: NCCL cannot, gloo can
-            if _env_int("LOCAL_WORLD_SIZE", 1) <= gpus:
+            if options.get("LOCAL_WORLD_SIZE", 1) <= gpus:
                 backend = "nccl"
         dist.init_process_group(backend)
     from ..nodes import topology

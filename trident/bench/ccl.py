@@ -30,10 +30,9 @@ baseline runs the registry's "nccl" entry (ccl/nccl.py) on plain tensors.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ..runtime import options
 from . import common
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
@@ -318,7 +317,7 @@ def main(argv=None) -> int:
                     f"GPU(s) visible), so the times would say nothing about NVLink and NCCL "
                     f"cannot run; measure the selector's tables with one GPU per rank")
     heap = heap_bytes(gpu, world, hi)
-    os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
+    options.export_default("TRIDENT_HEAP_SIZE", heap)
     launch(_run, world, ops, sizes, common.timing_options(args, gpu, iters=20), args.out_dir,
            args.update_selector, backend=backend, heap_size=heap)
     return 0

@@ -34,6 +34,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..runtime import options
+
 # The rates behind the floors; docs/design.md ("Measuring") says where each comes from.
 NVLINK_GBPS = 370.0      # usable one-way NVLink 4 bandwidth per H100/H200
 HBM_GBPS = 4300.0        # H200 device-to-device copy, read + write
@@ -344,8 +346,8 @@ def metadata(ctx, suite: str) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "python": sys.version.split()[0],
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                                "NVSHMEM_DISABLE_NVLS")},
+        "env": {k: options.raw(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                             "NVSHMEM_DISABLE_NVLS")},
     }
     topo = getattr(ctx, "topology", None)
     if topo is not None and topo.spans_nodes:     # a WorldContext: say so in the results

@@ -75,6 +75,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..runtime import options
 from . import common
 from .bounded import BoundedWorker
 from .ops import COLUMN_PARALLEL, ROW_PARALLEL
@@ -146,7 +147,7 @@ _worker: dict = {}      # in the worker process: its context and the current sha
 def _device(index: bool = True) -> torch.device:
     """The GPU (the current one with index=True: the worker's), or the CPU under the
     interpreter."""
-    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if not torch.cuda.is_available() or options.get("TRITON_INTERPRET"):
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device()) if index else torch.device("cuda")
 

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 
 import torch
 
+from ..runtime import options
 from .counting import count_torch_ops
 
 CALLS, BATCH = 20000, 50
@@ -271,7 +271,7 @@ def run(world: int = 2, calls: int = CALLS, batch: int = BATCH, only=None,
     """Measure on `world` CPU ranks (or in `pool`); returns rank 0's results."""
     if pool is not None:
         return pool.run(measure, calls, batch, only)[0]
-    os.environ.setdefault("TRIDENT_BACKEND", "cpu")
+    options.export_default("TRIDENT_BACKEND", "cpu")
     from trident.runtime.launch import launch
     return launch(measure, world, calls, batch, only, backend="cpu", heap_size=64 << 20,
                   timeout=60.0)[0]

@@ -9,7 +9,7 @@ dispatch: combine_wd) and dispatch + combine (total), each three ways
 one CUDA graph), host_us (Python time per call), plus synced_us (one call after a device
 barrier); max over ranks, for
   - trident: ExpertParallel with the default validate, as a user gets it (and the total
-    once more with validate=False); from HT_MIN_TOKENS (1024) tokens that is the
+    once more with validate=False); from TRIDENT_MOE_HT_MIN_TOKENS (1024) tokens that is the
     high-throughput path, and `trident (low-latency)` rows time the other path there,
   - torch.distributed: counts exchange + all_to_all_single of the (token, expert) rows
     + sort / index_add on each side, no Python loops. It needs the counts on the host,
@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from trident.bench import common
-from trident.moe.high_throughput import HT_MIN_TOKENS
 
 MODELS = {                      # experts, top-k, hidden
     "deepseek-v3": (256, 8, 7168),
@@ -189,10 +188,10 @@ def _case(ctx, model, E, k, H, T, timing, bar):
         torch.testing.assert_close(y.float(), want, atol=5e-2, rtol=5e-2)
 
     # ExpertParallel(max_num_tokens=T) takes the high-throughput path from
-    # HT_MIN_TOKENS tokens on (row `trident`); there the low-latency path is timed too
+    # ctx.options.moe_ht_min_tokens on (row `trident`); there the low-latency path is timed too
     # (rows `trident (low-latency)`) so one run compares both and tunes the threshold
     variants = [("trident", None)]
-    if T >= HT_MIN_TOKENS:
+    if T >= ctx.options.moe_ht_min_tokens:
         variants.append(("trident (low-latency)", False))
     for impl, high_throughput in variants:
         _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,

@@ -73,6 +73,7 @@ import torch
 import torch.distributed as dist
 
 from ..ccl.nccl import all_gather_single, reduce_scatter_single
+from ..runtime import options
 from . import common, ops_norm
 
 DTYPE = torch.bfloat16
@@ -510,10 +511,10 @@ def main(argv=None) -> int:
     layers = [s.strip() for s in args.layers.split(",") if s.strip()]
     world = args.world_size or common.default_world(backend)
     heap = (12 << 30) if gpu else (64 << 20)
-    os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
+    options.export_default("TRIDENT_HEAP_SIZE", heap)
     launch(_run, world, ops, ms, layers, common.timing_options(args, gpu, iters=0), args.out_dir,
            args.update_crossover, args.budget_s, args.auto_only, backend=backend,
-           heap_size=int(os.environ["TRIDENT_HEAP_SIZE"]))
+           heap_size=options.get("TRIDENT_HEAP_SIZE"))
     return 0
 
 

@@ -32,13 +32,13 @@ On the CPU emulation (tiny sizes) it only shows that every path runs and agrees.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..runtime import options
 from . import common
 
 DTYPE = torch.bfloat16
@@ -285,7 +285,7 @@ def main(argv=None) -> int:
         ([1, 2, 4, 8] if gpu else [2])
     world = args.world_size or common.default_world(backend)
     heap = (1 << 30) if gpu else (64 << 20)
-    os.environ.setdefault("TRIDENT_HEAP_SIZE", str(heap))
+    options.export_default("TRIDENT_HEAP_SIZE", heap)
     timing = {**common.timing_options(args, gpu), "synced_iters": 0}
     launch(_run, world, shape, batches, impls, timing, args.out_dir, backend=backend,
            heap_size=heap)

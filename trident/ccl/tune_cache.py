@@ -21,14 +21,14 @@ import os
 import re
 import subprocess
 
-from ..runtime import _env
+from ..runtime import _env, options
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def tune_dir() -> str:
-    base = os.environ.get("TRIDENT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+    base = options.get("TRIDENT_CACHE_DIR") or os.path.join(
+        options.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
         "trident")
     return os.path.join(base, "tune")
 
@@ -57,7 +57,7 @@ def gpu_links(topo: str) -> list[list[str]]:
                    if line[:1].isspace() and "GPU0" in line.split()), [])
     n = sum(1 for tok in header if re.fullmatch(r"GPU\d+", tok))
     rows = [line.split()[1:1 + n] for line in lines if re.match(r"GPU\d+\s", line)]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    visible = options.get("CUDA_VISIBLE_DEVICES", "")
     if re.fullmatch(r"\d+(,\d+)*", visible) and rows:
         keep = [int(i) for i in visible.split(",") if int(i) < len(rows)]
         rows = [[rows[i][j] for j in keep] for i in keep]

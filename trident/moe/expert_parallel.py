@@ -33,7 +33,6 @@ import torch
 from ..runtime.plans import live_key, tensor_key
 from . import buffers as B
 from . import plans
-from .high_throughput import HT_MIN_TOKENS
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _IDS = itertools.count()      # names an ExpertParallel in plan keys (id() can be reused)
@@ -137,7 +136,7 @@ class ExpertParallel(metaclass=_NamedByContext):
 
     high_throughput: the chunk-pipelined kernels for prefill-size batches
     (high_throughput.py) instead of the low-latency ones; None (default) picks them when
-    max_num_tokens >= HT_MIN_TOKENS (1024; env TRIDENT_MOE_HT_MIN_TOKENS). Same results
+    max_num_tokens >= ctx.options.moe_ht_min_tokens (TRIDENT_MOE_HT_MIN_TOKENS, 1024). Same results
     and API either way; keep one object per regime (decode, prefill) as with DeepEP.
 
     allow_minus_one=True: an id of -1 selects no expert (DeepEP's convention): dropped
@@ -159,8 +158,8 @@ class ExpertParallel(metaclass=_NamedByContext):
         self.allow_minus_one = bool(allow_minus_one)
         # the kernels of high_throughput.py (chunk-pipelined, for prefill-size batches) or
         # of dispatch.py/combine.py (low latency); per object, so the same on every rank
-        self.high_throughput = (max_num_tokens >= HT_MIN_TOKENS if high_throughput is None
-                                else bool(high_throughput))
+        self.high_throughput = (max_num_tokens >= ctx.options.moe_ht_min_tokens
+                                if high_throughput is None else bool(high_throughput))
         self._id = next(_IDS)
         # how trident::moe_dispatch/combine find it (trident/torch/ops/moe.py): its context's
         # name, its number in this process and what the ops' fakes read (local experts,

@@ -59,10 +59,10 @@ What this path changes (same buffers, same outputs, same API):
 Both halves' programs wait only on lower program ids of their own rank (and on other
 ranks), so the grid cannot deadlock and the CPU emulation (programs in order) works.
 The path is chosen per ExpertParallel (same on every rank): high_throughput=True/False,
-or by default max_num_tokens >= HT_MIN_TOKENS (env TRIDENT_MOE_HT_MIN_TOKENS).
+or by default max_num_tokens >= ctx.options.moe_ht_min_tokens (TRIDENT_MOE_HT_MIN_TOKENS,
+1024: the issue's "prefill size"; to be tuned on GPUs: `trident bench moe` times both
+paths at 4096 tokens, rows `trident` and `trident (low-latency)`).
 """
-import os
-
 import triton
 import triton.language as tl
 
@@ -74,12 +74,6 @@ from .combine import (combine_recv_end, combine_send_begin, push_partial, push_w
                       sum_partials)
 from .dispatch import copy_token, dispatch_recv_begin, dispatch_recv_end, push_payload
 from .routing import expert_ids
-
-# max_num_tokens from which ExpertParallel picks this path by default. 1024 is the
-# issue's "prefill size"; to be tuned on GPUs (`trident bench moe` times both paths at
-# 4096 tokens: rows `trident` and `trident (low-latency)`).
-HT_MIN_TOKENS = int(os.environ.get("TRIDENT_MOE_HT_MIN_TOKENS", "1024"))
-
 
 @triton.jit
 def _chunk_flag(chunk_flags, kind: tl.constexpr, source, c, world, max_tokens,

@@ -13,7 +13,7 @@ receive half's plan (PART=RECV), which depends on nothing but the ExpertParallel
 (and, for dispatch, fp8).
 
 An ExpertParallel built with high_throughput (by default: max_num_tokens >=
-high_throughput.HT_MIN_TOKENS) launches the kernels of high_throughput.py instead, with
+ctx.options.moe_ht_min_tokens) launches the kernels of high_throughput.py instead, with
 the same arguments plus the chunk flags, and its grids sized by chunks of
 buffers.CHUNK_TOKENS tokens instead of tokens.
 """

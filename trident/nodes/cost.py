@@ -23,30 +23,19 @@ launch with its host work; docs/design.md, "How to make it fast").
 from __future__ import annotations
 
 import math
-import os
+
+from ..runtime import options
 
 INTRA_GBPS, INTRA_US = 370.0, 10.0
 INTER_GBPS_ENV, INTER_US_ENV = "TRIDENT_INTERNODE_GBPS", "TRIDENT_INTERNODE_US"
-DEFAULT_INTER_GBPS, DEFAULT_INTER_US = 50.0, 10.0
 
 
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        x = float(value)
-    except ValueError:
-        x = -1.0
-    if not x > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return x
-
-
-def internode() -> tuple[float, float]:
-    """(GB/s, us per hop) of the network between nodes, from the environment."""
-    return (_env_float(INTER_GBPS_ENV, DEFAULT_INTER_GBPS),
-            _env_float(INTER_US_ENV, DEFAULT_INTER_US))
+def internode(opts=None) -> tuple[float, float]:
+    """(GB/s, us per hop) of the network between nodes: from a context's options (`opts`,
+    ctx.options), else from the environment now."""
+    if opts is not None:
+        return opts.internode_gbps, opts.internode_us
+    return options.get(INTER_GBPS_ENV), options.get(INTER_US_ENV)
 
 
 def _log2(n: int) -> int:
@@ -88,14 +77,17 @@ def predict(op: str, nbytes: int, nodes: int, node_size: int,
     return {"hierarchical": node + rail, "nccl": flat}
 
 
-def select(op: str, nbytes: int, nodes: int, node_size: int, nccl: bool = True) -> str:
+def select(op: str, nbytes: int, nodes: int, node_size: int, nccl: bool = True,
+           inter: tuple[float, float] | None = None) -> str:
     """"auto" across nodes: "hierarchical" or "nccl" (one torch.distributed collective
     over the world) by the model below until measured tables exist; nccl=False (GPU ranks
-    sharing a GPU, where the flat path cannot run) always gives "hierarchical"."""
-    return choose(op, nbytes, nodes, node_size) if nccl else "hierarchical"
+    sharing a GPU, where the flat path cannot run) always gives "hierarchical". inter: as
+    for predict (a context passes internode(ctx.options): no call reads the environment)."""
+    return choose(op, nbytes, nodes, node_size, inter) if nccl else "hierarchical"
 
 
-def choose(op: str, nbytes: int, nodes: int, node_size: int) -> str:
+def choose(op: str, nbytes: int, nodes: int, node_size: int,
+           inter: tuple[float, float] | None = None) -> str:
     """The algorithm the model predicts faster (ties: hierarchical)."""
-    t = predict(op, nbytes, nodes, node_size)
+    t = predict(op, nbytes, nodes, node_size, inter)
     return "hierarchical" if t["hierarchical"] <= t["nccl"] else "nccl"

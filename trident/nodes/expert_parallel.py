@@ -35,7 +35,6 @@ from __future__ import annotations
 import torch
 
 from ..moe import fp8 as F8
-from ..moe import high_throughput as HT
 from ..moe.expert_parallel import (_IDS, Dispatched, ExpertParallel, PendingCombine,
                                   PendingDispatch, check_args)
 from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached
@@ -63,7 +62,7 @@ class ExpertParallelAcrossNodes:
         self.validate = bool(validate)
         node = ctx.node
         if high_throughput is None:
-            high_throughput = max_num_tokens >= HT.HT_MIN_TOKENS
+            high_throughput = max_num_tokens >= ctx.options.moe_ht_min_tokens
         # the forwarding stage: rows from every node's rank of this local index
         self.node_ep = ExpertParallel(node, self.experts_per_node, experts_per_token,
                                       hidden_dim, topo.num_nodes * max_num_tokens, dtype,

@@ -18,13 +18,12 @@ and one per rail (inter-node steps). With one node it makes none.
 from __future__ import annotations
 
 import datetime
-import os
 import socket
 
 import torch
 import torch.distributed as dist
 
-from ..runtime import _env, placement
+from ..runtime import _env, options, placement
 from ..runtime.context_exchange import forget_failed
 
 NODE_SIZE_ENV = "TRIDENT_NODE_SIZE"
@@ -32,14 +31,10 @@ NODE_SIZE_ENV = "TRIDENT_NODE_SIZE"
 
 def node_size_from_env(world_size: int) -> int | None:
     """TRIDENT_NODE_SIZE checked against `world_size`, or None when it is not set."""
-    value = os.environ.get(NODE_SIZE_ENV, "").strip()
-    if not value:
+    n = options.get(NODE_SIZE_ENV)
+    if n is None:
         return None
-    try:
-        n = int(value)
-    except ValueError:
-        raise ValueError(f"{NODE_SIZE_ENV} must be a positive integer, got {value!r}") from None
-    if n < 1 or world_size % n:
+    if world_size % n:
         raise ValueError(f"{NODE_SIZE_ENV}={n} does not split {world_size} ranks into equal "
                          f"nodes: it must be a positive divisor of the world size")
     return n
@@ -108,7 +103,7 @@ def _bind_device() -> None:
     """Put this process on its GPU before the first collective of a NCCL group (the rule
     trident.Context uses: LOCAL_RANK, else the global rank, round-robin over the GPUs)."""
     if not _env.INTERPRET and torch.cuda.is_available():
-        rank = int(os.environ.get("LOCAL_RANK") or dist.get_rank())
+        rank = options.get("LOCAL_RANK", dist.get_rank())
         torch.cuda.set_device(placement.device_index(rank, torch.cuda.device_count()))
 
 
@@ -150,8 +145,8 @@ def find_nodes(group) -> tuple[list, str]:
     """Collective over `group` (of more than one rank): each member's node, in group rank
     order, and how the nodes were found (the rules of the module docstring). Makes no
     group."""
-    mine = (socket.gethostname(), os.environ.get("LOCAL_WORLD_SIZE", "").strip(),
-            os.environ.get(NODE_SIZE_ENV, "").strip())
+    mine = (socket.gethostname(), str(options.get("LOCAL_WORLD_SIZE", "")),
+            str(options.get(NODE_SIZE_ENV, "")))
     world_size = dist.get_world_size(group)
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine, group=group)
@@ -219,12 +214,5 @@ def pool_in_nodes(world_size: int, node_size: int, **pool_options):
     ranks (TRIDENT_NODE_SIZE in the ranks' environment only; this process's own is left
     as it was): how the tests and benchmarks start a world of nodes on one machine."""
     from ..runtime.launch import RankPool
-    saved = os.environ.get(NODE_SIZE_ENV)
-    os.environ[NODE_SIZE_ENV] = str(node_size)
-    try:
+    with options.exported({NODE_SIZE_ENV: node_size}):
         return RankPool(world_size, **pool_options)
-    finally:
-        if saved is None:
-            os.environ.pop(NODE_SIZE_ENV)
-        else:
-            os.environ[NODE_SIZE_ENV] = saved

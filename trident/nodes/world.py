@@ -31,7 +31,7 @@ _FROM_NODE = frozenset((
     "rand", "arange", "empty_like", "zeros_like", "free", "is_symmetric", "check_symmetric",
     "heap_offset", "allocator", "sync", "set_timeout", "timeout_s", "host_timeout_s",
     "free_since", "ranks_per_device", "shares_device", "usable_sms",
-    "heap_mapping", "capturing"))
+    "heap_mapping", "capturing", "options"))
 
 
 def _portable(e: BaseException | None) -> BaseException | None:

@@ -2,8 +2,8 @@
 (heap buffers + epoch/ack words that make reuse safe without memsets), the GEMM tile, and
 the switch between the two GEMM cores.
 
-The GEMM core (env TRIDENT_GEMM, read once at import; a call's `gemm=` option overrides
-it and is part of the plan key like every option):
+The GEMM core (ctx.options.gemm: TRIDENT_GEMM as the context read it; a call's `gemm=`
+option overrides it and is part of the plan key like every option):
 - "auto" (the default): "tma" for GEMMs of M >= TMA_MIN_M rows, and below that where the
   GEMM table's entry is a small-M one (swap-AB or split-K: the core's decode choice,
   fused_tile.fused_gemm_config), else "classic". On 2x H200 at M = 8192 "tma" made every
@@ -30,7 +30,6 @@ CUDA graph.
 """
 from __future__ import annotations
 
-import os
 import weakref
 
 import torch
@@ -248,8 +247,7 @@ def gemm_config(ctx, m: int, n: int, k: int) -> dict:
     return dict(BM=bm, BN=128, BK=64, num_warps=4 if bm == 64 else 8, num_stages=4)
 
 
-GEMM_MODES = ("auto", "classic", "tma")
-GEMM_MODE = os.environ.get("TRIDENT_GEMM", "auto").strip().lower() or "auto"
+GEMM_MODES = ("auto", "classic", "tma")    # the default: ctx.options.gemm (TRIDENT_GEMM)
 TMA_MIN_M = 4096           # "auto": the tma core from this many GEMM rows (see above)
 
 

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import GEMM_MODE, GEMM_MODES, TMA_MIN_M, gemm_config
+from ._common import GEMM_MODES, TMA_MIN_M, gemm_config
 from .gemm import dot_slice, dot_tile
 from ..trace import device as trd, tags
 
@@ -39,7 +39,7 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
                       group_m: int, local: str) -> dict:
     """The GEMM side of a fused launch: a core config (BM, BN, BK, GROUP_M, num_warps,
     num_stages, SWAP_AB, SPLIT_K: the most slices) and PERSISTENT (True on the "tma" core).
-    gemm: "auto", "classic" or "tma" (None: TRIDENT_GEMM's value); config: overrides (an
+    gemm: "auto", "classic" or "tma" (None: ctx.options.gemm, TRIDENT_GEMM); config: overrides (an
     option of the call); group_m: the classic core's GROUP_M.
     "auto": "tma" from TMA_MIN_M rows, and below it where the table's entry is a small-M
     one (swap-AB or split-K: the core's decode choice); "classic" otherwise.
@@ -47,7 +47,7 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
     row-parallel ops): the table is read at its largest bucket of that size instead, so
     that every rank takes the same tiles (they decide the slots, flags and row blocks the
     ranks exchange); the split count still follows the rank's own size (split_count)."""
-    mode = GEMM_MODE if gemm is None else gemm
+    mode = ctx.options.gemm if gemm is None else gemm
     if mode not in GEMM_MODES:
         raise ValueError(f"the fused ops' GEMM core must be one of {GEMM_MODES} (env "
                          f"TRIDENT_GEMM or the gemm= option), got {mode!r}")

@@ -2,6 +2,8 @@
 on. It imports none of them (tests/test_layers.py).
 
 Read in this order:
+  options.py         every environment variable trident reads, declared once; a
+                     Context's snapshot of them (ctx.options)
   _env.py            process-wide settings fixed before any kernel is defined: GPU or
                      the CPU emulation (Triton's interpreter), NVLink multicast off
   errors.py          what trident raises, and the codes device waits record

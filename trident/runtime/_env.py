@@ -16,18 +16,17 @@ driver is not initialised yet: a script that calls torch.cuda.set_device before
 trident.init still gets it. trident.init checks the rest (an MPS daemon, a cap no larger
 than the share) and refuses what it cannot fix.
 """
-import os
+from . import options
 
 # NVLink multicast stays off everywhere trident runs (see README: shared machines).
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ.setdefault(_k, _v)
+    options.export_default(_k, _v)
 
 
 def _interpret_asked() -> bool:
     """The CPU emulation asked for by the environment (no CUDA looked at)."""
-    return (os.environ.get("TRIDENT_BACKEND") == "cpu"
-            or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False"))
+    return options.get("TRIDENT_BACKEND") == "cpu" or options.get("TRITON_INTERPRET")
 
 
 def _preset_mps_cap() -> None:
@@ -35,32 +34,29 @@ def _preset_mps_cap() -> None:
     anything here initialises the CUDA driver: torch.cuda.device_count() counts through
     NVML; a driver already initialised (by the script, before `import trident`) gets no
     cap, which would hold nothing, and trident.init refuses, naming what to export."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if _interpret_asked() or not local.isdigit() \
-            or os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+    local = options.get("LOCAL_WORLD_SIZE")
+    if _interpret_asked() or local is None or options.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
         return
     import torch
     from .placement import CAP_VAR, driver_initialized, fair_share, ranks_on_my_gpu
     if driver_initialized():
         return
-    rank = os.environ.get("LOCAL_RANK", "0")
-    rank = int(rank) if rank.isdigit() else 0
-    ranks = ranks_on_my_gpu(int(local), torch.cuda.device_count(), rank)
+    ranks = ranks_on_my_gpu(local, torch.cuda.device_count(), options.get("LOCAL_RANK", 0))
     if ranks > 1:
-        os.environ[CAP_VAR] = str(fair_share(ranks))
+        options.export(CAP_VAR, fair_share(ranks))
 
 
 _preset_mps_cap()     # first: the availability check below initialises the CUDA driver
 
 
 def _cuda_available() -> bool:
-    if os.environ.get("TRIDENT_BACKEND") == "cpu":
+    if options.get("TRIDENT_BACKEND") == "cpu":
         return False
     import torch
     return torch.cuda.is_available()
 
 
-if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+if options.raw("TRITON_INTERPRET") is None and not _cuda_available():
+    options.export("TRITON_INTERPRET", "1")
 
-INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+INTERPRET: bool = options.get("TRITON_INTERPRET")

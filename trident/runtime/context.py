@@ -13,7 +13,6 @@ runtime imports none of the families.
 """
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 import weakref
@@ -21,7 +20,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import _env, placement
+from . import _env, options, placement
 from .context_exchange import ExchangeMethods
 from .context_heap import HeapMethods
 from .context_sync import CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, SyncMethods  # noqa: F401
@@ -30,7 +29,7 @@ from .errors import CallMismatch, CallMismatchError, HostTimeout  # noqa: F401
 from .heap.allocator import Allocator
 from .plans import PlanCache
 
-DEFAULT_HEAP_SIZE = 1 << 30
+DEFAULT_HEAP_SIZE = options.variable("TRIDENT_HEAP_SIZE").default
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -61,11 +60,6 @@ def on_open(hook) -> None:
         _ON_OPEN.append(hook)
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return int(value) if value else default
-
-
 class Context(HeapMethods, SyncMethods, ExchangeMethods):
     """The runtime's part of trident.Context (trident/api/context.py adds the collectives,
     fused ops and tracing, and trident.init makes it): rank, world size, device, the heap,
@@ -89,19 +83,21 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods):
         self.world_size = dist.get_world_size(self.group)
         if self.world_size > MAX_RANKS:
             raise ValueError(f"trident supports up to {MAX_RANKS} ranks, got {self.world_size}")
-        self.heap_size = heap_size or _env_int("TRIDENT_HEAP_SIZE", DEFAULT_HEAP_SIZE)
-        self.debug = bool(int(os.environ.get("TRIDENT_DEBUG", "0"))) if debug is None else debug
+        # the TRIDENT_* variables, read once: what this context's code reads instead
+        self.options = options.snapshot()
+        self.heap_size = heap_size or self.options.heap_size
+        self.debug = self.options.debug if debug is None else debug
         self.backend = "cpu" if _env.INTERPRET else "cuda"
         if self.backend == "cuda":
             gpus = torch.cuda.device_count()
             self.device = torch.device("cuda", placement.device_index(
-                _env_int("LOCAL_RANK", dist.get_rank()), gpus))     # the job's rank
+                options.get("LOCAL_RANK", dist.get_rank()), gpus))     # the job's rank
             torch.cuda.set_device(self.device)
             self.ranks_per_device, self._gpu_per_rank = self._count_ranks_on_device()
             placement.set_ranks_per_device(self.ranks_per_device)
             if self.ranks_per_device > 1:
                 # torch symmetric memory refuses peers on one device unless told
-                os.environ["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+                options.export("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
             from .heap.cuda import CudaHeap
             self._heap = CudaHeap(self.heap_size, self.rank, self.world_size, self.group,
                                   self.device)
@@ -124,8 +120,8 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods):
                                   torch.cuda.is_current_stream_capturing)
                           if self.backend == "cuda" else _not_capturing)
         self.plans = PlanCache(
-            graphs=os.environ.get("TRIDENT_PLAN_GRAPHS", "multi") if self.backend == "cuda"
-            else "off", capturing=self.capturing)
+            self.options.plan_cache, capturing=self.capturing,
+            graphs=self.options.plan_graphs if self.backend == "cuda" else "off")
         self._workspaces: dict = {}
         self._resettable: list = []
         self._persistent: set[int] = set()
@@ -150,7 +146,7 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods):
         naming what to export)."""
         gpus = torch.cuda.device_count()
         if dist.get_backend(self.group) != "gloo":
-            local = _env_int("LOCAL_WORLD_SIZE", 0)
+            local = options.get("LOCAL_WORLD_SIZE", 0)
             if local > gpus:
                 raise ValueError(
                     f"{local} ranks on this host and {gpus} GPU(s): ranks share GPUs, which "
@@ -212,7 +208,7 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods):
             hook(self)
 
     def _job_id(self) -> str:
-        job = [os.environ.get("TRIDENT_JOB_ID") or uuid.uuid4().hex[:12]]
+        job = [self.options.job_id or uuid.uuid4().hex[:12]]
         if self.group is not dist.group.WORLD:     # another group: one file set each
             # named by the group (the same on its members, unique in the job): two groups
             # with the same first rank may map their heaps at once

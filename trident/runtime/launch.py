@@ -28,6 +28,7 @@ from multiprocessing.connection import wait as wait_any
 
 import torch.multiprocessing as mp
 
+from . import options
 from .errors import CommTimeout
 
 # what the ranks' falling out of step raises: a consequence of an error elsewhere
@@ -66,8 +67,8 @@ def _free_port() -> int:
 
 
 def default_backend() -> str:
-    if os.environ.get("TRIDENT_BACKEND") in ("cpu", "cuda"):
-        return os.environ["TRIDENT_BACKEND"]
+    if options.get("TRIDENT_BACKEND"):
+        return options.get("TRIDENT_BACKEND")
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -113,13 +114,13 @@ def sharing_env(world_size: int, gpus: int):
     # waits for (NVSHMEM's condition for PEs on one GPU); a user's setting wins if it is no
     # larger (the ranks check it again: placement.ensure_share)
     try:
-        cap, _ = share_plan(max(ranks_on_each_gpu(world_size, gpus)), os.environ,
+        cap, _ = share_plan(max(ranks_on_each_gpu(world_size, gpus)), options.environ(),
                             cuda_initialized=False, mps_running=True)
     except Exception:
         if daemon is not None:
             daemon.stop()
         raise
-    env[CAP_VAR] = cap.get(CAP_VAR) or os.environ[CAP_VAR]
+    env[CAP_VAR] = cap.get(CAP_VAR) or options.get(CAP_VAR)
     env[mps.ANSWERED_ENV] = env["CUDA_MPS_PIPE_DIRECTORY"]   # the ranks need not ask again
     return env, daemon, note
 
@@ -369,11 +370,9 @@ class RankPool:
         env.update(TRIDENT_BACKEND=self.backend, TRIDENT_JOB_ID=self.job)
         if self.backend == "cpu":
             env["TRITON_INTERPRET"] = "1"
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
         spawn = mp.get_context("spawn")
         port = _free_port()
-        try:
+        with options.exported(env):          # the ranks' environment; this process's after
             for rank in range(self.world_size):
                 parent, child = spawn.Pipe()
                 proc = spawn.Process(target=_worker, daemon=True, name=f"trident-rank{rank}",
@@ -383,12 +382,6 @@ class RankPool:
                 child.close()
                 self._procs.append(proc)
                 self._conns.append(parent)
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         self._collect(timeout=300.0, what="start-up")
 
     @property

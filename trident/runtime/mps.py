@@ -37,8 +37,10 @@ import tempfile
 import time
 import warnings
 
+from . import options
+
 CONTROL = "nvidia-cuda-mps-control"
-DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+DEFAULT_PIPE_DIR = options.variable("CUDA_MPS_PIPE_DIRECTORY").default
 MODES = ("auto", "off", "require")
 NO_MPS_WARNING = (
     "ranks share a GPU without MPS: their kernels time-slice, so every wait for a peer "
@@ -66,7 +68,7 @@ def control_binary() -> str | None:
 
 def _ask(binary: str, command: str, pipe_dir: str, timeout: float = 10.0) -> tuple[int, str]:
     """Send one command to the control daemon of `pipe_dir`; (exit status, output)."""
-    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe_dir)
+    env = options.environ(CUDA_MPS_PIPE_DIRECTORY=pipe_dir)
     try:
         done = subprocess.run([binary], input=command + "\n", capture_output=True, text=True,
                               env=env, timeout=timeout)
@@ -129,8 +131,8 @@ class PrivateDaemon:
         self.log_dir = os.path.join(self.root, "log")
         os.makedirs(self.pipe_dir)
         os.makedirs(self.log_dir)
-        env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=self.pipe_dir,
-                   CUDA_MPS_LOG_DIRECTORY=self.log_dir)
+        env = options.environ(CUDA_MPS_PIPE_DIRECTORY=self.pipe_dir,
+                              CUDA_MPS_LOG_DIRECTORY=self.log_dir)
         self.proc = subprocess.Popen([binary, "-f"], env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      preexec_fn=_die_with_parent)
@@ -169,11 +171,9 @@ def ensure(mode: str | None = None) -> tuple[dict, PrivateDaemon | None, str]:
     for the rank processes, the private daemon to stop at the end or None, a one-line
     description for logs: which MPS the job uses, or that it runs without)."""
     global _warned
-    mode = (mode or os.environ.get("TRIDENT_MPS", "auto")).strip().lower()
-    if mode not in MODES:
-        raise ValueError(f"TRIDENT_MPS must be one of {MODES}, got {mode!r}")
+    mode = options.get("TRIDENT_MPS", env={"TRIDENT_MPS": mode} if mode else None)
     binary = control_binary()
-    pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", DEFAULT_PIPE_DIR)
+    pipe_dir = options.get("CUDA_MPS_PIPE_DIRECTORY")
     if daemon_reachable(binary, pipe_dir):
         return {"CUDA_MPS_PIPE_DIRECTORY": pipe_dir}, None, f"MPS: the running daemon at {pipe_dir}"
     if mode != "off" and binary is not None:

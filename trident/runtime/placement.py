@@ -41,7 +41,7 @@ import os
 import warnings
 from collections.abc import Mapping
 
-from . import mps
+from . import mps, options
 
 CAP_VAR = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 _ranks_per_device = 1
@@ -127,9 +127,7 @@ def share_plan(ranks_per_gpu: int, env: Mapping[str, str], cuda_initialized: boo
         return {}, None
     share = fair_share(ranks_per_gpu)
     export = f"export {CAP_VAR}={share}"
-    mode = (env.get("TRIDENT_MPS") or "auto").strip().lower()
-    if mode not in mps.MODES:
-        raise ValueError(f"TRIDENT_MPS must be one of {mps.MODES}, got {mode!r}")
+    mode = options.get("TRIDENT_MPS", env=env)
     if not mps_running:
         if mode == "off":        # the user's (or the launcher's) choice: time-slice, slowly
             return {}, None
@@ -137,7 +135,7 @@ def share_plan(ranks_per_gpu: int, env: Mapping[str, str], cuda_initialized: boo
         # its peer (each slice runs one process alone). The probe can also miss a daemon
         # that is busy (4 ranks on one H100 were refused while 16 cores compiled), so this
         # warns; the cap below is still set, for the daemon that may be there.
-        pipe = env.get("CUDA_MPS_PIPE_DIRECTORY") or mps.DEFAULT_PIPE_DIR
+        pipe = options.get("CUDA_MPS_PIPE_DIRECTORY", env=env)
         if mode == "require":
             raise RuntimeError(
                 f"{ranks_per_gpu} ranks share this GPU but no MPS control daemon answers at "
@@ -177,9 +175,9 @@ def _mps_running() -> bool:
     rank of trident.launch takes its launcher's word (mps.ANSWERED_ENV: the launcher found
     or started that daemon just before it started the ranks) while the control pipe is
     there; other processes ask the daemon."""
-    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or mps.DEFAULT_PIPE_DIR
+    pipe = options.get("CUDA_MPS_PIPE_DIRECTORY")
     if pipe not in _mps_answers:
-        if (os.environ.get(mps.ANSWERED_ENV) == pipe
+        if (options.get(mps.ANSWERED_ENV) == pipe
                 and os.path.exists(os.path.join(pipe, "control"))):
             _mps_answers[pipe] = True
         else:
@@ -206,16 +204,17 @@ def driver_initialized() -> bool:
 
 
 def ensure_share(ranks_per_gpu: int) -> None:
-    """Apply `share_plan` to this process: set the cap in os.environ if it is missing and
+    """Apply `share_plan` to this process: set the cap in its environment if it is missing and
     the CUDA driver is not initialised yet (`driver_initialized`), record the cap in force
     (usable_sms sizes grids by it), or raise as share_plan does. A no-op for a rank with a
     GPU of its own."""
     global _cap_in_force
     if ranks_per_gpu <= 1:
         return
-    updates, cap = share_plan(ranks_per_gpu, os.environ, driver_initialized(),
+    updates, cap = share_plan(ranks_per_gpu, options.environ(), driver_initialized(),
                               _mps_running())
-    os.environ.update(updates)
+    for name, value in updates.items():
+        options.export(name, value)
     _cap_in_force = cap
 
 
@@ -227,8 +226,8 @@ def cap_in_force() -> float | None:
 
 def mps_thread_percentage() -> int | None:
     """CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of this process (an MPS client's cap), if set."""
-    value = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "").strip()
-    if not value:
+    value = options.get(CAP_VAR)
+    if value is None:
         return None
     try:
         pct = float(value)

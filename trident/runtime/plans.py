@@ -29,17 +29,16 @@ and runs a plan it finds without the driver when not in debug mode (the warm pat
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from functools import partial
 
 import torch
 
+from . import options
 from .triton_launch import Launch, Live
 
 __all__ = ["Plan", "PlanCache", "Live", "tensor_key", "live_key", "call", "plan_for", "build_twin"]
 
-DEFAULT_CAPACITY = 512
 GRAPH_AFTER = 1     # runs of a graphable plan before it becomes a CUDA graph (_until_graph)
 
 
@@ -162,7 +161,7 @@ def live_key(t) -> tuple:
 
 class PlanCache:
     """Plans of one context, least recently used first out beyond `capacity`
-    (default $TRIDENT_PLAN_CACHE or 512). `builds` and `hits` count what happened.
+    (default: TRIDENT_PLAN_CACHE, 512). `builds` and `hits` count what happened.
 
     graphs (GPUs; $TRIDENT_PLAN_GRAPHS): "multi" (default) captures plans of several steps
     -- a kernel with staging copies -- into one CUDA graph each from their second run
@@ -171,7 +170,7 @@ class PlanCache:
     """
 
     def __init__(self, capacity: int | None = None, graphs: str = "off", capturing=None):
-        self.capacity = capacity or int(os.environ.get("TRIDENT_PLAN_CACHE", DEFAULT_CAPACITY))
+        self.capacity = capacity or options.get("TRIDENT_PLAN_CACHE")
         if graphs not in ("off", "multi", "all"):
             raise ValueError(f"plan graphs must be 'off', 'multi' or 'all', got {graphs!r}")
         self.graphs, self.capturing = graphs, capturing

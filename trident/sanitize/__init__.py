@@ -51,8 +51,8 @@ interpreter hooks), check.py (finding and reporting races in the logs: RaceError
 install.py (switching it on and off: the interpreter patch, the Context hooks, enable,
 disable, sanitizing).
 """
-from .check import RaceError
-from .install import ENV, SEED_ENV, disable, enable, install_auto, requested, sanitizing
+from .check import RaceError, SEED_ENV
+from .install import ENV, disable, enable, install_auto, requested, sanitizing
 from .log import MAX_PROGRAMS
 from .sanitizer import PREEMPT, Sanitizer
 

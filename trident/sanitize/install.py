@@ -9,7 +9,7 @@ import os
 import random
 import uuid
 
-from .check import SEED_ENV
+from ..runtime import options
 from .log import MAX_PROGRAMS, _Bank
 from .sanitizer import Sanitizer, _builder
 
@@ -17,7 +17,8 @@ ENV = "TRIDENT_SANITIZE"
 
 
 def requested() -> bool:
-    return os.environ.get(ENV, "0").strip().lower() not in ("", "0", "false", "no", "off")
+    """TRIDENT_SANITIZE now (a context reads it once: ctx.options.sanitize)."""
+    return options.get(ENV)
 
 
 _active: Sanitizer | None = None
@@ -104,7 +105,8 @@ def _wrap_context(cls) -> None:
         san = getattr(self, "_sanitizer", None)
         if san is not None:
             san.on_host_collective(what)
-        elif requested() and not getattr(self, "_sanitize_auto", False) and self.backend == "cpu":
+        elif (self.options.sanitize and not getattr(self, "_sanitize_auto", False)
+              and self.backend == "cpu"):
             self._sanitize_auto = True
             enable(self)
         return result
@@ -143,12 +145,12 @@ def enable(ctx, seed: int | None = None) -> Sanitizer:
     if _active is not None:
         raise RuntimeError("the trident sanitizer is already on for another context of this "
                            "process")
-    if seed is None and os.environ.get(SEED_ENV):
-        seed = int(os.environ[SEED_ENV])
+    if seed is None:
+        seed = ctx.options.sanitize_seed
     info = [(uuid.uuid4().hex[:8], random.randrange(1 << 31) if seed is None else seed)]
     dist.broadcast_object_list(info, src=dist.get_global_rank(ctx.group, 0), group=ctx.group)
     nonce, seed = info[0]
-    job = os.environ.get("TRIDENT_JOB_ID") or "nojob"
+    job = ctx.options.job_id or "nojob"
     comps = ctx.world_size * MAX_PROGRAMS
     size = 2 * _Bank.nbytes(comps)
     size += -size % 4096

@@ -3,14 +3,12 @@ NVLink topology, heap size, and which tables the collectives select their algori
 the GEMM core takes its configs from."""
 from __future__ import annotations
 
-import os
 import subprocess
 
 import torch
 import triton
 
-from ..runtime import _env
-from ..runtime.context import DEFAULT_HEAP_SIZE
+from ..runtime import _env, options
 
 
 def info() -> int:
@@ -18,7 +16,7 @@ def info() -> int:
     backend = "cpu (Triton interpreter)" if _env.INTERPRET else "cuda"
     print(f"trident backend: {backend}")
     print(f"torch {torch.__version__}, triton {triton.__version__}")
-    heap = int(os.environ.get("TRIDENT_HEAP_SIZE", DEFAULT_HEAP_SIZE))
+    heap = options.get("TRIDENT_HEAP_SIZE")
     print(f"heap size per rank: {heap} B ({heap / 2**20:.0f} MiB; TRIDENT_HEAP_SIZE to change)")
     if not _env.INTERPRET and torch.cuda.is_available():
         n = torch.cuda.device_count()
@@ -72,7 +70,7 @@ def _sharing_info(gpus: int) -> None:
     """How more ranks than GPUs would run, and how the heap is mapped."""
     from ..runtime import mps
     binary = mps.control_binary()
-    pipe_dir = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", mps.DEFAULT_PIPE_DIR)
+    pipe_dir = options.get("CUDA_MPS_PIPE_DIRECTORY")
     if mps.daemon_reachable(binary, pipe_dir):
         state = f"an MPS daemon runs at {pipe_dir}"
     elif binary:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ...api.context import init
-from ...runtime import context as runtime_context
+from ...runtime import context as runtime_context, options
 from .events import Config, EventHandle, EventOverlap, refuse
 from .low_latency import LowLatencyMethods
 from .normal import NormalMethods
@@ -48,7 +48,7 @@ def _context(group, heap_bytes: int):
     for ctx in runtime_context.open_contexts():
         if getattr(ctx, "group", None) is group and not getattr(ctx, "_closed", False):
             return ctx, False
-    default = runtime_context._env_int("TRIDENT_HEAP_SIZE", runtime_context.DEFAULT_HEAP_SIZE)
+    default = options.get("TRIDENT_HEAP_SIZE")
     ctx = init(heap_size=max(default, heap_bytes + _SLACK), group=group)
     return ctx, True
 

@@ -31,7 +31,8 @@ def _algorithm(wctx, op: str, algorithm, nbytes: int) -> str:
     has_nccl = nccl.available(wctx)
     if algorithm is None or algorithm == "auto":
         topo = wctx.topology
-        return cost.select(op, nbytes, topo.num_nodes, topo.node_size, has_nccl)
+        return cost.select(op, nbytes, topo.num_nodes, topo.node_size, has_nccl,
+                           cost.internode(wctx.options))
     choices = ["auto", "hierarchical"] + (["nccl"] if has_nccl else [])
     if algorithm == "nccl":
         nccl.check_available(wctx, f"{op}: algorithm 'nccl'", choices)

@@ -451,13 +451,11 @@ def _share_gpu_before_cuda(size: int) -> None:
     """Ranks of this host that share GPUs (torchrun's LOCAL_WORLD_SIZE above the GPUs)
     need their MPS share set before CUDA starts here (trident/runtime/placement.py), as
     trident.init does."""
-    import os
-
-    from ...runtime import placement
-    local = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+    from ...runtime import options, placement
+    local = options.get("LOCAL_WORLD_SIZE", 0)
     if local:
         placement.ensure_share(placement.ranks_on_my_gpu(
-            local, torch.cuda.device_count(), int(os.environ.get("LOCAL_RANK") or 0)))
+            local, torch.cuda.device_count(), options.get("LOCAL_RANK", 0)))
 
 
 __all__ = ["TridentProcessGroup", "TridentWork", "Options", "create", "TRIDENT_OPS",

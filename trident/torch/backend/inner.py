@@ -20,13 +20,11 @@ join.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from ...runtime import _env
+from ...runtime import _env, options
 
 
 def inner_name(outer_name: str) -> str:
@@ -39,7 +37,7 @@ def nccl_usable(world_size: int) -> bool:
     ranks (torchrun's LOCAL_WORLD_SIZE, else the group's size) do not outnumber the GPUs."""
     if _env.INTERPRET or not dist.is_nccl_available() or not torch.cuda.is_available():
         return False
-    local = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
+    local = options.get("LOCAL_WORLD_SIZE", world_size)
     return local <= torch.cuda.device_count()
 
 
