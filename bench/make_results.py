@@ -65,23 +65,37 @@ def _ops(run: dict) -> frozenset:
     return frozenset(row.get("op") for row in run["rows"])
 
 
+def _ms(run: dict) -> frozenset:
+    return frozenset(row["M"] for row in run["rows"] if row.get("M") is not None)
+
+
 def part(run: dict, runs: list[dict]) -> str:
-    """"" for a run of every op its family's runs have; else the ops it ran (a run of a
-    subset, e.g. `--ops all_reduce`): it is listed beside the whole runs, never replaces
-    one, and never heads the README."""
-    every = frozenset().union(*(_ops(r) for r in runs if r["suite"] == run["suite"]))
+    """"" for a run of every op (and every M, for the GEMM core's runs) its family's runs
+    have; else the ops or Ms it ran (a run of a subset, e.g. `--ops all_reduce` or `--m
+    64,128`): it is listed beside the whole runs, never replaces one, and never heads the
+    README."""
+    family = [r for r in runs if r["suite"] == run["suite"]]
+    every = frozenset().union(*(_ops(r) for r in family))
     mine = _ops(run)
-    return "" if mine >= every else ", ".join(sorted(o for o in mine if o))
+    if not mine >= every:
+        return ", ".join(sorted(o for o in mine if o))
+    if run["suite"] != "gemm":
+        return ""
+    every_m, my_m = frozenset().union(*(_ms(r) for r in family)), _ms(run)
+    return "" if my_m >= every_m else "M " + ", ".join(str(m) for m in sorted(my_m))
 
 
 def latest(runs: list[dict], family: str) -> list[dict]:
     """The newest run of `family` per device kind (and per subset of ops, for runs of a
-    subset: `part`), by world size then device."""
+    subset: `part`, when newer than the kind's whole run), by world size then device."""
     best: dict[tuple, dict] = {}
     for r in runs:
         key = (kind(r), part(r, runs))
         if r["suite"] == family and (key not in best or r["date"] > best[key]["date"]):
             best[key] = r
+    # a run of a subset is shown only when it is newer than the whole run of its kind
+    best = {k: r for k, r in best.items()
+            if not k[1] or (k[0], "") not in best or r["date"] > best[(k[0], "")]["date"]}
     return sorted(best.values(), key=lambda r: (r.get("world_size", 0), kind(r),
                                                 part(r, runs)))
 

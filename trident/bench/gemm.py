@@ -559,19 +559,18 @@ def run(args: argparse.Namespace, planted: dict | None = None,
 def write_table(path: str, result: dict, best: dict, candidates: dict, world: int,
                 keep_others: bool = True, keep_classes: bool = False):
     """Write the GPU's table of a run (gpu_table) into the gemm table file `path` (a folder:
-    its gemm_table_<model>.json, gemm_tables.file_for) (gemm_tables.update, keep_others as
-    there), listing the candidates it names beside the package's (planted ones excepted);
-    returns (the table, the file written). keep_classes: the classes of this GPU's table
-    in that file that the run did not measure stay as they are (a run over some M only;
-    the file's table must have the same class edges)."""
+    its gemm_table_<model>.json) (gemm_tables.update, keep_others as there), listing the
+    candidates it names beside the package's (not planted ones); returns (the table, the
+    file). keep_classes: the classes of this GPU's table in that file that the run did not
+    measure stay (a run over some M only; the file's table must have the same edges)."""
     from ..ops import gemm, gemm_tables
     table = gpu_table(result, best, candidates, world, time.strftime("%Y-%m-%d"))
     if os.path.isdir(path):
         path = os.path.join(path, os.path.basename(gemm_tables.file_for(table.name)))
     old = gemm_tables.read(path)[1].get(table.name) if keep_classes else None
     if old is not None:
-        edges = (old.m_edges, old.n_edges, old.k_edges)
-        if edges != (table.m_edges, table.n_edges, table.k_edges):
+        if (edges := (old.m_edges, old.n_edges, old.k_edges)) != (
+                table.m_edges, table.n_edges, table.k_edges):
             raise ValueError(f"--keep-classes: the table of {table.name} in {path} has other "
                              f"class edges {edges}; write a whole table instead")
         table.classes = {**old.classes, **table.classes}
