@@ -142,18 +142,25 @@ def _without_pdl(ctx, fn):
     return call
 
 
+def moe_inputs(ctx, g, experts: int, k: int, hidden: int, tokens: int) -> tuple:
+    """An ExpertParallel of that shape (bf16) and one round's inputs on ctx's device, drawn
+    from generator g: (ep, x [T, H], topk_idx [T, k], topk_weights [T, k], out [T, H])."""
+    ep = td.ExpertParallel(ctx, experts, k, hidden, tokens, dtype=torch.bfloat16)
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(ctx.device)
+    idx = torch.stack([torch.randperm(experts, generator=g)[:k]
+                       for _ in range(tokens)]).to(ctx.device)
+    w = torch.rand(tokens, k, generator=g).to(ctx.device)
+    y = torch.empty(tokens, hidden, dtype=torch.bfloat16, device=ctx.device)
+    return ep, x, idx, w, y
+
+
 def _moe_cases(ctx):
     g = torch.Generator().manual_seed(7 + ctx.rank)
     for model, experts, k, hidden in MOE:
         if ctx.backend != "cuda":                  # the path only: tiny shapes
             experts, k, hidden = 2 * ctx.world_size, 2, 64
         for tokens in TOKENS if ctx.backend == "cuda" else (1, 4):
-            ep = td.ExpertParallel(ctx, experts, k, hidden, tokens, dtype=torch.bfloat16)
-            x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16).to(ctx.device)
-            idx = torch.stack([torch.randperm(experts, generator=g)[:k]
-                               for _ in range(tokens)]).to(ctx.device)
-            w = torch.rand(tokens, k, generator=g).to(ctx.device)
-            y = torch.empty(tokens, hidden, dtype=torch.bfloat16, device=ctx.device)
+            ep, x, idx, w, y = moe_inputs(ctx, g, experts, k, hidden, tokens)
             held = {"d": ep.dispatch(x, idx)}
 
             def both():

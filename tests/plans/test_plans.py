@@ -1,5 +1,8 @@
 """Launch plans (trident/runtime/plans.py): reused for the same signature, rebuilt for a new one,
 dropped on reset, free and close; right when a tensor's contents change in place."""
+import random
+from collections import OrderedDict
+
 import pytest
 import torch
 
@@ -103,6 +106,27 @@ def test_cache_is_bounded_lru():
     cache.get("b")
     cache.put("d", Plan())
     assert cache.get("b") is not None and cache.get("c") is None, "least recently used goes"
+
+
+def test_cache_evicts_exactly_the_least_recently_used():
+    """A hit only stamps its plan and the order is rebuilt when one must go (PlanCache):
+    against an OrderedDict moved to the end at every hit, over random gets and puts."""
+    rng = random.Random(3)
+    for capacity in (1, 2, 3, 8):
+        cache, ref = PlanCache(capacity=capacity), OrderedDict()
+        for _ in range(3000):
+            key = rng.randrange(3 * capacity)
+            if rng.random() < 0.6:
+                plan = cache.get(key)
+                assert (plan is None) == (key not in ref), (capacity, key)
+                if key in ref:
+                    assert plan is ref[key]
+                    ref.move_to_end(key)
+            elif key not in cache:
+                ref[key] = cache.put(key, Plan())
+                if len(ref) > capacity:
+                    ref.popitem(last=False)
+            assert cache.order() == list(ref), capacity
 
 
 def _bad_input_after_a_plan(ctx):

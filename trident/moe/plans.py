@@ -108,13 +108,15 @@ def cached(ctx, key, build, *args):
     the plan, then ctx.after_op() (debug mode's checks)."""
     plan = ctx.plans.get(key)
     if plan is None:
-        plan = _build(ctx, key, build, args)
+        plan = new_plan(ctx, key, build, args)
     return plan.run
 
 
-def _build(ctx, key, build, args) -> Plan:
-    """cached's build (apart: a closure in cached would make its variables cells, slower
-    to read on the warm path)."""
+def new_plan(ctx, key, build, args) -> Plan:
+    """cached's build, for a key that ctx.plans does not hold (apart: a closure in cached
+    would make its variables cells, slower to read on the warm path). ExpertParallel's
+    dispatch and combine look their key up in ctx.plans themselves and call this on a
+    miss: the warm path without cached's and ExpertParallel._plan's frames."""
     return plan_for(ctx, key, lambda capture: build(*args), twin=False, found=None)
 
 
