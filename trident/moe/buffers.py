@@ -29,7 +29,7 @@ Calls. Ranks that meet in one dispatch or combine must have made the same call (
 hidden dim, dtype, experts, top-k, max tokens, path, fp8, weights at dispatch); heaps of
 the same size do not say so (bf16 rows of 64 take the bytes of fp32 rows of 32). A
 rank stores its call's fingerprint (ccl/device.py "Call fingerprints", made once per
-plan) in the peer's `fps` beside each flag it signals (`signal_calls`), and a rank that
+plan) in the peer's `fps` beside each flag it signals (`signal_call(s)`), and a rank that
 waits for a flag compares it with its own (`wait_call`): a difference is CallMismatch.
 A wait that fails -- a timeout, a peer that failed, another call -- leaves the rank
 touching no peer's memory in that launch from then on, and the launch's last receiver
@@ -105,6 +105,19 @@ def senders(send_programs, PART: tl.constexpr):
         return 0
     else:
         return send_programs
+
+
+@triton.jit
+def signal_call(flags, fps, kind: tl.constexpr, par, world, rank, peer, value, fp,
+                heap_bases):
+    """Set `peer`'s flag (kind, par, this rank) to `value`, with this call's fingerprint
+    `fp` stored beside it first (see "Calls"). One peer: signal_calls below sets every
+    rank's at once (one system fence instead of one per rank); combine still signals rank
+    by rank, because on one H200 with 2 ranks sharing it its signal_calls form made the
+    128-token combine about 5 us slower (docs/latency.md), cause not found."""
+    slot = (kind * 2 + par) * world + rank
+    tdl.store(fps + slot, tl.cast(fp, tl.int64), rank, peer, heap_bases)
+    tdl.signal(flags + slot, value, rank, peer, heap_bases)
 
 
 @triton.jit

@@ -54,8 +54,9 @@ def push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
             tdl.store(weights + row[:, None] * KP + ks[None, :], w, rank, r, heap_bases,
                       mask=(slot >= 0)[:, None] & (ks[None, :] < KP))
     if tdl.last_program_out(state + B.WEIGHTS_DONE, num_weight_programs):
-        B.signal_calls(flags, fps, B.FLAG_WEIGHTS, par, world, rank, epoch, fp, heap_bases,
-                       WP)
+        for r in range(world):
+            B.signal_call(flags, fps, B.FLAG_WEIGHTS, par, world, rank, r, epoch, fp,
+                          heap_bases)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
 
 
@@ -155,8 +156,9 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
     if tdl.last_program_out(state + B.COMBINE_SEND_DONE, npid):
         # a rank whose wait failed signals no peer: their waits stop on its error word
         if not B.launch_failed(ctrl):
-            B.signal_calls(flags, fps, B.FLAG_COMBINE, par, world, rank, epoch, fp,
-                           heap_bases, WP)
+            for r in range(world):
+                B.signal_call(flags, fps, B.FLAG_COMBINE, par, world, rank, r, epoch, fp,
+                              heap_bases)
         tl.store(state + B.COMBINE_SEND_EPOCH, epoch)
 
 
