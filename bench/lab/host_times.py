@@ -37,6 +37,7 @@ trivial kernel's rows give the launch's cost at any world size.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import statistics
 import sys
@@ -374,8 +375,9 @@ def run(world: int | None, only=None, calls: int = 2000, rounds: int = 7, warmup
         td.launch(main, world, *args, backend=backend)
     return {"what": "host us per call of each stage: median over rounds (min_us: the "
                     "fastest round); CPU emulation: C launch replaced by a no-op stand-in",
-            "device": ranks[0]["device"], "world": len(ranks),
-            "calls": calls, "rounds": rounds, "ranks": ranks}
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": ranks[0]["device"], "world": len(ranks), "torch": torch.__version__,
+            "triton": triton.__version__, "calls": calls, "rounds": rounds, "ranks": ranks}
 
 
 if __name__ == "__main__":
