@@ -1,23 +1,26 @@
-"""all_gather: push, pull and lamport, float and non-float dtypes, odd shapes, plain and heap
-tensors, back to back; against torch.cat of the gathered inputs. Lamport's rounds (LL
-units) also bit for bit, with the values a Lamport sentinel would reserve."""
+"""all_gather: every algorithm of the registry (tests/algorithms.py), float and non-float
+dtypes, odd shapes, plain and heap tensors, back to back; against torch.cat of the gathered
+inputs. Lamport's rounds (LL units) also bit for bit, with the values a Lamport sentinel
+would reserve."""
 import pytest
 import torch
 
+from .. import algorithms
 from .refs import BLOCK, assert_equal, place, rank_inputs
 
-# (algorithm, dtype, per-rank shape, inp on the heap, block)
-CASES = [
-    ("push", torch.bfloat16, (37,), False, BLOCK),
-    ("push", torch.int8, (5, 3), True, None),          # 15 bytes: moved as int8
-    ("pull", torch.float32, (300,), False, BLOCK),
-    ("pull", torch.bool, (6, 2), True, None),
-    (None, torch.float16, (9, 4), False, None),          # the selector's choice
-    ("lamport", torch.bfloat16, (37,), False, 16),       # int16 words
-    ("lamport", torch.int8, (5, 3), True, None),         # 15 bytes: int8 words
-    ("lamport", torch.float32, (300,), True, 64),
-    ("lamport", torch.bool, (6, 2), False, None),
-]
+# the cases of every algorithm: (dtype, per-rank shape, inp on the heap, block)
+EVERY = [(torch.bfloat16, (37,), False, BLOCK),          # odd: over several blocks
+         (torch.int8, (5, 3), True, None)]               # 15 bytes: moved as int8
+# an algorithm's own cases besides
+OWN = {"pull": [(torch.float32, (300,), False, BLOCK), (torch.bool, (6, 2), True, None)],
+       "lamport": [(torch.float32, (300,), True, 64), (torch.bool, (6, 2), False, None)]}
+
+
+def cases() -> list[tuple]:
+    """(algorithm, dtype, per-rank shape, inp on the heap, block): EVERY case of each
+    algorithm that takes its dtype, OWN's, and one of the selector's choice (None)."""
+    auto = (None, torch.float16, (9, 4), False, None)
+    return algorithms.cases("all_gather", EVERY, OWN) + [auto]
 
 
 def _all_gather_cases(ctx, cases):
@@ -33,7 +36,7 @@ def _all_gather_cases(ctx, cases):
 
 
 def test_all_gather(pool):
-    pool.run(_all_gather_cases, CASES)
+    pool.run(_all_gather_cases, cases())
 
 
 def _lamport_rounds(ctx):

@@ -1,29 +1,26 @@
-"""all_reduce: every algorithm, dtype (floats, integers) and op on odd sizes, against plain
-torch on the gathered inputs; back-to-back calls without synchronisation; identical results
-on every rank."""
+"""all_reduce: every algorithm of the registry (tests/algorithms.py), dtype (floats,
+integers) and op on odd sizes, against plain torch on the gathered inputs; back-to-back
+calls without synchronisation; identical results on every rank."""
 import pytest
 import torch
 
+from .. import algorithms
 from .refs import BLOCK, assert_equal, place, rank_inputs, reduce_ref
 
-# (algorithm, dtype, op, numel, on the heap, block)
-CASES = [
-    ("one_shot", torch.float32, "sum", 37, False, BLOCK),
-    ("one_shot", torch.bfloat16, "max", 300, True, None),
-    ("one_shot", torch.float16, "min", 1, False, None),
-    ("two_shot", torch.bfloat16, "sum", 300, True, BLOCK),
-    ("two_shot", torch.float16, "sum", 37, False, None),
-    ("two_shot", torch.float32, "max", 5, True, None),
-    ("lamport", torch.float32, "sum", 37, False, BLOCK),
-    ("lamport", torch.bfloat16, "max", 300, True, None),
-    ("lamport", torch.float16, "min", 1, False, None),
-    ("lamport", torch.bfloat16, "sum", 4099, False, 256),
-    # integers reduce in their own type (issue 41): exact int64, int32 sums that wrap
-    ("one_shot", torch.int64, "sum", 37, False, BLOCK),
-    ("two_shot", torch.int32, "sum", 129, True, BLOCK),
-    ("auto", torch.int8, "max", 5, False, None),
-    ("two_shot", torch.uint8, "min", 70, False, None),
-]
+# the cases of every algorithm: (dtype, op, numel, on the heap, block); integers reduce
+# in their own type (issue 41): exact int64
+EVERY = [(torch.float32, "sum", 37, False, BLOCK), (torch.bfloat16, "max", 300, True, None),
+         (torch.float16, "min", 1, False, None), (torch.int64, "sum", 37, False, BLOCK)]
+# an algorithm's own cases besides: int32 sums that wrap, uint8; a larger lamport
+OWN = {"two_shot": [(torch.int32, "sum", 129, True, BLOCK), (torch.uint8, "min", 70, False, None)],
+       "lamport": [(torch.bfloat16, "sum", 4099, False, 256)]}
+
+
+def cases() -> list[tuple]:
+    """(algorithm, dtype, op, numel, on the heap, block): EVERY case of each algorithm
+    that takes its dtype, OWN's, and one of the selector's choice ("auto")."""
+    auto = ("auto", torch.int8, "max", 5, False, None)
+    return algorithms.cases("all_reduce", EVERY, OWN) + [auto]
 
 
 def _all_reduce_cases(ctx, cases):
@@ -45,7 +42,7 @@ def _all_reduce_cases(ctx, cases):
 
 
 def test_all_reduce(pool):
-    per_rank = pool.run(_all_reduce_cases, CASES)
+    per_rank = pool.run(_all_reduce_cases, cases())
     for mine in per_rank[1:]:       # bit-identical on every rank
         for got, ref in zip(mine, per_rank[0]):
             assert torch.equal(got, ref)
@@ -151,12 +148,8 @@ def _floats_only_algorithm(ctx):
     from trident.ccl import registry
     from trident.runtime.plans import tensor_key
     picked = _auto_pick(ctx, 33 * 4)          # what "auto" picks for this size
-    key = ("all_reduce", picked)
-    declared, table = registry._BY_KEY[key], registry.ALGORITHMS
-    floats = dataclasses.replace(declared, dtypes="float")
-    registry._BY_KEY[key] = floats
-    registry.ALGORITHMS = tuple(floats if a is declared else a for a in table)
-    try:
+    with algorithms.declared(dataclasses.replace(registry.get("all_reduce", picked),
+                                                 dtypes="float")):
         xs = rank_inputs(ctx.world_size, (33,), torch.int32, seed=5)
         t = xs[ctx.rank].clone().to(ctx.device)
         ctx.all_reduce(t)
@@ -168,8 +161,6 @@ def _floats_only_algorithm(ctx):
             ctx.all_reduce(torch.ones(5, dtype=torch.int64, device=ctx.device),
                            algorithm=picked)
         return picked, plan.name
-    finally:
-        registry._BY_KEY[key], registry.ALGORITHMS = declared, table
 
 
 def _auto_pick(ctx, nbytes: int) -> str:
@@ -182,4 +173,4 @@ def test_a_floats_only_algorithm_never_gets_integers(pool):
     if pool.world_size == 1:
         pytest.skip("one rank launches no kernel")
     for picked, ran in pool.run(_floats_only_algorithm):
-        assert ran != picked and ran in ("one_shot", "two_shot"), (picked, ran)
+        assert ran != picked and algorithms.takes("all_reduce", ran, torch.int32), (picked, ran)

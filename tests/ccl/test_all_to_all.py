@@ -1,6 +1,7 @@
-"""all_to_all, every algorithm: even and uneven splits, ranks that send or receive no
-rows at all, odd row sizes (3 bf16, 5 bools), plain outputs, heap outputs at a different
-offset on every rank and zero-row heap views, back to back without a sync; against the
+"""all_to_all, every algorithm of the registry (tests/algorithms.py): even and uneven
+splits, ranks that send or receive no rows at all, odd row sizes (3 bf16, 5 bools), plain
+outputs, heap outputs at a different offset on every rank and zero-row heap views, back
+to back without a sync; against the
 rows each peer sent (plain torch on every rank's input). Also: aliasing and bad splits
 are rejected (a count that differs between two ranks is CallMismatch, its rows NaN),
 one_shot's slot limit and lamport's capacity are errors, never a silent truncation;
@@ -17,9 +18,10 @@ from trident.ccl import lamport
 from trident.ccl.all_to_all.one_shot import CPU_SLOT_BYTES
 from trident.runtime.errors import CallMismatch, PeerFailed
 
+from .. import algorithms
 from .refs import assert_equal, rank_inputs
 
-ALGORITHMS = ("push", "one_shot", "lamport")
+ALGORITHMS = tuple(algorithms.kernels("all_to_all"))     # the registry's (tests/algorithms.py)
 
 
 def _split_matrix(kind, w):
@@ -150,11 +152,9 @@ def test_all_to_all_lamport_rounds(pool):
 def _race_free(ctx, seed):
     from trident import sanitize
     with sanitize.sanitizing(ctx, seed):
-        # the flag algorithms: lamport's buffers are exempt (value-synchronised), and a
-        # pending Lamport wait's look at a peer's flag-protocol epoch (ccl/lamport.py
-        # `_stop`, an atomic read on the emulation) races with that peer's plain store of
-        # it in a flag kernel it still runs: reported for all_gather's lamport too
-        _all_to_all_cases(ctx, ("push", "one_shot"), CASES[1:3], 8, 7)
+        # the flag algorithms (lamport: tests/algorithms.py EXCUSED says why not)
+        _all_to_all_cases(ctx, algorithms.kernels("all_to_all", "all_to_all_race_free"),
+                          CASES[1:3], 8, 7)
         ctx.barrier()
     return True
 

@@ -1,10 +1,11 @@
-"""broadcast: from the first and last rank, several dtypes and odd sizes, back to back;
-every rank ends with the source's tensor. The relay algorithm (ccl/broadcast/relay.py)
-also from every source rank, at sizes that are not whole chunks or blocks, one element,
-heap tensors at different offsets on different ranks (aligned and not to 16 bytes),
-plain tensors, debug mode, and chunks set by hand (one block, not a power of two). The
-lamport algorithm (ccl/broadcast/lamport.py, LL units) from every root, bit for bit, with
-its rounds shared with the other Lamport kernels, and its capacity."""
+"""broadcast, every algorithm of the registry: from the first, a middle and the last
+rank, several dtypes and odd sizes, back to back; every rank ends with the source's
+tensor. The relay algorithm (ccl/broadcast/relay.py) also from every source rank, at
+sizes that are not whole chunks or blocks, one element, heap tensors at different offsets
+on different ranks (aligned and not to 16 bytes), plain tensors, debug mode, and chunks
+set by hand (one block, not a power of two). The lamport algorithm
+(ccl/broadcast/lamport.py, LL units) from every root, bit for bit, with its rounds shared
+with the other Lamport kernels, and its capacity."""
 import pytest
 import torch
 
@@ -12,27 +13,31 @@ from trident.ccl import lamport
 from trident.ccl.broadcast.relay import relay
 from trident.runtime.plans import Plan
 
+from .. import algorithms
 from .refs import BLOCK, assert_equal, place, rank_inputs
 
 
-def _broadcast_cases(ctx):
+def _broadcast_cases(ctx, names):
+    """The cases below with each algorithm of `names` (None: the selector's choice)."""
     cases = [(0, torch.bfloat16, (37,), False, BLOCK), (ctx.world_size - 1, torch.int16, (5, 3), True, None),
              (ctx.world_size // 2, torch.float32, (300,), False, None)]
     ts = []
-    for i, (src, dtype, shape, sym, block) in enumerate(cases):   # back to back, no sync
-        xs = rank_inputs(ctx.world_size, shape, dtype, seed=i)
-        t = place(ctx, xs[ctx.rank], sym)
-        ctx.broadcast(t, src=src, block=block)
-        ts.append((t, xs[src]))
+    for alg in names:
+        for i, (src, dtype, shape, sym, block) in enumerate(cases):   # back to back, no sync
+            xs = rank_inputs(ctx.world_size, shape, dtype, seed=i)
+            t = place(ctx, xs[ctx.rank], sym)
+            ctx.broadcast(t, src=src, algorithm=alg, block=block)
+            ts.append((t, xs[src], (alg, src, dtype, shape, sym, block)))
     ctx.sync()
-    for (t, expected), case in zip(ts, cases):
+    for t, expected, case in ts:
         assert_equal(t, expected, f"broadcast {case}")
     with pytest.raises(ValueError, match="src must be a rank"):
         ctx.broadcast(torch.ones(3, device=ctx.device), src=ctx.world_size)
 
 
 def test_broadcast(pool):
-    pool.run(_broadcast_cases)
+    """Every algorithm of the registry (tests/algorithms.py) and the selector's choice."""
+    pool.run(_broadcast_cases, algorithms.kernels("broadcast") + [None])
 
 
 def _put(ctx, x, where, keep):

@@ -1,27 +1,29 @@
-"""reduce_scatter: push, pull and lamport, bf16/fp16/fp32, int8/uint8/int32/int64 (not
-lamport's), sum/max/min, odd block sizes, plain and heap tensors, back to back; against
-plain torch on the gathered inputs. Lamport's rounds also against the all-reduce's, bit
-for bit."""
+"""reduce_scatter: every algorithm of the registry (tests/algorithms.py), bf16/fp16/fp32,
+int8/uint8/int32/int64 (where the algorithm takes them: not lamport), sum/max/min, odd
+block sizes, plain and heap tensors, back to back; against plain torch on the gathered
+inputs. Lamport's rounds also against the all-reduce's, bit for bit."""
 import pytest
 import torch
 
+from .. import algorithms
 from .refs import BLOCK, assert_equal, place, rank_inputs, reduce_ref
 
-# (algorithm, dtype, op, per-rank output shape, inp on the heap, block)
-CASES = [
-    ("push", torch.float32, "sum", (37,), False, BLOCK),
-    ("push", torch.bfloat16, "max", (3, 5), True, None),
-    ("pull", torch.bfloat16, "sum", (150,), True, BLOCK),
-    ("pull", torch.float16, "min", (7,), False, None),
-    ("push", torch.int64, "sum", (3, 5), False, None),      # integers: in their own type
-    ("pull", torch.int32, "max", (37,), True, BLOCK),
-    ("pull", torch.int8, "sum", (9,), False, None),         # wraps around, as torch's
-    ("push", torch.uint8, "min", (7,), True, BLOCK),
-    ("lamport", torch.float32, "sum", (37,), False, BLOCK),
-    ("lamport", torch.bfloat16, "max", (3, 5), True, None),
-    ("lamport", torch.float16, "min", (7,), False, 16),
-    ("lamport", torch.bfloat16, "sum", (1025,), True, 256),
-]
+# the cases of every algorithm: (dtype, op, per-rank output shape, inp on the heap,
+# block); integers reduce in their own type
+EVERY = [(torch.float32, "sum", (37,), False, BLOCK), (torch.bfloat16, "max", (3, 5), True, None),
+         (torch.int32, "max", (37,), True, BLOCK)]
+# an algorithm's own cases besides: int8 sums wrap around, as torch's
+OWN = {"push": [(torch.int64, "sum", (3, 5), False, None), (torch.uint8, "min", (7,), True, BLOCK)],
+       "pull": [(torch.bfloat16, "sum", (150,), True, BLOCK),
+                (torch.float16, "min", (7,), False, None), (torch.int8, "sum", (9,), False, None)],
+       "lamport": [(torch.float16, "min", (7,), False, 16),
+                   (torch.bfloat16, "sum", (1025,), True, 256)]}
+
+
+def cases() -> list[tuple]:
+    """(algorithm, dtype, op, per-rank output shape, inp on the heap, block): EVERY case
+    of each algorithm that takes its dtype, and OWN's."""
+    return algorithms.cases("reduce_scatter", EVERY, OWN)
 
 
 def _reduce_scatter_cases(ctx, cases):
@@ -40,7 +42,7 @@ def _reduce_scatter_cases(ctx, cases):
 
 
 def test_reduce_scatter(pool):
-    pool.run(_reduce_scatter_cases, CASES)
+    pool.run(_reduce_scatter_cases, cases())
 
 
 def _lamport_rounds(ctx):

@@ -10,6 +10,8 @@ from trident import ccl
 from trident.bench import ccl as bench_ccl
 from trident.ccl import options, registry, selector
 
+from .. import algorithms
+
 
 def _signature_knobs(fn) -> tuple:
     """What ccl/options.py inferred before the registry: keyword options besides block
@@ -19,11 +21,26 @@ def _signature_knobs(fn) -> tuple:
                  and (v.kind == v.KEYWORD_ONLY or v.default is not v.empty))
 
 
-@pytest.mark.parametrize("algorithm", registry.ALGORITHMS, ids=lambda a: f"{a.op}-{a.name}")
-def test_declared_knobs_are_the_run_function_s(algorithm):
+def check_declaration(algorithm) -> None:
+    """Its run function is its module's, and its knobs are the function's."""
     fn = algorithm.run()
     assert fn.__module__ == f"trident.ccl.{algorithm.module}"
     assert _signature_knobs(fn) == algorithm.knobs
+
+
+@pytest.mark.parametrize("algorithm", registry.ALGORITHMS, ids=lambda a: f"{a.op}-{a.name}")
+def test_declared_knobs_are_the_run_function_s(algorithm):
+    check_declaration(algorithm)
+
+
+def test_the_tests_excuse_only_registry_algorithms():
+    """tests/algorithms.py EXCUSED, the one place where a test leaves out an algorithm of
+    the registry (or a schedule of trident/ops/schedules.py), names algorithms of the
+    registry, each with its reason."""
+    from trident.ops import schedules
+    for (family, op, name), why in algorithms.EXCUSED.items():
+        names = schedules.registered() if op == "schedules" else registry.names(op)
+        assert name in names and family and why.strip(), (family, op, name)
 
 
 def test_call_path_reads_the_registry():

@@ -14,15 +14,15 @@ import torch
 
 from trident.runtime.errors import CallMismatch, PeerFailed
 
+from .. import algorithms
 from ..conftest import WORLD_SIZES
 
 # worlds 2 and 4 (3 adds half a minute to CI and no case: the grids differ at any world)
 MULTI = [w for w in WORLD_SIZES if w >= 2 and w != 3] or [w for w in WORLD_SIZES if w >= 2] or [2]
-CASES = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_reduce", "lamport"), ("reduce_scatter", "push"),
-         ("reduce_scatter", "lamport"),
-         ("reduce_scatter", "pull"), ("all_gather", "push"), ("all_gather", "pull"),
-         ("all_gather", "push_direct"), ("all_gather", "lamport"), ("broadcast", "push"),
-         ("broadcast", "relay"), ("broadcast", "lamport")]
+# every algorithm of these collectives (tests/algorithms.py); all_to_all's mismatches are
+# tests/faults/test_no_silent_garbage_a2a.py's
+CASES = algorithms.pairs(("all_reduce", "reduce_scatter", "all_gather", "broadcast"),
+                         "mismatched_grids")
 SMALL, LARGE, BLOCK, PROGRAMS = 40, 400, 16, 8
 TIMEOUT = 30.0       # seconds: a wait that ran out would take this long
 

@@ -10,6 +10,7 @@ import torch
 import trident as td
 from trident.runtime.errors import CallMismatch, CommTimeout, HeapMismatchError, PeerFailed
 
+from .. import algorithms
 from ..conftest import WORLD_SIZES
 from .mismatch import MEET, assert_found_when_ranks_meet
 
@@ -66,7 +67,8 @@ def _sizes_differ(ctx, algorithm):
         ctx.set_timeout(timeout)
 
 
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "lamport|one_shot"])
+# every all_reduce of the registry, and rank 0 on lamport where the others run one_shot
+@pytest.mark.parametrize("algorithm", algorithms.kernels("all_reduce") + ["lamport|one_shot"])
 def test_sizes_that_differ_are_poisoned_and_raised(pool, algorithm):
     assert_found_when_ranks_meet(pool.run(_sizes_differ, algorithm), "all_reduce")
 
@@ -151,7 +153,7 @@ def _gather_sizes_differ(ctx, algorithm):
         ctx.set_timeout(timeout)
 
 
-@pytest.mark.parametrize("algorithm", ["push", "pull", "push_direct", "gluon", "lamport"])
+@pytest.mark.parametrize("algorithm", algorithms.kernels("all_gather"))
 def test_all_gather_sizes_that_differ(pool, algorithm):
     results = pool.run(_gather_sizes_differ, algorithm)
     for rank, (poisoned, kind) in enumerate(results):

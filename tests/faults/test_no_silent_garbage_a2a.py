@@ -9,11 +9,12 @@ import torch
 
 from trident.runtime.errors import CallMismatch, CommTimeout, PeerFailed
 
+from .. import algorithms
 from ..ccl.refs import assert_equal, rank_inputs
 from ..conftest import get_pool
 from .test_no_silent_garbage import MEET, MULTI, SHORT, _raises_at_once
 
-ALGORITHMS = ("one_shot", "push", "lamport")
+ALGORITHMS = algorithms.kernels("all_to_all")     # the registry's (tests/algorithms.py)
 NAMED = (CallMismatch.__name__, PeerFailed.__name__)
 
 

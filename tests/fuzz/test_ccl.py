@@ -15,8 +15,7 @@ import random
 import pytest
 import torch
 
-from trident.ccl import ALGORITHMS
-
+from .. import algorithms
 from .common import fuzzed_worlds, num_cases, run_cases, run_family, skip_unless_fuzzed_world
 from ..conftest import nccl_available
 
@@ -103,13 +102,16 @@ def _place_heap(ctx, shape, dtype, keep):
 
 
 def _case(op, seed, ctx, dtypes):
-    """(random stream, algorithm, block, dtype) of case `seed`: algorithm and dtype in turn
-    (every pair once per len(algorithms) * len(dtypes) seeds), the rest drawn."""
+    """(random stream, algorithm, block, dtype) of case `seed`: algorithm (the registry's,
+    tests/algorithms.py) and dtype in turn (every pair once per len(names) * len(dtypes)
+    seeds), the rest drawn; "auto" in place of one that does not take the dtype."""
     g = random.Random(f"{op}-{seed}")
-    algorithms = sorted(ALGORITHMS[op]) + ["nccl"]
-    algorithm = algorithms[seed % len(algorithms)]
-    dtype = dtypes[seed // len(algorithms) % len(dtypes)]
+    names = sorted(algorithms.kernels(op)) + ["nccl"]
+    algorithm = names[seed % len(names)]
+    dtype = dtypes[seed // len(names) % len(dtypes)]
     if algorithm == "nccl" and not ctx.nccl_available:    # ranks share a GPU: no NCCL
+        algorithm = "auto"
+    elif algorithm != "nccl" and not algorithms.takes(op, algorithm, dtype):
         algorithm = "auto"
     return g, algorithm, g.choice([None, None, 16, 64]), dtype
 

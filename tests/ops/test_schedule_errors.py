@@ -8,6 +8,7 @@ import torch
 
 from trident.runtime.errors import CallMismatch, CommTimeout, PeerFailed
 
+from .. import algorithms
 from ..conftest import WORLD_SIZES, get_pool
 from .reference import assert_close, make
 
@@ -16,7 +17,8 @@ from .reference import assert_close, make
 MULTI = [w for w in WORLD_SIZES if w >= 2][:1] or [2]
 MEET = 20.0         # the ranks meet: a mismatch is found when both arrive
 SHORT = 2.0         # "fused": the ranks wait on different workspaces (below)
-SCHEDULES = ("fused", "sequential", "epilogue", "epilogue:lamport")   # name:exchange
+# trident's own schedules (tests/algorithms.py), and epilogue's Lamport exchange (name:exchange)
+SCHEDULES = algorithms.schedules("schedule_errors") + ["epilogue:lamport"]
 
 
 @pytest.fixture(params=MULTI, ids=lambda w: f"world{w}")

@@ -11,6 +11,7 @@ import torch
 from trident import sanitize
 from trident.runtime.launch import default_backend
 
+from .. import algorithms
 from .planted import run_push_all_gather, run_put_unordered
 
 pytestmark = pytest.mark.skipif(default_backend() != "cpu",
@@ -116,23 +117,27 @@ def test_uncaught_race_ends_every_rank_with_race_error(spool):
 
 # ---------------------------------------------------------------- shipped kernels
 def _ccl_clean(ctx, seed):
+    """Every algorithm of every collective (tests/algorithms.py, family "sanitize"), each
+    twice back to back (epochs, scratch halves); the Lamport kernels' buffers are exempt
+    (value-synchronised), their flags are not."""
     w, r = ctx.world_size, ctx.rank
     g = torch.Generator().manual_seed(7)
     with sanitize.sanitizing(ctx, seed):
-        for alg in ("push", "pull"):
+        for alg in algorithms.kernels("all_gather", "sanitize"):
             xs = [torch.randn(33, generator=g) for _ in range(w)]
             out = torch.empty(33 * w)
-            for _ in range(2):                          # back to back: epochs, halves
+            for _ in range(2):
                 ctx.all_gather(out, xs[r].clone(), algorithm=alg, block=16)
             ctx.barrier()
             torch.testing.assert_close(out, torch.cat(xs))
+        for alg in algorithms.kernels("reduce_scatter", "sanitize"):
             big = [torch.randn(w * 20, generator=g) for _ in range(w)]
             rs = torch.empty(20)
             for _ in range(2):
                 ctx.reduce_scatter(rs, big[r].clone(), algorithm=alg, block=16)
             ctx.barrier()
             torch.testing.assert_close(rs, sum(big)[r * 20:(r + 1) * 20])
-        for alg in ("one_shot", "two_shot", "lamport"):     # lamport: its buffers exempt
+        for alg in algorithms.kernels("all_reduce", "sanitize"):
             xs = [torch.randn(50, generator=g) for _ in range(w)]
             t = xs[r].clone()
             ctx.all_reduce(t, algorithm=alg, block=16)
@@ -140,7 +145,7 @@ def _ccl_clean(ctx, seed):
             ctx.all_reduce(t2, algorithm=alg, block=16)
             ctx.barrier()
             torch.testing.assert_close(t, sum(xs))
-        for alg in ("push", "one_shot"):
+        for alg in algorithms.kernels("all_to_all", "sanitize"):
             rows = [[(s + d) % 3 + 1 for d in range(w)] for s in range(w)]   # rows[s][d]
             ins = [torch.randn(sum(rows[s]), 4, generator=g) for s in range(w)]
             out = torch.empty(sum(rows[s][r] for s in range(w)), 4)
@@ -150,7 +155,7 @@ def _ccl_clean(ctx, seed):
             ctx.barrier()
             want = torch.cat([ins[s][sum(rows[s][:r]):sum(rows[s][:r + 1])] for s in range(w)])
             torch.testing.assert_close(out, want)
-        for alg in ("push", "relay"):
+        for alg in algorithms.kernels("broadcast", "sanitize"):
             src = w - 1
             base = torch.randn(70, generator=g)
             for _ in range(2):
@@ -177,9 +182,10 @@ def _ops_clean(ctx, seed):
         wt = torch.randn(8, 16, generator=g).to(h)
         a2 = [torch.randn(4 * w, 16, generator=g).to(h) for _ in range(w)]
         full = sum(x.float() @ wt.float().T for x in a2)
-        # each of trident's schedules (trident/ops/schedules.py); the newer ones twice back
-        # to back (epochs, scratch halves, the gathered rows' reuse), "fused" once
-        for schedule, calls in (("fused", 1), ("sequential", 2), ("epilogue", 2)):
+        # each of trident's schedules (tests/algorithms.py); the newer ones twice back to
+        # back (epochs, scratch halves, the gathered rows' reuse), "fused" once
+        for schedule in algorithms.schedules("sanitize"):
+            calls = 1 if schedule == "fused" else 2
             for _ in range(calls):
                 y = ctx.all_gather_matmul(a[r].clone(), wt, schedule=schedule)
             ctx.barrier()

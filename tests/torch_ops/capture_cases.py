@@ -12,10 +12,10 @@ from typing import Callable
 
 import torch
 
-from trident.ccl import ALGORITHMS as CCL_ALGORITHMS
 from trident.ccl.add_rmsnorm import ALGORITHMS as ADD_RMSNORM_ALGORITHMS
 from trident.ops import schedules
 
+from .. import algorithms
 from ..ops.reference import assert_close, make
 
 ROWS, HIDDEN = 4, 512          # all_reduce_add_rmsnorm
@@ -259,14 +259,20 @@ def moe(ctx, path, tokens=8, hidden=128, max_num_tokens=16, scale=2):
 
 
 # ---------------------------------------------------------------------------- the list
+def _collective(op: str) -> list[str]:
+    """A collective's variants: every algorithm of the registry (tests/algorithms.py),
+    "auto" and "nccl"."""
+    return sorted(algorithms.kernels(op)) + ["auto", "nccl"]
+
+
 # name -> (make(ctx, variant) -> Case, its variants: algorithms, or "algorithm/family"
 # (a config family of FAMILIES))
 CASES = {
-    "all_reduce": (all_reduce, sorted(CCL_ALGORITHMS["all_reduce"]) + ["auto", "nccl"]),
-    "all_gather": (all_gather, sorted(CCL_ALGORITHMS["all_gather"]) + ["auto", "nccl"]),
-    "reduce_scatter": (reduce_scatter, sorted(CCL_ALGORITHMS["reduce_scatter"]) + ["auto", "nccl"]),
-    "all_to_all": (all_to_all, sorted(CCL_ALGORITHMS["all_to_all"]) + ["auto", "nccl"]),
-    "broadcast": (broadcast, sorted(CCL_ALGORITHMS["broadcast"]) + ["auto", "nccl"]),
+    "all_reduce": (all_reduce, _collective("all_reduce")),
+    "all_gather": (all_gather, _collective("all_gather")),
+    "reduce_scatter": (reduce_scatter, _collective("reduce_scatter")),
+    "all_to_all": (all_to_all, _collective("all_to_all")),
+    "broadcast": (broadcast, _collective("broadcast")),
     "all_reduce_add_rmsnorm": (add_rmsnorm, [*ADD_RMSNORM_ALGORITHMS, "auto"]),
     "all_gather_matmul": (all_gather_matmul, fused_variants("all_gather_matmul")),
     "matmul_reduce_scatter": (row_parallel("matmul_reduce_scatter"),

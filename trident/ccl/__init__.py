@@ -28,7 +28,8 @@ from ..runtime import plans
 from ..runtime.plans import Plan, tensor_key
 from .selector import select
 
-# {op: {name: run function}} of trident's own algorithms (registry.py: registry.kernels)
+# {op: {name: run function}} of trident's own algorithms (registry.py: registry.kernels),
+# for callers that list them; a plan takes its run function from the registry itself
 ALGORITHMS = registry.run_functions()
 # {op: the names of its algorithms that need NCCL} (registry.py: "nccl"), offered where it runs
 _NEEDS_NCCL = {op: [a.name for a in registry.ALGORITHMS if a.op == op and a.needs_nccl]
@@ -59,7 +60,8 @@ def _algorithm(ctx, op: str, algorithm, nbytes: int, graph: bool, dtype) -> str:
     if auto:
         common.check_tables(ctx, op)
     name = select(op, nbytes, ctx.world_size, graph=graph, nccl=has_nccl) if auto else algorithm
-    choices = ["auto"] + sorted(ALGORITHMS[op]) + (_NEEDS_NCCL[op] if has_nccl else [])
+    choices = (["auto"] + sorted(a.name for a in registry.kernels(op))
+               + (_NEEDS_NCCL[op] if has_nccl else []))
     declared = registry.get(op, name)
     if declared is None:
         raise ValueError(f"{op}: unknown algorithm {name!r}; choose one of {choices}")
@@ -161,8 +163,7 @@ def _build(op: str, ctx, *args) -> Plan:
         if spec.copy:
             plan.add(lambda ts: ts[0].copy_(ts[1]))
     elif spec.empty is None or not spec.empty(tensors):
-        spec.launch(ctx, plan, ALGORITHMS[op][name], tensors, own, checked, block, programs,
-                    kw)
+        spec.launch(ctx, plan, declared.run(), tensors, own, checked, block, programs, kw)
     return plan
 
 
