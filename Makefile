@@ -27,5 +27,5 @@ demo: install
 	$(VENV)/bin/trident demo
 
 test: install
-	$(PY) -m pytest -q -ra tests; rc=$$?; \
+	$(PY) -m pytest -q -ra --durations=20 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc

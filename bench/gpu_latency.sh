@@ -11,6 +11,8 @@
 #   times   bench/lab/kernel_times.py: graph time per call against the time inside kernels
 #           (CUPTI), all_reduce 1/16 KiB (lamport with and without PDL, one_shot, torch
 #           symm-mem, NCCL) and the MoE round at 1/128 tokens (hidden 7168 and 256)
+#   phases  bench/lab/moe_phases.py: the MoE dispatch / combine phases (send, flag handoff,
+#           receive) from the kernels' own trace events, 1 and 128 tokens
 #   ccl     bench ccl: all_reduce 1 KiB .. 1 MiB (factor 4), the other four ops 1 .. 64 KiB,
 #           lamport beside one_shot, two_shot, torch symm-mem and NCCL(-symmetric)
 #   ops     bench ops at decode M (1 .. 256): the Lamport epilogue, the new
@@ -61,6 +63,10 @@ run_world() {       # $1: world, $2: step
     $T 200 python3 bench/lab/kernel_times.py --calls 20 > $OUT/kernel-times-$tag-$DAY.json \
       2>/tmp/lat/times-$w.log
     say "== kernel times world $w rc=$?"; tail -3 /tmp/lat/times-$w.log | tee -a $LOG ;;
+  phases)
+    $T 200 python3 bench/lab/moe_phases.py --calls 10 > $OUT/moe-phases-$tag-$DAY.json \
+      2>/tmp/lat/phases-$w.log
+    say "== moe phases world $w rc=$?"; tail -12 /tmp/lat/phases-$w.log | tee -a $LOG ;;
   ccl)
     $T 240 python3 -m trident.bench.ccl --ops all_reduce --max-size 1M --factor 4 --calls 50 \
       --reps 5 --out-dir /tmp/lat/ar-$w > /tmp/lat/ccl-ar-$w.log 2>&1

@@ -1,8 +1,12 @@
 """Rank pools shared by the whole session: each world size's processes start once.
 
-On the CPU emulation the default world sizes are 1, 2, 3 and 4; on GPUs, 2 and every GPU
+On the CPU emulation the default world sizes are 1, 2 and 4; on GPUs, 2 and every GPU
 visible, and on a machine with one GPU 1, 2 and 4 (ranks share the GPU under MPS, see
-trident/runtime/placement.py). TRIDENT_TEST_WORLD_SIZES=2,4 overrides.
+trident/runtime/placement.py). TRIDENT_TEST_WORLD_SIZES=2,3,4 overrides. A world that is
+not a power of two (padding lanes, uneven splits) runs where it covers the most for its
+time: the fuzz suites (tests/fuzz, worlds 2 and 3 unless TRIDENT_FUZZ_WORLD_SIZES says
+otherwise: every collective, fused op and MoE path on random shapes). World 3 ran in
+every pool test until the CPU suite passed 40 minutes on 2 cores (docs/test-times.md).
 """
 import os
 
@@ -20,7 +24,7 @@ def _default_world_sizes() -> list[int]:
         if n == 1:
             return [1, 2, 4]
         return sorted({w for w in (2, n) if 2 <= w <= n})
-    return [1, 2, 3, 4]
+    return [1, 2, 4]
 
 
 def _world_sizes() -> list[int]:
@@ -51,7 +55,30 @@ def get_pool(world_size: int) -> RankPool:
     return pool
 
 
-@pytest.fixture(params=WORLD_SIZES, ids=lambda w: f"world{w}")
+def pool_worlds(worlds) -> list[int]:
+    """The world sizes of a module that names its own (`POOL_WORLDS = pool_worlds(...)`):
+    those, or the ones of them TRIDENT_TEST_WORLD_SIZES lists where it is set."""
+    if os.environ.get("TRIDENT_TEST_WORLD_SIZES"):
+        return [w for w in worlds if w in WORLD_SIZES]
+    return list(worlds)
+
+
+def pytest_generate_tests(metafunc):
+    """`pool` runs at each test world size, or at the module's POOL_WORLDS (pool_worlds),
+    unless the test parametrizes it itself (indirect=True) or its module defines its own
+    `pool` fixture (with its own worlds)."""
+    if getattr(metafunc.module, "pool", None) is not None:
+        return
+    for mark in metafunc.definition.iter_markers("parametrize"):
+        names = mark.args[0]
+        if "pool" in ([n.strip() for n in names.split(",")] if isinstance(names, str) else names):
+            return
+    if "pool" in metafunc.fixturenames:
+        worlds = getattr(metafunc.module, "POOL_WORLDS", WORLD_SIZES)
+        metafunc.parametrize("pool", worlds, indirect=True, ids=lambda w: f"world{w}")
+
+
+@pytest.fixture
 def pool(request) -> RankPool:
     """A RankPool of each test world size: `pool.run(fn, *args)` runs fn(ctx, *args) on all ranks."""
     return get_pool(request.param)

@@ -143,13 +143,13 @@ def test_table_keep_classes(tmp_path):
                     shape_class=gemm_tables.shape_class(m, 8192, 8192))
     result = dict(device="NVIDIA H100 80GB HBM3", capability=(9, 0), hbm_read_gbps=3200.0)
     first = bench.summarize([row(8192, "128x256x64_s3_w8", 0.99), row(128, "64x128x64_s4_w4", 0.8)])
-    bench.write_table(str(tmp_path), dict(result), first, gemm.CANDIDATES, 2)
+    bench.write_table(str(tmp_path), dict(result), first, gemm.KNOWN, 2)
     mid = bench.summarize([row(128, "128x128x64_s4_w8_streamk", 0.97)])
-    _, path = bench.write_table(str(tmp_path), dict(result), mid, gemm.CANDIDATES, 2,
+    _, path = bench.write_table(str(tmp_path), dict(result), mid, gemm.KNOWN, 2,
                                 keep_classes=True)
     classes = gemm_tables.read(path)[1]["NVIDIA H100 80GB HBM3"].classes
     assert classes["m128-nbig-kbig"]["config"] == "128x128x64_s4_w8_streamk"
     assert classes["mbig-nbig-kbig"]["config"] == "128x256x64_s3_w8"
-    bench.write_table(str(tmp_path), dict(result), mid, gemm.CANDIDATES, 2)
+    bench.write_table(str(tmp_path), dict(result), mid, gemm.KNOWN, 2)
     assert sorted(gemm_tables.read(path)[1]["NVIDIA H100 80GB HBM3"].classes) == \
         ["m128-nbig-kbig"]

@@ -11,7 +11,12 @@ import os
 
 import pytest
 
+from ..conftest import pool_worlds
+
 WORLD_SIZES = [int(w) for w in os.environ.get("TRIDENT_FUZZ_WORLD_SIZES", "2,3").split(",")]
+# the fuzz modules' pools: their own worlds (3 among them, which the other tests' pools
+# lack: tests/conftest.py), not the suite's
+POOL_WORLDS = pool_worlds(WORLD_SIZES)
 BATCH = 25        # cases per pool.run call
 
 

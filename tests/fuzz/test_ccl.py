@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from .. import algorithms
+from ..conftest import nccl_available, pool_worlds
 from .common import fuzzed_worlds, num_cases, run_cases, run_family, skip_unless_fuzzed_world
-from ..conftest import nccl_available
 
 # Bugs this fuzzer found, now fixed; their regression tests are at the end. A flag set to
 # True makes the random cases steer around its bug again (for a bug under repair).
@@ -28,6 +28,7 @@ REDUCE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 ANY_DTYPES = REDUCE_DTYPES + (torch.int32, torch.int8, torch.bool, torch.int64)
 TAILS = [(), (1,), (3,), (4,), (2, 3), (7,), (16,)]
 WORLDS = fuzzed_worlds("2,3,4")
+POOL_WORLDS = pool_worlds(WORLDS)     # the pools of this module (tests/conftest.py)
 CI_CASES = {4: 40}          # cases per collective at a world size in CI; default 150
 # Where a tensor lies (`_place`): the same kind on every rank, or "mixed" (per rank)
 PLACES = ["plain", "plain", "heap", "shifted", "skewed", "skewed", "mixed"]

@@ -21,6 +21,7 @@ import torch
 import trident as td
 
 from ..moe.test_expert_parallel import _expert_fn, _kept, _reference_combine, _row_key
+from .common import POOL_WORLDS  # noqa: F401 (this module's pools: tests/conftest.py)
 from .common import num_cases, run_cases, run_family, skip_unless_fuzzed_world
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -17,6 +17,7 @@ import random
 import pytest
 import torch
 
+from .common import POOL_WORLDS  # noqa: F401 (this module's pools: tests/conftest.py)
 from .common import num_cases, run_cases, run_family, skip_unless_fuzzed_world
 
 DTYPES = (torch.bfloat16, torch.float16)

@@ -158,9 +158,9 @@ def test_split_k_choice():
 # Every candidate of trident/ops/gemm_configs.py at its own tiles (one odd shape: partial
 # tiles in M, N and K), and the stream-K ones also where stream_k_for shares tiles between
 # programs (under the interpreter: 3 programs, K of 25 BK-steps of 64).
-@pytest.mark.parametrize("name", list(gemm.CANDIDATES))
+@pytest.mark.parametrize("name", list(gemm.KNOWN))
 def test_candidates(name):
-    cfg = gemm.CANDIDATES[name]
+    cfg = gemm.KNOWN[name]
     shapes = [(70, 200, 136)] + ([(70, 200, 1544)] if cfg.get("STREAM_K") else [])
     for m, n, k in shapes:
         a, w = _inputs(m, n, k, torch.bfloat16, m + n + k)
@@ -205,7 +205,7 @@ def test_stream_k_repeated_and_choice():
         assert _counters_zero()
     # an explicit split_k runs split-K instead
     assert_close(gemm.matmul(a, w, config=cfg, split_k=2), a.float() @ w.float().T, "split")
-    big = gemm.CANDIDATES["128x128x64_s4_w8_streamk"]
+    big = gemm.KNOWN["128x128x64_s4_w8_streamk"]
     assert gemm.stream_k_for(128, 14336, 4096, big, 132) == 132       # 112 tiles
     assert gemm.stream_k_for(128, 14336, 4096, gemm.CANDIDATES["128x128x64_s4_w8"], 132) == 0
     assert gemm.stream_k_for(128, 16896, 4096, big, 132) == 0         # 132 tiles: one wave

@@ -477,8 +477,8 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated sizes of square problems ('' for none)")
     p.add_argument("--layers", default="", help="comma-separated words: only the layers of "
                    "the models whose name holds one (e.g. llama3); default all")
-    p.add_argument("--candidates", default="", help="comma-separated subset of the "
-                   "candidates (default: all of trident/ops/gemm.py's CANDIDATES)")
+    p.add_argument("--candidates", default="", help="comma-separated candidates "
+                   "(default: gemm_configs.py's CANDIDATES; STREAM_K_CANDIDATES only by name)")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out-dir", default=None)
@@ -515,10 +515,10 @@ def run(args: argparse.Namespace, planted: dict | None = None,
         cases = shapes(args.world, ms, squares, layers)
         candidates = dict(gemm.CANDIDATES)
         if args.candidates:
-            unknown = [c for c in args.candidates.split(",") if c not in candidates]
+            unknown = [c for c in args.candidates.split(",") if c not in gemm.KNOWN]
             if unknown:
-                p.error(f"unknown candidate(s) {unknown}; choose from {list(candidates)}")
-            candidates = {c: candidates[c] for c in args.candidates.split(",")}
+                p.error(f"unknown candidate(s) {unknown}; choose from {list(gemm.KNOWN)}")
+            candidates = {c: gemm.KNOWN[c] for c in args.candidates.split(",")}
         timing = dict(calls=args.calls, reps=args.reps, warmup=2, synced_iters=0)
     else:
         cases = [("tiny", 40, 48, 64), ("tiny odd", 33, 24, 40)]
@@ -575,7 +575,7 @@ def write_table(path: str, result: dict, best: dict, candidates: dict, world: in
                              f"class edges {edges}; write a whole table instead")
         table.classes = {**old.classes, **table.classes}
         table.about += "; the classes it did not measure kept from the table before"
-    listed = {**gemm.CANDIDATES, **{n: c for n, c in candidates.items() if "plant" not in c}}
+    listed = {**gemm.KNOWN, **{n: c for n, c in candidates.items() if "plant" not in c}}
     gemm_tables.update(path, table, listed, TABLE_ABOUT, keep_others=keep_others)
     return table, path
 

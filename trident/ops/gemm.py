@@ -75,8 +75,8 @@ from . import gemm_tables
 from ._common import DOT_UPCAST, arrive_partial, finish_slice, gemm_tile, outside_graph_pools
 from .gemm_host import _Address, addresses_only, check, host_descriptors  # noqa: F401
 # the candidates and the split-K / stream-K choices live in gemm_configs.py (pure Python)
-from .gemm_configs import (CANDIDATES, base_candidate, split_for_tiles,  # noqa: F401
-                           split_k_for, stream_k_for, stream_k_tiles)
+from .gemm_configs import (CANDIDATES, KNOWN, STREAM_K_CANDIDATES, base_candidate,  # noqa: F401
+                           split_for_tiles, split_k_for, stream_k_for, stream_k_tiles)
 
 # Under the interpreter: small tiles keep the CPU emulation fast, and few programs make
 # each of them take several tiles.
@@ -117,11 +117,11 @@ def table_for(gpu: tuple | None = None) -> gemm_tables.GpuTable | None:
 def resolve(config) -> dict:
     """A table entry's config (a candidate's name, or a dict) as a full config dict."""
     if isinstance(config, str):
-        listed = gemm_tables.read()[0] if config not in CANDIDATES else {}
-        if config not in CANDIDATES and config not in listed:
+        listed = gemm_tables.read()[0] if config not in KNOWN else {}
+        if config not in KNOWN and config not in listed:
             raise ValueError(f"gemm: the table names the config {config!r}, which is neither "
-                             f"a candidate of trident/ops/gemm.py nor listed in its file")
-        config = CANDIDATES[config] if config in CANDIDATES else listed[config]
+                             f"a candidate of trident/ops/gemm_configs.py nor listed in its file")
+        config = KNOWN[config] if config in KNOWN else listed[config]
     return {"SPLIT_K": 1, "SWAP_AB": False, **config}
 
 

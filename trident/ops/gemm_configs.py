@@ -83,37 +83,39 @@ CANDIDATES = {
     "swab64x64x128_s4_w4_sk16": _config(64, 64, 128, 4, 4, split_k=16, swap_ab=True),
     # M=128 in one row block of 128, N in blocks of 64 (twice the tiles of 128x128)
     "128x64x64_s6_w4_sk8": _config(128, 64, 64, 6, 4, split_k=8),
-    # Mid M (64..1024), issue 40: what the candidates above lose there to cuBLAS is mostly
-    # the last wave. M=128, N=14336 is 112 tiles of 128x128 (or 56 of 128x256) on 132 SMs:
-    # 15% of the SMs idle while w streams from HBM; M=1024, N=14336 is 448 tiles of
-    # 128x256, 3.4 waves run as 4. Stream-K (STREAM_K; stream_k_for, and the kernel's
-    # stream-K branch in gemm.py) gives every one of the P programs the same share of the
-    # last one-to-two waves' BK-steps, across tile boundaries; partial tiles are summed by
-    # the last to arrive, in program order (deterministic, counters rearmed: split-K's
-    # protocol). Where the last wave is >= 90% full they run their base candidate's kernel.
-    # Shared memory: as their base candidates (the fix-up adds no buffer).
-    # On one H200 stream-K lost wherever it ran, and no shape class picks one; of the
-    # tiles added with it only 256x128x64_s3_w8 won a class (figures: docs/history.md,
-    # "The GEMM core at mid M"). Like split-K with several units a program (split_for_
-    # tiles' note): a program that takes several pieces runs slower, cause not known yet.
-    # - M=128..1024, tiles of the plain winners at M=128 and M=1024: 128x128x64 (m128
-    #   nbig), 128x256x64 (fewest re-reads of a; the best MMA shape at M=1024), 128x64x64
-    #   (m128/m256 small N: twice the tiles, 6 stages of 24 KB in flight)
+    # Mid M (64..1024), issue 40: M=256 in one row block (w read once, whatever L2
+    # does): 8 warps, 128 fp32 accumulators a thread as 128x256; 3 stages of 48 KB (w:
+    # 16 KB a stage), the shared memory of 128x256x64_s3_w8. N=14336 is 112 such tiles.
+    # On one H200 it won m1024-n4096-k4096 (docs/history.md, "The GEMM core at mid M").
+    "256x128x64_s3_w8": _config(256, 128, 64, 3, 8),
+}
+
+# Stream-K (STREAM_K; stream_k_for, and the kernel's stream-K branch in gemm.py), not
+# tried by default. What the candidates above lose to cuBLAS at mid M is mostly the last
+# wave: M=128, N=14336 is 112 tiles of 128x128 on 132 SMs (15% of the SMs idle while w
+# streams from HBM); M=1024, N=14336 is 448 tiles of 128x256, 3.4 waves run as 4.
+# Stream-K gives every one of the P programs the same share of the last one-to-two waves'
+# BK-steps, across tile boundaries; partial tiles are summed by the last to arrive, in
+# program order (deterministic, counters rearmed: split-K's protocol). Where the last
+# wave is >= 90% full they run their base candidate's kernel. Shared memory: as their
+# base candidates. On one H200 each lost to its base candidate wherever it ran (1.1-1.5x
+# slower; docs/history.md, "The GEMM core at mid M"): like split-K with several units a
+# program (split_for_tiles' note), a program that takes several pieces runs slower, cause
+# not known yet. So `bench gemm` tries them only when named (--candidates), which also
+# keeps their minutes of sm_90 compile out of the test suite; resolve() and the tables
+# accept their names. Tiles: the plain winners at M=128..1024 (128x128x64, 128x256x64,
+# 128x64x64), M=256 in one row block (256x128x64), and for M=64 (N=4096 is only 16 or
+# 32 tiles, which stream-K spreads over all SMs; split-K stops at 8 slices) 64x256x64
+# and swap-AB's 128 rows of N x 64 columns of M.
+STREAM_K_CANDIDATES = {
     "128x128x64_s4_w8_streamk": _config(128, 128, 64, 4, 8, stream_k=True),
     "128x256x64_s3_w8_streamk": _config(128, 256, 64, 3, 8, stream_k=True),
     "128x64x64_s6_w4_streamk": _config(128, 64, 64, 6, 4, stream_k=True),
-    # - M=256 in one row block (w read once, whatever L2 does; stream-K's programs work
-    #   on far-apart tiles at a time, so with two row blocks of 128 w would be read twice):
-    #   8 warps, 128 fp32 accumulators a thread as 128x256; 3 stages of 48 KB (w: 16 KB a
-    #   stage), the shared memory of 128x256x64_s3_w8. N=14336 is 112 such tiles.
-    "256x128x64_s3_w8": _config(256, 128, 64, 3, 8),
     "256x128x64_s3_w8_streamk": _config(256, 128, 64, 3, 8, stream_k=True),
-    # - M=64: one row block of 64 rows, w in 256-column blocks (4 stages of 40 KB), and
-    #   swap-AB's 128 rows of N x 64 columns of M (6 stages of 24 KB): N=4096 is only 16
-    #   or 32 tiles, which stream-K spreads over all SMs (split-K stops at 8 slices)
     "64x256x64_s4_w4_streamk": _config(64, 256, 64, 4, 4, stream_k=True),
     "swab128x64x64_s6_w4_streamk": _config(128, 64, 64, 6, 4, swap_ab=True, stream_k=True),
 }
+KNOWN = {**CANDIDATES, **STREAM_K_CANDIDATES}     # every name a config may go by
 
 # Stream-K: at least this many BK-steps a program (fewer programs than SMs on small
 # problems): a pipeline of 3-6 stages has to fill before it streams.
@@ -127,9 +129,9 @@ def base_candidate(name: str) -> str | None:
     programs), both run one kernel."""
     if name.endswith("_streamk"):
         head = name[:-len("_streamk")]
-        return head if head in CANDIDATES else None
+        return head if head in KNOWN else None
     head, sep, tail = name.rpartition("_sk")
-    return head if sep and tail.isdigit() and head in CANDIDATES else None
+    return head if sep and tail.isdigit() and head in KNOWN else None
 
 
 def stream_k_tiles(tiles: int, programs: int) -> int:
