@@ -131,17 +131,23 @@ def test_a_run_given_up_on_never_answers_the_next(pool):
     Before requests were numbered, the reset took the late answer for its own and the next
     run returned the reset's None on every rank (tests/fuzz/test_ops.py on one H200)."""
     import signal
+    import threading
 
     def give_up(signum, frame):
         raise _GaveUp()
 
-    old = signal.signal(signal.SIGALRM, give_up)
-    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    # SIGUSR1 from a timer thread, not SIGALRM: the real-time timer is pytest-timeout's,
+    # and setting it here would cancel the suite's bound on this test
+    old = signal.signal(signal.SIGUSR1, give_up)
+    timer = threading.Timer(0.5, signal.pthread_kill,
+                            (threading.main_thread().ident, signal.SIGUSR1))
+    timer.start()
     try:
         with pytest.raises(_GaveUp):
             pool.run(_sleeps_then_says, 2.0, "late")
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        timer.cancel()
+        timer.join()
+        signal.signal(signal.SIGUSR1, old)
     w = pool.world_size
     assert pool.run(_whoami, "next") == [(r, w, "next") for r in range(w)]
