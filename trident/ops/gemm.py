@@ -75,8 +75,8 @@ from . import gemm_tables
 from ._common import DOT_UPCAST, arrive_partial, finish_slice, gemm_tile, outside_graph_pools
 from .gemm_host import _Address, addresses_only, check, host_descriptors  # noqa: F401
 # the candidates and the split-K / stream-K choices live in gemm_configs.py (pure Python)
-from .gemm_configs import (CANDIDATES, KNOWN, STREAM_K_CANDIDATES, base_candidate,  # noqa: F401
-                           split_for_tiles, split_k_for, stream_k_for, stream_k_tiles)
+from .gemm_configs import (CANDIDATES, KNOWN, base_candidate, split_for_tiles,  # noqa: F401
+                           split_k_for, stream_k_for, stream_k_tiles)
 
 # Under the interpreter: small tiles keep the CPU emulation fast, and few programs make
 # each of them take several tiles.
