@@ -10,6 +10,7 @@ compiles its functions once per rank and reuses them.
 import torch
 import torch.nn.functional as F
 
+from trident.api.context_ops import UNBOUND, OpMethods
 from trident.torch import ops as T
 
 T_ROWS, HID, FFN = 12, 32, 24          # divisible by world sizes 2, 3 and 4
@@ -98,6 +99,19 @@ def _check_eager_calls(ctx):
     expect = x.clone()
     ctx.all_reduce(expect)
     _close(t, expect, f"rank {r} in-place all_reduce of a graph input", 1e-6)
+    # a first call made inside torch.compile: Context's method has not yet been replaced
+    # by ccl's entry (api/context_ops.py `_bound`), and tracing must not replace it
+    def first_call(t):
+        ctx.all_reduce(t)
+    bound = OpMethods.__dict__["all_reduce"]
+    OpMethods.all_reduce = UNBOUND["all_reduce"]
+    try:
+        t = x.clone()
+        torch.compile(first_call, fullgraph=True, backend=BACKEND)(t)
+        assert OpMethods.__dict__["all_reduce"] is UNBOUND["all_reduce"]
+    finally:
+        OpMethods.all_reduce = bound
+    _close(t, expect, f"rank {r} all_reduce compiled before any eager call", 1e-6)
     ctx.sync()
 
 

@@ -6,6 +6,8 @@ without importing trident.context).
 Part of trident.Context (trident/context.py), which inherits OpMethods."""
 from __future__ import annotations
 
+from torch.compiler import is_compiling as _compiling
+
 
 def _ccl():
     """trident.ccl, imported on first use (an import statement per call costs ~0.5 us)."""
@@ -32,9 +34,12 @@ def _bound(name: str):
     the method that asked for it, so that from then on `ctx.all_reduce(t)` calls
     ccl.all_reduce(ctx, t) itself: the warm path of a collective is host-bound, and this
     layer cost it a Python frame and the re-packing of its keyword options (~0.3 us on a
-    CPU core). Same signature and defaults as the method (ccl's docstring then)."""
+    CPU core). Same signature and defaults as the method (ccl's docstring then). Not
+    while torch.compile traces the call: ccl's entry picks its stand-in then (ccl.COMPILED),
+    and the class is left as it is."""
     fn = getattr(_ccl(), name)
-    setattr(OpMethods, name, fn)
+    if not _compiling():
+        setattr(OpMethods, name, fn)
     return fn
 
 
@@ -138,3 +143,7 @@ class OpMethods:
         device_barrier(self)
         self.after_op()
 
+
+# the methods `_bound` replaces, as they were (a test compiles a first call through them)
+UNBOUND = {name: OpMethods.__dict__[name]
+           for name in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "broadcast")}

@@ -226,44 +226,43 @@ def broadcast(ctx, t, src: int = 0, algorithm: str | None = None) -> torch.Tenso
 
 
 # ---------------------------------------------------------------------------- torch.compile
-# What Dynamo traces in place of trident.ccl's eager entries (which Context's methods
-# call). Each checks what the graph cannot carry and calls the op.
-def _compiled_all_reduce(ctx, t, op="sum", algorithm=None, block=None, programs=None):
-    _no_launch_options("all_reduce", block, programs)
+# What Dynamo traces in place of trident.ccl's eager entries (ccl.COMPILED: each entry
+# calls its stand-in when torch.compile traces it). Each checks what the graph cannot
+# carry (launch options, knobs) and calls the op.
+def _compiled_all_reduce(ctx, t, op="sum", algorithm=None, block=None, programs=None, **kw):
+    _no_launch_options("all_reduce", block, programs, kw)
     torch.ops.trident.all_reduce_(t, ctx.name, op, algorithm)
     return t
 
 
-def _compiled_all_gather(ctx, out, inp, algorithm=None, block=None, programs=None):
-    _no_launch_options("all_gather", block, programs)
+def _compiled_all_gather(ctx, out, inp, algorithm=None, block=None, programs=None, **kw):
+    _no_launch_options("all_gather", block, programs, kw)
     torch.ops.trident.all_gather_into(out, inp, ctx.name, algorithm)
     return out
 
 
 def _compiled_reduce_scatter(ctx, out, inp, op="sum", algorithm=None, block=None,
-                             programs=None):
-    _no_launch_options("reduce_scatter", block, programs)
+                             programs=None, **kw):
+    _no_launch_options("reduce_scatter", block, programs, kw)
     torch.ops.trident.reduce_scatter_into(out, inp, ctx.name, op, algorithm)
     return out
 
 
 def _compiled_all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm=None,
-                         block=None, programs=None):
-    _no_launch_options("all_to_all", block, programs)
+                         block=None, programs=None, **kw):
+    _no_launch_options("all_to_all", block, programs, kw)
     torch.ops.trident.all_to_all_into(
         out, inp, None if out_splits is None else list(out_splits),
         None if in_splits is None else list(in_splits), ctx.name, algorithm)
     return out
 
 
-def _compiled_broadcast(ctx, t, src=0, algorithm=None, block=None, programs=None):
-    _no_launch_options("broadcast", block, programs)
+def _compiled_broadcast(ctx, t, src=0, algorithm=None, block=None, programs=None, **kw):
+    _no_launch_options("broadcast", block, programs, kw)
     torch.ops.trident.broadcast_(t, src, ctx.name, algorithm)
     return t
 
 
-for _original, _standin in (
-        (_ccl.all_reduce, _compiled_all_reduce), (_ccl.all_gather, _compiled_all_gather),
-        (_ccl.reduce_scatter, _compiled_reduce_scatter),
-        (_ccl.all_to_all, _compiled_all_to_all), (_ccl.broadcast, _compiled_broadcast)):
-    torch.compiler.substitute_in_graph(_original, skip_signature_check=True)(_standin)
+_ccl.COMPILED.update(all_reduce=_compiled_all_reduce, all_gather=_compiled_all_gather,
+                     reduce_scatter=_compiled_reduce_scatter,
+                     all_to_all=_compiled_all_to_all, broadcast=_compiled_broadcast)
