@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from trident.ccl import ALGORITHMS, selector
-from trident.ops import selector as ops_selector
+from trident.ops import auto, schedules, selector as ops_selector
 
 from ..conftest import BACKEND, get_pool
 from ..shared_gpu import RANKS_PER_GPU, as_shared_gpu
@@ -67,23 +67,32 @@ def _fake_gpu_ctx(nccl_available: bool):
                                  capturing=lambda: False)
 
 
-def test_ops_selector_without_nccl_is_fused_and_refuses_plain(monkeypatch):
+def test_ops_auto_without_nccl_never_plain_and_plain_refused(monkeypatch):
+    """Where ranks share a GPU, the fused ops' "auto" passes over "plain" even where the
+    crossover measured it faster, and naming it ("plain", "nccl") raises, naming the ranks
+    per GPU and the schedules that can run."""
     monkeypatch.setattr(ops_selector, "device_name", lambda ctx: "NVIDIA H200")
-    # a table where the plain path wins: it is picked only where NCCL can run
-    table = [{"op": "matmul_all_reduce", "device": "H200", "world_size": 2, "M": 64,
-              "N": 4096, "K": 2048, "fused_us": 30.0, "plain_us": 20.0}]
-    assert ops_selector.select(_fake_gpu_ctx(True), "matmul_all_reduce", 64, 4096, None,
-                               table=table, graph=False) == "plain"
+    monkeypatch.setattr(ops_selector, "_table", [
+        {"op": "matmul_all_reduce", "device": "H200", "world_size": 2, "M": 64,
+         "N": 4096, "K": 2048, "fused_us": 30.0, "plain_us": 20.0}])
+    monkeypatch.setattr(auto, "tuned", lambda world: (None, []))
+    monkeypatch.setattr(auto, "builtin", lambda: [])
+    monkeypatch.setattr(auto, "_choices", {})
+    monkeypatch.setattr(auto, "_agreed", lambda ctx, op: None)
+    for ok in (True, False):
+        ctx = _fake_gpu_ctx(ok)
+        monkeypatch.setattr(auto, "_nccl_everywhere", lambda c, ok=ok: ok)
+        got = auto.resolve(ctx, "matmul_all_reduce", "auto", 64, 4096, 2048)
+        assert (got == "plain") == ok, (ok, got)
     shared = _fake_gpu_ctx(False)
-    assert ops_selector.select(shared, "matmul_all_reduce", 64, 4096, None, table=table,
-                               graph=False) == "fused"
-    assert ops_selector.resolve(shared, "matmul_all_reduce", "auto", 64, 4096, None) == "fused"
     for name in ("plain", "nccl"):
-        with pytest.raises(ValueError, match=rf"{RANKS_PER_GPU} ranks share one GPU.*'auto', "
-                                             r"'fused'"):
-            ops_selector.resolve(shared, "matmul_all_reduce", name, 64, 4096, None)
-    assert ops_selector.resolve(_fake_gpu_ctx(True), "matmul_all_reduce", "nccl", 64, 4096,
-                                None) == "plain"
+        with pytest.raises(ValueError, match=rf"{RANKS_PER_GPU} ranks share one GPU.*"
+                                             r"choose one of \['auto'"):
+            auto.resolve(shared, "matmul_all_reduce", schedules.normalize(
+                "matmul_all_reduce", name), 64, 4096, 2048)
+    assert schedules.normalize("matmul_all_reduce", "nccl") == "plain"
+    assert auto.resolve(_fake_gpu_ctx(True), "matmul_all_reduce", "plain", 64, 4096,
+                        2048) == "plain"
 
 
 # ---------------------------------------------------------------------------- on ranks

@@ -168,6 +168,17 @@ def _build(op: str, ctx, *args) -> Plan:
     return plan
 
 
+def build_plan(ctx, op: str, tensors: tuple, own: tuple = (), algorithm: str = "auto",
+               graph: bool = False) -> Plan:
+    """The plan of collective `op` (a name of the five) on `tensors` with its own options
+    `own` (all_reduce's op; all_to_all's out_splits, in_splits; broadcast's src), built as
+    a call would build it -- the checks, the selector's pick for `algorithm`, the
+    workspace -- but neither cached nor run: for a layer that runs it as a step of a plan
+    of its own (ops/sequential.py). graph: whether it will run inside a CUDA-graph capture
+    (the selector reads the graph tables)."""
+    return _build(op, ctx, *tensors, *own, algorithm, None, None, (), graph)
+
+
 def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 

@@ -226,17 +226,10 @@ def _from_points(points, op, M, S, own, allowed, same_everywhere) -> str | None:
 
 
 def _from_crossover(op, device, world, M, S, graph, allowed) -> str | None:
-    best, best_d = None, math.inf
-    dim = "K" if op == "all_gather_matmul" else "N"
-    for e in selector.load_table():
-        if e["op"] != op or e["world_size"] != world or e["device"] not in device:
-            continue
-        d = max(abs(math.log2(M / e["M"])), abs(math.log2(S / e[dim])))
-        if d < best_d:
-            best, best_d = e, d
-    if best is None or best_d > selector.MAX_DISTANCE:
+    best = selector.nearest(op, device, world, M, S)
+    if best is None:
         return None
-    fused_us, plain_us = selector._times(best, graph)
+    fused_us, plain_us = selector.times(best, graph)
     times = {s: t for s, t in (("fused", fused_us), ("plain", plain_us)) if s in allowed}
     return min(times, key=lambda s: (times[s], s)) if times else None
 

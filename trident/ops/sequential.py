@@ -110,7 +110,7 @@ def build(ctx, plan, op: str, a, w, bias, out, collective: str | None = None) ->
             plan.add(lambda ts: mine.copy_(ts[0]))
             a = mine
         name = _collective(ctx, "all_gather", a.numel() * a.element_size(), collective)
-        sub = ccl._build("all_gather", ctx, G, a, name, None, None, (), graph)
+        sub = ccl.build_plan(ctx, "all_gather", (G, a), (), name, graph)
         # the all-gather reads the copy, or the call's a (its address is in the plan's key)
         _sub(plan, sub, (G, a), call_a=not copied)
         _gemm_step(plan, ctx, G, bias, None, bias is not None)
@@ -120,13 +120,13 @@ def build(ctx, plan, op: str, a, w, bias, out, collective: str | None = None) ->
     if op == "matmul_all_reduce":
         name = _collective(ctx, "all_reduce", P.numel() * P.element_size(), collective)
         flat = P.view(-1)
-        _sub(plan, ccl._build("all_reduce", ctx, flat, "sum", name, None, None, (), graph),
+        _sub(plan, ccl.build_plan(ctx, "all_reduce", (flat,), ("sum",), name, graph),
              (flat,))
         result = P
     else:
         R = _buffer(ctx, "scattered", a.dtype, M // ctx.world_size, N)
         name = _collective(ctx, "reduce_scatter", R.numel() * R.element_size(), collective)
-        _sub(plan, ccl._build("reduce_scatter", ctx, R, P, "sum", name, None, None, (), graph),
+        _sub(plan, ccl.build_plan(ctx, "reduce_scatter", (R, P), ("sum",), name, graph),
              (R, P))
         result = R
     plan.add(lambda ts: ts[3].copy_(result),
