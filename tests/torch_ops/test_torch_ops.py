@@ -119,6 +119,18 @@ def test_eager_calls_inside_compile(pool):
     pool.run(_check_eager_calls)
 
 
+def _dynamo_loaded(ctx):
+    import sys
+    return "torch._dynamo" in sys.modules
+
+
+def test_a_context_does_not_import_dynamo():
+    """The stand-ins are registered without torch._dynamo (runtime/compiled.py): a fresh
+    rank process that opens a context has not imported it (~2 s of CPU each)."""
+    import trident as td
+    assert td.launch(_dynamo_loaded, 1, backend="cpu") == [False]
+
+
 # ---------------------------------------------------------------------------- TP MLP + grads
 def _mlp_fp32(ctx, x, w1, w2):
     """Column-parallel up (local matmul), row-parallel down (functional all_reduce), then a

@@ -6,7 +6,7 @@ without importing trident.context).
 Part of trident.Context (trident/context.py), which inherits OpMethods."""
 from __future__ import annotations
 
-from torch.compiler import is_compiling as _compiling
+from ..runtime.compiled import is_compiling
 
 
 def _ccl():
@@ -35,10 +35,10 @@ def _bound(name: str):
     ccl.all_reduce(ctx, t) itself: the warm path of a collective is host-bound, and this
     layer cost it a Python frame and the re-packing of its keyword options (~0.3 us on a
     CPU core). Same signature and defaults as the method (ccl's docstring then). Not
-    while torch.compile traces the call: ccl's entry picks its stand-in then (ccl.COMPILED),
+    while torch.compile traces the call: ccl's entry picks its stand-in then (runtime/compiled.py),
     and the class is left as it is."""
     fn = getattr(_ccl(), name)
-    if not _compiling():
+    if not is_compiling():
         setattr(OpMethods, name, fn)
     return fn
 

@@ -21,11 +21,11 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-from torch.compiler import is_compiling as _compiling
 
 from . import checks, common, nccl, registry
 from .options import knobs
 from ..runtime import plans
+from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Plan, tensor_key
 from .selector import select
 
@@ -301,21 +301,12 @@ def _splits_differ(src: int, sends: int, dst: int, receives: int) -> str:
 
 
 # ---------------------------------------------------------------------------- entries
-# {entry name: the function torch.compile traces in its place} (trident/torch/ops/
-# collectives.py fills it when the first context opens: they call the custom ops). Each
-# entry asks first: Context's methods are these entries themselves after their first
-# call (api/context_ops.py `_bound`), and Dynamo inlines a method that is a plain function
-# without looking for a substitute_in_graph stand-in (torch 2.13), so a stand-in must be
-# chosen inside. Dynamo folds _compiling() to True; eagerly it costs ~60 ns.
-COMPILED: dict = {}
-
-
 def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, programs=None,
                **kw):
     """In place: t = op over ranks of t (floats accumulate in fp32, integers in their own
     type, wrapping around as torch's do). Returns t."""
-    if _compiling():
-        return COMPILED["all_reduce"](ctx, t, op, algorithm, block, programs, **kw)
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["all_reduce"](ctx, t, op, algorithm, block, programs, **kw)
     _collective(ctx, ("all_reduce", tensor_key(t), op, algorithm, block, programs,
                       tuple(sorted(kw.items())) if kw else (), ctx.capturing()), (t,))
     return t
@@ -323,8 +314,8 @@ def all_reduce(ctx, t, op: str = "sum", algorithm: str = "auto", block=None, pro
 
 def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None, **kw):
     """out [world*n, ...] = every rank's inp [n, ...], in rank order. Returns out."""
-    if _compiling():
-        return COMPILED["all_gather"](ctx, out, inp, algorithm, block, programs, **kw)
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["all_gather"](ctx, out, inp, algorithm, block, programs, **kw)
     _collective(ctx, ("all_gather", tensor_key(out), tensor_key(inp), algorithm, block,
                       programs, tuple(sorted(kw.items())) if kw else (), ctx.capturing()),
                 (out, inp))
@@ -334,8 +325,8 @@ def all_gather(ctx, out, inp, algorithm: str = "auto", block=None, programs=None
 def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", block=None,
                    programs=None, **kw):
     """out [n, ...] = this rank's block of the op over ranks of inp [world*n, ...]."""
-    if _compiling():
-        return COMPILED["reduce_scatter"](ctx, out, inp, op, algorithm, block, programs, **kw)
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["reduce_scatter"](ctx, out, inp, op, algorithm, block, programs, **kw)
     _collective(ctx, ("reduce_scatter", tensor_key(out), tensor_key(inp), op, algorithm,
                       block, programs, tuple(sorted(kw.items())) if kw else (),
                       ctx.capturing()), (out, inp))
@@ -346,8 +337,8 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = 
                block=None, programs=None, **kw):
     """Rank r sends rows in_splits[p] of inp (in order) to rank p, and receives
     out_splits[p] rows from rank p into out (in rank order). None = even splits."""
-    if _compiling():
-        return COMPILED["all_to_all"](ctx, out, inp, out_splits, in_splits, algorithm, block,
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["all_to_all"](ctx, out, inp, out_splits, in_splits, algorithm, block,
                                       programs, **kw)
     _collective(ctx, ("all_to_all", tensor_key(out), tensor_key(inp),
                       None if out_splits is None else tuple(out_splits),
@@ -359,8 +350,8 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = 
 
 def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, programs=None, **kw):
     """t on every rank = t of rank `src`. Returns t."""
-    if _compiling():
-        return COMPILED["broadcast"](ctx, t, src, algorithm, block, programs, **kw)
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["broadcast"](ctx, t, src, algorithm, block, programs, **kw)
     _collective(ctx, ("broadcast", tensor_key(t), src, algorithm, block, programs,
                       tuple(sorted(kw.items())) if kw else (), ctx.capturing()), (t,))
     return t

@@ -60,6 +60,7 @@ from . import common, lamport as proto, nccl
 from .device import (DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, fingerprint, poison,
                      reduce_slots, scratch_half)
 from ..runtime.graph_pools import outside_graph_pools
+from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Live, Plan, tensor_key
 
 NAME = "all_reduce_add_rmsnorm"
@@ -172,6 +173,9 @@ def all_reduce_add_rmsnorm(ctx, x, residual, weight, eps: float = 1e-6, out=None
                            algorithm: str = "auto", block=None, programs=None):
     """residual += all_reduce_sum(x) (in place); returns out = rmsnorm(residual) * weight
     (a new tensor shaped like x, or `out`). See the module docstring."""
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["all_reduce_add_rmsnorm"](ctx, x, residual, weight, eps, out, algorithm,
+                                                  block, programs)
     fresh = out is None
     key = (NAME, tensor_key(x), tensor_key(residual), tensor_key(weight),
            None if fresh else tensor_key(out), eps, algorithm, block, programs, ctx.capturing())

@@ -47,6 +47,7 @@ from ..runtime.errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import schedules
+from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Live, Plan
 from ..ccl.device import fingerprint, poison
 from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
@@ -219,6 +220,8 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, schedule: str = "auto",
     "auto", "classic" or "tma", default env TRIDENT_GEMM, see all_gather_matmul_fused;
     sequential: collective; epilogue: config).
     """
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["all_gather_matmul"](ctx, a, w, bias, out, schedule, algorithm, **options)
     name = schedules.normalize("all_gather_matmul", schedule, algorithm)
     return run(ctx, "all_gather_matmul", _plan, a, w, bias, out, name, options)
 

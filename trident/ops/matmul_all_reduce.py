@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from . import schedules
+from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Plan
 from ._common import check_inputs, run, schedule_plan
 
@@ -32,6 +33,8 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None, schedule: str = "auto",
     the schedule (fused: config, split_k, gemm: "auto", "classic" or "tma", see
     matmul_reduce_scatter.matmul_reduce_fused; sequential: collective; epilogue: config).
     """
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["matmul_all_reduce"](ctx, a, w, bias, out, schedule, algorithm, **options)
     name = schedules.normalize("matmul_all_reduce", schedule, algorithm)
     return run(ctx, "matmul_all_reduce", _plan, a, w, bias, out, name, options)
 

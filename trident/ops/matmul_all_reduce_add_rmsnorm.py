@@ -37,6 +37,7 @@ import torch
 from ..runtime import plans
 from ..ccl import common as ccl_common, lamport
 from ..ccl.add_rmsnorm import _unfused_sum, torch_add_rmsnorm
+from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Live, Plan, tensor_key
 from . import _common, epilogue_lamport, schedules
 from ._common import _AsCaptured, _options_key, check_inputs, check_matrix, schedule_plan
@@ -56,6 +57,9 @@ def matmul_all_reduce_add_rmsnorm(ctx, a, w, residual, norm_weight, eps: float =
     """(out, res): res = all_reduce(a @ w.T) + bias + residual, out = rmsnorm(res) *
     norm_weight, both [M, N] in a's dtype; each a new tensor or the one given (`out`,
     `residual_out`; residual_out=residual adds in place). See the module docstring."""
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["matmul_all_reduce_add_rmsnorm"](
+            ctx, a, w, residual, norm_weight, eps, bias, out, residual_out, schedule, **options)
     if eps.__class__ is not float:
         eps = _eps(eps)
     key = (NAME, tensor_key(a), tensor_key(w), None if bias is None else tensor_key(bias),

@@ -47,6 +47,7 @@ from ..runtime.errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import schedules
+from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Live, Plan
 from ..ccl.device import fingerprint, poison
 from ._common import (SYNC_ACK, SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs,
@@ -246,6 +247,9 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, schedule: str = "auto"
     "classic" or "tma", default env TRIDENT_GEMM, see matmul_reduce_fused; sequential:
     collective; epilogue: config).
     """
+    if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
+        return STANDINS["matmul_reduce_scatter"](ctx, a, w, bias, out, schedule, algorithm,
+                                                 **options)
     name = schedules.normalize("matmul_reduce_scatter", schedule, algorithm)
     return run(ctx, "matmul_reduce_scatter", _plan, a, w, bias, out, name, options)
 

@@ -3,8 +3,8 @@
     ops/        trident's collectives, fused ops and MoE calls as torch custom ops
                 (torch.ops.trident.*): usable in torch.compile, CUDA graphs and
                 autograd, with differentiable functional forms (trident.torch.ops.all_reduce
-                (ctx, t), ...). Loaded when the first context opens: it imports
-                torch._dynamo, which `import trident` does not pay for.
+                (ctx, t), ...). Loaded when the first context opens (the stand-ins
+                torch.compile traces: trident/runtime/compiled.py).
     backend/    the torch.distributed backend "trident" (dist.init_process_group("trident")),
                 registered by `import trident`.
 

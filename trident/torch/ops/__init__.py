@@ -56,16 +56,12 @@ added once), and gets the gradient of that one shared parameter.
 
 The calls users make eagerly (ctx.all_reduce(t), ctx.all_gather(out, inp),
 ctx.matmul_all_reduce(a, w), ...) work unchanged inside torch.compile(fullgraph=True):
-this module registers a stand-in for each trident.ccl / trident.ops entry that Dynamo
-traces instead of the entry (it calls the custom op): the fused ops' with
-torch.compiler.substitute_in_graph, the five collectives' in ccl.COMPILED, which their
-entries consult under torch.compiler.is_compiling() (Context's methods are those entries
-themselves after a first call, and Dynamo inlines such a method without looking for a
-substitute). Eager calls never run the stand-ins (the collectives pay ~60 ns for the
-check). The fused ops'
-options (gemm=, config=, split_k=, num_pushers=) go through too, so that a compiled graph
-can force a GEMM core or config family; the collectives' launch options (block,
-programs, ...) raise a ValueError there.
+this module registers a stand-in for each trident.ccl / trident.ops entry
+(trident/runtime/compiled.py): the entry calls it while Dynamo traces, and it calls the
+custom op. Eager calls never run the stand-ins (an entry pays ~60 ns for the question).
+The fused ops' options (gemm=, config=, split_k=, num_pushers=) go through too, so that
+a compiled graph can force a GEMM core or config family; the collectives' launch
+options (block, programs, ...) raise a ValueError there.
 
 The functions exported here (all_reduce(ctx, t), ...) are the differentiable functional
 forms for model code, eager or compiled. Files: common.py (the namespace, finding a

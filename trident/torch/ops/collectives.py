@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from ... import ccl as _ccl
+from ...runtime.compiled import STANDINS
 from .common import LIB as _LIB, context, no_launch_options as _no_launch_options, op as _op
 
 
@@ -226,9 +227,8 @@ def broadcast(ctx, t, src: int = 0, algorithm: str | None = None) -> torch.Tenso
 
 
 # ---------------------------------------------------------------------------- torch.compile
-# What Dynamo traces in place of trident.ccl's eager entries (ccl.COMPILED: each entry
-# calls its stand-in when torch.compile traces it). Each checks what the graph cannot
-# carry (launch options, knobs) and calls the op.
+# What Dynamo traces in place of trident.ccl's eager entries (trident/runtime/compiled.py).
+# Each checks what the graph cannot carry (launch options, knobs) and calls the op.
 def _compiled_all_reduce(ctx, t, op="sum", algorithm=None, block=None, programs=None, **kw):
     _no_launch_options("all_reduce", block, programs, kw)
     torch.ops.trident.all_reduce_(t, ctx.name, op, algorithm)
@@ -263,6 +263,6 @@ def _compiled_broadcast(ctx, t, src=0, algorithm=None, block=None, programs=None
     return t
 
 
-_ccl.COMPILED.update(all_reduce=_compiled_all_reduce, all_gather=_compiled_all_gather,
-                     reduce_scatter=_compiled_reduce_scatter,
-                     all_to_all=_compiled_all_to_all, broadcast=_compiled_broadcast)
+STANDINS.update(all_reduce=_compiled_all_reduce, all_gather=_compiled_all_gather,
+                reduce_scatter=_compiled_reduce_scatter, all_to_all=_compiled_all_to_all,
+                broadcast=_compiled_broadcast)

@@ -13,6 +13,7 @@ import torch
 
 from ... import ccl as _ccl
 from ... import ops as _ops
+from ...runtime.compiled import STANDINS
 from .common import LIB as _LIB, context, no_launch_options as _no_launch_options, op as _op
 
 
@@ -256,10 +257,9 @@ def _compiled_fused(name):
     return run
 
 
-for _original, _standin in (
-        (_ccl.all_reduce_add_rmsnorm, _compiled_add_rmsnorm),
-        (_ops.all_gather_matmul, _compiled_fused("all_gather_matmul")),
-        (_ops.matmul_reduce_scatter, _compiled_fused("matmul_reduce_scatter")),
-        (_ops.matmul_all_reduce, _compiled_fused("matmul_all_reduce")),
-        (_ops.matmul_all_reduce_add_rmsnorm, _compiled_matmul_norm)):
-    torch.compiler.substitute_in_graph(_original, skip_signature_check=True)(_standin)
+STANDINS.update({
+    "all_reduce_add_rmsnorm": _compiled_add_rmsnorm,
+    "all_gather_matmul": _compiled_fused("all_gather_matmul"),
+    "matmul_reduce_scatter": _compiled_fused("matmul_reduce_scatter"),
+    "matmul_all_reduce": _compiled_fused("matmul_all_reduce"),
+    "matmul_all_reduce_add_rmsnorm": _compiled_matmul_norm})
