@@ -147,7 +147,10 @@ def _skip_repatching_in_device_calls() -> None:
     all_reduce_add_rmsnorm tests (py-spy). Here a device call whose module's languages the
     launch under way already patched runs without patching; any other patches as before.
     Launches are told from device calls by who patches: GridExecutor (and the race
-    detector's copy of its call) patch once per launch and restore at its end."""
+    detector's copy of its call) patch once per launch and restore at its end; a device
+    call that patched a module the launch did not (triton.language.core, for Triton's own
+    helpers such as tl.cdiv) leaves it patched until the launch ends (the interpreter
+    never restores a device call's patch), so later calls skip it too."""
     original_patch_lang = _interp._patch_lang
     original_device_call = _interp.InterpretedFunction.__call__
     launches: list = []           # per launch under way: the languages its patch covers
@@ -163,7 +166,7 @@ def _skip_repatching_in_device_calls() -> None:
     def _patch_lang(fn):
         scope = original_patch_lang(fn)
         if not in_device_call[0]:                     # a launch's: restored at its end
-            launches.append(languages(fn))
+            launches.append(set(languages(fn)))
             restore = scope.restore
 
             def restore_launch():
@@ -186,6 +189,8 @@ def _skip_repatching_in_device_calls() -> None:
             return original_device_call(self, *args, **kwargs)
         finally:
             in_device_call[0] -= 1
+            if launches:        # what it patched stays so until the launch ends (never
+                launches[-1] |= languages(self.fn)    # restored: the interpreter's way)
 
     _interp._patch_lang = _patch_lang
     _interp.InterpretedFunction.__call__ = device_call
