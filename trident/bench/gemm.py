@@ -411,14 +411,16 @@ def summarize(rows: list[dict]) -> dict:
 
 def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str):
     """This GPU's gemm_tables.GpuTable from a run: per measured class its best candidate
-    and, where that one is swap-AB (the fused ops cannot run it), the best plain one."""
+    and, where that one is swap-AB or warp-specialised Gluon (the fused ops run neither),
+    the best plain one."""
     from ..ops import gemm_tables
     classes = {}
     for cls, (name, mean, count, means, floor, _) in sorted(best.items()):
         entry = {"config": name, "measured": True, "geomean_vs_cublas": round(mean, 3),
                  "geomean_vs_floor": round(floor, 3), "shapes": count, "date": date}
-        if candidates[name].get("SWAP_AB"):
-            plain = {c: v for c, v in means.items() if not candidates[c].get("SWAP_AB")}
+        if candidates[name].get("SWAP_AB") or candidates[name].get("GLUON"):
+            plain = {c: v for c, v in means.items()
+                     if not candidates[c].get("SWAP_AB") and not candidates[c].get("GLUON")}
             if plain:
                 fused = max(plain, key=plain.get)
                 entry.update(fused_config=fused, fused_vs_cublas=round(plain[fused], 3))
@@ -478,7 +480,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", default="", help="comma-separated words: only the layers of "
                    "the models whose name holds one (e.g. llama3); default all")
     p.add_argument("--candidates", default="", help="comma-separated candidates "
-                   "(default: gemm_configs.py's CANDIDATES; STREAM_K_CANDIDATES only by name)")
+                   "(default: gemm_configs.py's CANDIDATES; the stream-K, deep and ws "
+                   "ones only by name)")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out-dir", default=None)

@@ -72,8 +72,9 @@ from ..runtime._env import INTERPRET
 from ..runtime.placement import usable_sms
 from ..runtime.triton_launch import Launch, Live
 from . import gemm_tables
-from ._common import DOT_UPCAST, arrive_partial, finish_slice, gemm_tile, outside_graph_pools
-from .gemm_host import _Address, addresses_only, check, host_descriptors  # noqa: F401
+from ._common import DOT_UPCAST, arrive_partial, finish_slice, gemm_tile
+from .gemm_host import (_Address, _split_workspaces, addresses_only, check,  # noqa: F401
+                        host_descriptors, split_workspace, tma_compatible)
 # the candidates and the split-K / stream-K choices live in gemm_configs.py (pure Python)
 from .gemm_configs import (CANDIDATES, KNOWN, base_candidate, split_for_tiles,  # noqa: F401
                            split_k_for, stream_k_for, stream_k_tiles)
@@ -142,6 +143,8 @@ def config_for(M: int, N: int, K: int, split_k: bool = False, gpu: tuple | None 
         if entry is not None:
             cfg = resolve(entry["config"] if split_k else
                           entry.get("fused_config", entry["config"]))
+        if cfg is not None and not split_k and cfg.get("GLUON"):
+            cfg = resolve(cfg["TWIN"])     # the fused kernels tile with gemm.py's kernel
         if cfg is None or (not split_k and cfg["SWAP_AB"]):
             # no table, or a swap-AB entry without a plain one: the tutorial's default
             cfg = resolve("64x128x64_s4_w4" if M <= 64 else "128x256x64_s3_w8")
@@ -421,16 +424,6 @@ def ensure_allocator() -> None:
         triton.set_allocator(_torch_alloc)
 
 
-def tma_compatible(*tensors) -> bool:
-    """Whether TMA descriptors can address these 2-D tensors: not empty, rows contiguous,
-    base and row stride 16-byte aligned."""
-    for t in tensors:
-        if not t.numel() or t.stride(1) != 1 or t.data_ptr() % 16 \
-                or (t.stride(0) * t.element_size()) % 16:
-            return False
-    return True
-
-
 def num_sms(device: torch.device) -> int:
     """Persistent programs at most: one per SM of this rank's share of the GPU
     (trident/runtime/placement.py; INTERPRET_PROGRAMS under the interpreter). A constexpr of the
@@ -442,36 +435,6 @@ def num_sms(device: torch.device) -> int:
 
 
 DESCS = ("host", "kernel")
-
-
-def _bucket_pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 1).bit_length()
-
-
-# (device, stream, partial elements, counters) -> (partials fp32, counters int32); kept
-# for the life of the process: plans and captured graphs hold their addresses. `matmul`'s
-# only: the fused ops keep theirs with their workspaces (fused_tile.split_buffers).
-_split_workspaces: dict = {}
-
-
-def split_workspace(device: torch.device, partial_elems: int, tiles: int):
-    """The split-K workspace of launches on this device's current stream: fp32 partials
-    (at least partial_elems) and int32 per-tile arrival counters (at least `tiles`), zeroed
-    once when made; the kernel leaves them 0 after every launch (see the module doc).
-    Made outside CUDA-graph pools (_common.outside_graph_pools), except for a stream that
-    is being captured and has none yet: then from the capture's pool, which lives as long
-    as its graph."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (str(device), stream, _bucket_pow2(partial_elems), _bucket_pow2(tiles))
-    ws = _split_workspaces.get(key)
-    if ws is None:
-        def make():
-            return (torch.empty(key[2], dtype=torch.float32, device=device),
-                    torch.zeros(key[3], dtype=torch.int32, device=device))
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        ws = _split_workspaces[key] = make() if capturing else \
-            outside_graph_pools(device, "gemm's split-K workspace", make)
-    return ws
 
 
 def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = None,
@@ -487,6 +450,8 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     N = w.shape[0]
     cfg = dict(config) if config is not None else \
         config_for(M, N, K, split_k=True, gpu=gpu_identity(a.device))
+    if cfg.get("GLUON"):                        # gemm_ws.py's kernel: see _launch_of
+        cfg = resolve(cfg["TWIN"])
     swap = bool(cfg.get("SWAP_AB", False))
     if swap and cfg["WARP_SPECIALIZE"]:
         raise ValueError("gemm: a config cannot be both swap-AB (SWAP_AB) and "
@@ -548,6 +513,23 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     return (stream or min(tiles * split, sms),), args, kwargs
 
 
+def _launch_of(a, w, bias, out, config, tma, desc, split_k):
+    """(kernel, grid, args, kwargs, out's position in args) of a `matmul` launch: the
+    warp-specialised Gluon kernel (gemm_ws.py) for a GLUON config where it can run (an
+    sm_90 GPU, tensors TMA takes, host descriptors, no explicit split_k), else gemm.py's
+    kernel (a GLUON config by its TWIN)."""
+    cfg = config if config is not None else \
+        config_for(a.shape[0], w.shape[0], a.shape[1], split_k=True, gpu=gpu_identity(a.device))
+    if cfg.get("GLUON") and not INTERPRET and tma is not False and desc in (None, "host") \
+            and split_k in (None, 1) and gpu_identity(a.device)[1] == (9, 0) \
+            and tma_compatible(a, w, out):
+        from . import gemm_ws
+        grid, args, kwargs = gemm_ws.launch_args(a, w, bias, out, cfg, num_sms(a.device))
+        return gemm_ws.gemm_ws_kernel, grid, args, kwargs, 2
+    grid, args, kwargs = launch_args(a, w, bias, out, cfg, tma, desc, split_k)
+    return _gemm_kernel, grid, args, kwargs, 3
+
+
 # Launches of recent signatures (trident/runtime/triton_launch.py: one C call per launch after the
 # first): key = the tensors' addresses, shapes, strides, dtypes, the stream (the split-K
 # workspace is per stream), the config and the path.
@@ -577,17 +559,18 @@ def matmul(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     if INTERPRET:                 # the ordinary launch; a Launch would keep the tensors
         from ..runtime import emulation
         emulation.install()
-        grid, args, kwargs = launch_args(a, w, bias, out, config, tma, desc, split_k)
-        _gemm_kernel[grid](*args, **kwargs)
+        kernel, grid, args, kwargs, _ = _launch_of(a, w, bias, out, config, tma, desc, split_k)
+        kernel[grid](*args, **kwargs)
         return out
     key = (_key(a), _key(w), _key(bias), None if fresh else _key(out), out.dtype,
            None if config is None else tuple(sorted(config.items())), tma, desc, split_k,
            _raw_stream(a.device.index) if _raw_stream is not None and a.is_cuda else None)
     launch = _launches.get(key)
     if launch is None:
-        grid, args, kwargs = launch_args(a, w, bias, out, config, tma, desc, split_k)
-        args = args[:3] + (Live(0),) + args[4:] if fresh else args
-        launch = _launches[key] = Launch(_gemm_kernel, grid, args, kwargs, (out,))
+        kernel, grid, args, kwargs, at = _launch_of(a, w, bias, out, config, tma, desc,
+                                                    split_k)
+        args = args[:at] + (Live(0),) + args[at + 1:] if fresh else args
+        launch = _launches[key] = Launch(kernel, grid, args, kwargs, (out,))
         # the plan keeps addresses only (triton_launch.Launch): so do its descriptors
         addresses_only(launch, args[:2])
         if len(_launches) > _CAPACITY:

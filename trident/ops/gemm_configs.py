@@ -115,7 +115,47 @@ STREAM_K_CANDIDATES = {
     "64x256x64_s4_w4_streamk": _config(64, 256, 64, 4, 4, stream_k=True),
     "swab128x64x64_s6_w4_streamk": _config(128, 64, 64, 6, 4, swap_ab=True, stream_k=True),
 }
-KNOWN = {**CANDIDATES, **STREAM_K_CANDIDATES}     # every name a config may go by
+# Deeper pipelines and longer K steps at mid M (issue 40), tried only when named until a
+# GPU run says where they win. What cuBLAS runs there on one H200 (ncu, 2026-12-02's
+# bench/lab/gemm_probe.py run: docs/history.md, "The GEMM core at mid M"): 128x64 and 64x64
+# tiles with 8-13 stages, 128x128 with 6, where our candidates have 4-6 and the same
+# tiles and grids: the k-loop, not the tiling, is what it wins by. Shared memory:
+# stages * (BM + BN) * BK * 2 bytes plus the epilogue's BM * BN * 2, all under sm_90's
+# 227 KB (128x128x64_s6_w8: 224 KB).
+DEEP_CANDIDATES = {
+    "128x128x64_s5_w8": _config(128, 128, 64, 5, 8),
+    "128x128x64_s6_w8": _config(128, 128, 64, 6, 8),
+    "128x64x64_s8_w4_sk8": _config(128, 64, 64, 8, 4, split_k=8),
+    "128x64x128_s4_w4_sk8": _config(128, 64, 128, 4, 4, split_k=8),
+    "64x64x128_s6_w4_sk8": _config(64, 64, 128, 6, 4, split_k=8),
+    "64x128x128_s4_w4": _config(64, 128, 128, 4, 4),
+    "swab64x64x128_s6_w4_sk8": _config(64, 64, 128, 6, 4, split_k=8, swap_ab=True),
+}
+
+def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str) -> dict:
+    """A config of the warp-specialised Gluon kernel (trident/ops/gemm_ws.py: GLUON):
+    `warps` consumer warps, one producer warp on top, `stages` TMA slots. TWIN: the
+    candidate of gemm.py's kernel that runs instead where this one cannot (the CPU
+    emulation, a GPU other than sm_90, tensors TMA cannot take, an explicit split_k, the
+    fused kernels)."""
+    return dict(_config(bm, bn, bk, stages, warps), GLUON=True, TWIN=twin)
+
+
+# The warp-specialised Gluon kernel (gemm_ws.py), tried only when named until a GPU run
+# says where it wins. Shared memory: stages * (BM + BN) * BK * 2 bytes plus the epilogue's
+# layout conversion (at most BM * BN * 2), under sm_90's 227 KB (tests/compile/sm90.py).
+WS_CANDIDATES = {
+    "ws128x128x64_s6_w8": _ws(128, 128, 64, 6, 8, "128x128x64_s4_w8"),
+    "ws128x128x64_s6_w4": _ws(128, 128, 64, 6, 4, "128x128x64_s4_w8"),
+    "ws128x128x128_s3_w8": _ws(128, 128, 128, 3, 8, "128x128x128_s3_w8"),
+    "ws128x256x64_s4_w8": _ws(128, 256, 64, 4, 8, "128x256x64_s3_w8"),
+    "ws128x64x64_s8_w4": _ws(128, 64, 64, 8, 4, "128x64x64_s6_w4_sk8"),
+    "ws64x128x128_s4_w4": _ws(64, 128, 128, 4, 4, "64x128x64_s4_w4"),
+    "ws64x64x128_s6_w4": _ws(64, 64, 128, 6, 4, "64x128x64_s4_w4"),
+    "ws64x256x64_s4_w4": _ws(64, 256, 64, 4, 4, "64x256x64_s4_w4"),
+}
+KNOWN = {**CANDIDATES, **STREAM_K_CANDIDATES, **DEEP_CANDIDATES, **WS_CANDIDATES}
+# (every name a config may go by)
 
 # Stream-K: at least this many BK-steps a program (fewer programs than SMs on small
 # problems): a pipeline of 3-6 stages has to fill before it streams.

@@ -1,11 +1,12 @@
 """The GEMM core's host-side helpers that need no kernel (trident/ops/gemm.py re-exports
-them): `matmul`'s input checks, and host-made TMA descriptors for the fused ops with the
-launch-plan fix that keeps only their base address."""
+them): `matmul`'s input checks, whether TMA can take a tensor, the split-K workspace, and
+host-made TMA descriptors for the fused ops with the launch-plan fix that keeps only their
+base address."""
 from __future__ import annotations
 
 import torch
 
-from ._common import DTYPES
+from ._common import DTYPES, outside_graph_pools
 
 
 def check(a, w, bias=None, out=None) -> None:
@@ -77,3 +78,43 @@ def addresses_only(launch, descriptors) -> None:
     for d in descriptors:
         if hasattr(d, "block_shape") and isinstance(d.base, torch.Tensor):
             d.base = _Address(d.base)
+
+
+def tma_compatible(*tensors) -> bool:
+    """Whether TMA descriptors can address these 2-D tensors: not empty, rows contiguous,
+    base and row stride 16-byte aligned."""
+    for t in tensors:
+        if not t.numel() or t.stride(1) != 1 or t.data_ptr() % 16 \
+                or (t.stride(0) * t.element_size()) % 16:
+            return False
+    return True
+
+
+def _bucket_pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 1).bit_length()
+
+
+# (device, stream, partial elements, counters) -> (partials fp32, counters int32); kept
+# for the life of the process: plans and captured graphs hold their addresses. `matmul`'s
+# only: the fused ops keep theirs with their workspaces (fused_tile.split_buffers).
+_split_workspaces: dict = {}
+
+
+def split_workspace(device: torch.device, partial_elems: int, tiles: int):
+    """The split-K workspace of launches on this device's current stream: fp32 partials
+    (at least partial_elems) and int32 per-tile arrival counters (at least `tiles`), zeroed
+    once when made; the kernel leaves them 0 after every launch (see the module doc).
+    Made outside CUDA-graph pools (_common.outside_graph_pools), except for a stream that
+    is being captured and has none yet: then from the capture's pool, which lives as long
+    as its graph."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, _bucket_pow2(partial_elems), _bucket_pow2(tiles))
+    ws = _split_workspaces.get(key)
+    if ws is None:
+        def make():
+            return (torch.empty(key[2], dtype=torch.float32, device=device),
+                    torch.zeros(key[3], dtype=torch.int32, device=device))
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        ws = _split_workspaces[key] = make() if capturing else \
+            outside_graph_pools(device, "gemm's split-K workspace", make)
+    return ws
