@@ -753,9 +753,43 @@ def _language() -> list[Kernel]:
     ]
 
 
+def _gemm_ws() -> list[Kernel]:
+    """trident/ops/gemm_ws.py's warp-specialised Gluon GEMM: every WS candidate (bf16),
+    one with a bias and one fp16; each must show warp specialisation (setmaxnreg), wgmma,
+    TMA copies, 16-byte output stores, and fit sm_90's shared memory."""
+    from triton.experimental.gluon import language as gl
+
+    from trident.ops import gemm_configs, gemm_ws
+    variants = []
+
+    def add(cfg, dt="bf16", bias=False):
+        ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dt]
+
+        def desc(block):
+            layout = gl.NVMMASharedLayout.get_default_for(block, ty)
+            return f"tensordesc<{dt}[{block[0]},{block[1]}],{layout!r}>"
+        warps_m, instr_n = gemm_ws.wgmma_shape(cfg["BM"], cfg["BN"], cfg["num_warps"])
+        variants.append(V(vectors="st", num_warps=cfg["num_warps"], num_stages=1,
+                          types=dict(a_desc=desc([cfg["BM"], cfg["BK"]]),
+                                     w_desc=desc([cfg["BN"], cfg["BK"]]),
+                                     out=f"*{dt}", bias=f"*{dt}"),
+                          ptx_has=("setmaxnreg", "wgmma.mma_async", "cp.async.bulk.tensor"),
+                          NUM_PROGRAMS=132, GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
+                          HAS_BIAS=bias, CONSUMER_WARPS=cfg["num_warps"], WARPS_M=warps_m,
+                          INSTR_N=instr_n, TPW_N=min(32, cfg["BN"] // 8)))
+
+    for cfg in gemm_configs.WS_CANDIDATES.values():
+        add(cfg)
+    add(gemm_configs.WS_CANDIDATES["ws128x128x64_s6_w8"], bias=True)
+    add(gemm_configs.WS_CANDIDATES["ws64x128x128_s4_w4"], "fp16", bias=True)
+    return [Kernel("trident.ops.gemm_ws", "gemm_ws_kernel",
+                   dict(M=I32, N=I32, K=I32, stride_om=I32), variants,
+                   aligned=("N", "K", "stride_om"))]
+
+
 def kernels() -> list[Kernel]:
-    return (_ccl() + _ops() + _gemm() + _pipelined() + _moe() + _trace_demo_bench() +
-            _language())
+    return (_ccl() + _ops() + _gemm() + _gemm_ws() + _pipelined() + _moe() +
+            _trace_demo_bench() + _language())
 
 
 def main(argv: list[str]) -> int:
