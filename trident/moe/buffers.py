@@ -84,6 +84,10 @@ COUNT_MASK = tl.constexpr(0xFFFFFFFF)
 SEND = tl.constexpr(1)
 RECV = tl.constexpr(2)
 BOTH = tl.constexpr(3)
+# the high-throughput combine's fused launch as it was before its one-pass receive: both
+# halves, this rank's own partial sums staged in `partial` as split mode does (A/B only:
+# plans.HT_COMBINE_STAGED)
+STAGED = tl.constexpr(4)
 
 # the high-throughput path (high_throughput.py): tokens per chunk, the unit of its
 # pipelining (one flag per chunk, destination and op); kinds of chunk flags

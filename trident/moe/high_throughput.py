@@ -71,7 +71,7 @@ from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
 from .combine import (combine_recv_end, combine_send_begin, push_partial, push_weights,
-                      sum_partials)
+                      sum_partials, sum_token)
 from .dispatch import copy_token, dispatch_recv_begin, dispatch_recv_end, push_payload
 from .routing import expert_ids
 
@@ -212,8 +212,9 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
                     partial, flags, fps, chunk_flags, state, ctrl, heap_bases, trace_buf, rank,
                     world, max_tokens, cap, num_weight_programs, fp, H: tl.constexpr,
                     K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                    WEIGHTS_AT_DISPATCH: tl.constexpr, CHUNK: tl.constexpr,
-                    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                    WEIGHTS_AT_DISPATCH: tl.constexpr, ONE_PASS: tl.constexpr,
+                    CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                    TRACE: tl.constexpr):
     epoch, par, wpar, t0 = combine_send_begin(state, WEIGHTS_AT_DISPATCH, TRACE)
     if pid < num_weight_programs:
         push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
@@ -226,15 +227,20 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
         rs = tl.arange(0, WP)
         counts = tl.load(recv_count + rs, mask=rs < world, other=0)
         most = tl.cdiv(tl.max(counts), CHUNK)
+        # ONE_PASS: only the other ranks' tokens (this rank's own partial is summed by its
+        # receivers, from expert_y); else every rank's, this one's staged in `partial`
+        nsrc = world - 1 if ONE_PASS else world
         ok = tl.cast(1, tl.int1)      # no wait of this program failed: it may push
-        for item in range(q, most * world, nq):
-            c = item // world
-            s = item % world
+        waited = tl.cast(0, tl.int32)     # bit s: source s's weights have come
+        for item in range(q, most * nsrc, nq):
+            c = item // nsrc          # chunk-major: the order receivers consume them
+            s = (rank + 1 + item % nsrc) % world    # programs spread over the links
             n = tl.sum(tl.where(rs == s, counts, 0))
             if not WEIGHTS_AT_DISPATCH:
-                if ok & (c * CHUNK < n):
+                if ok & (c * CHUNK < n) & (((waited >> s) & 1) == 0):
                     ok = B.wait_call(flags, fps, B.FLAG_WEIGHTS, par, world, s, epoch, fp,
                                      ctrl, rank, B.OP_COMBINE)
+                    waited = waited | (1 << s)
             if ok & (c * CHUNK < n):
                 for i in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n)):
                     push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
@@ -248,22 +254,41 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
 
 
 @triton.jit
-def ht_combine_recv(pid, npid, out, num_tokens, send_slot, partial, chunk_flags, state, ctrl,
-                    rank, world, max_tokens, trace_buf, H: tl.constexpr, WP: tl.constexpr,
+def ht_combine_recv(pid, npid, out, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
+                    stride_wk, num_tokens, send_slot, token_rows, weights, partial,
+                    chunk_flags, state, ctrl, rank, world, max_tokens, cap, trace_buf,
+                    H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                    WEIGHTS_AT_DISPATCH: tl.constexpr, ONE_PASS: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
     par = epoch % 2
+    if WEIGHTS_AT_DISPATCH:     # this rank's own weights, in dispatch's half of dweights
+        wpar = tl.load(state + B.DISPATCH_RECV_EPOCH) % 2
     t0 = trd.begin(TRACE)
+    ks = tl.arange(0, KP)
     ok = tl.cast(1, tl.int1)
     for c in range(pid, tl.cdiv(num_tokens, CHUNK), npid):
-        for r in range(world):
-            ok = ok & tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world,
-                                           max_tokens, CHUNK), epoch, ctrl, rank, r,
-                               B.OP_COMBINE)
+        for j in range(1 if ONE_PASS else 0, world):
+            r = (rank + j) % world      # ONE_PASS: this rank's own part needs no flag
+            if ok:
+                ok = tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world,
+                                          max_tokens, CHUNK), epoch, ctrl, rank, r,
+                              B.OP_COMBINE)
         if ok:
             for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens)):
-                sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP,
-                             BLOCK_H)
+                if ONE_PASS:
+                    if WEIGHTS_AT_DISPATCH:
+                        w = tl.load(weights + ((wpar * world + rank) * max_tokens + t) * KP
+                                    + ks)
+                    else:
+                        w = tl.load(topk_weights + t * stride_wt + ks * stride_wk,
+                                    mask=ks < K, other=0.0)
+                    sum_token(t, out, expert_y, stride_ye, stride_yr, w, send_slot,
+                              token_rows, partial, rank, world, max_tokens, cap, par, H, KP,
+                              WP, BLOCK_H)
+                else:
+                    sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP,
+                                 BLOCK_H)
     combine_recv_end(npid, epoch, t0, out, num_tokens, state, ctrl, trace_buf, rank, H,
                      BLOCK_H, TRACE)
 
@@ -277,6 +302,9 @@ def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, s
                       WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                       TRACE: tl.constexpr):
+    # one launch (PART BOTH): the receivers sum this rank's own part from expert_y; split
+    # halves and PART STAGED (A/B timing) stage it in `partial` like the other ranks' parts
+    ONE_PASS: tl.constexpr = PART == B.BOTH
     pid = tl.program_id(0)
     n_send = B.senders(send_programs, PART)
     if pid < n_send:
@@ -285,10 +313,12 @@ def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, s
                             stride_wt, stride_wk, num_tokens, send_slot, token_rows,
                             recv_count, weights, partial, flags, fps, chunk_flags, state, ctrl,
                             heap_bases, trace_buf, rank, world, max_tokens, cap,
-                            num_weight_programs, fp, H, K, KP, WP, WEIGHTS_AT_DISPATCH, CHUNK,
-                            BLOCK_T, BLOCK_H, TRACE)
+                            num_weight_programs, fp, H, K, KP, WP, WEIGHTS_AT_DISPATCH,
+                            ONE_PASS, CHUNK, BLOCK_T, BLOCK_H, TRACE)
     else:
         if PART != B.SEND:
-            ht_combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, num_tokens,
-                            send_slot, partial, chunk_flags, state, ctrl, rank, world,
-                            max_tokens, trace_buf, H, WP, CHUNK, BLOCK_H, TRACE)
+            ht_combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, expert_y,
+                            stride_ye, stride_yr, topk_weights, stride_wt, stride_wk,
+                            num_tokens, send_slot, token_rows, weights, partial, chunk_flags,
+                            state, ctrl, rank, world, max_tokens, cap, trace_buf, H, K, KP,
+                            WP, WEIGHTS_AT_DISPATCH, ONE_PASS, CHUNK, BLOCK_H, TRACE)

@@ -33,6 +33,10 @@ from .high_throughput import ht_combine_kernel, ht_dispatch_kernel
 from .routing import CHECK_ALLOW_NONE
 
 BLOCK_T = 64      # tokens per step of combine's weight programs
+# True: the high-throughput combine's fused launch stages this rank's own partial sums
+# (buffers.STAGED, the combine before its one-pass receive), for A/B timing only
+# (`trident bench moe --combine-ab`); read when a plan is built
+HT_COMBINE_STAGED = False
 
 
 # ---------------------------------------------------------------------------- checks
@@ -243,6 +247,8 @@ def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
                 weights=ep.buf.dweights if at_dispatch else ep.buf.weights,
                 num_weight_programs=weight_programs, fp=_call(ep, _kernels(ep)[1]))
     part, programs = (B.BOTH, senders + _programs(ep, T)) if wait else (B.SEND, senders)
+    if part == B.BOTH and ep.high_throughput and HT_COMBINE_STAGED:
+        part = B.STAGED
     _launch(ep, plan, _kernels(ep)[1], part, senders, programs, args,
             WEIGHTS_AT_DISPATCH=at_dispatch)
     return plan
