@@ -10,6 +10,8 @@ by the parity of the op's epoch:
     dweights [2, world, M, KP]  the same, when the weights came with dispatch instead
     partial  [2, world, M, H]   combine: sum over this rank's experts of w * expert_y,
                                  written by expert rank s at [par, s, slot of the token on s]
+                                 (the high-throughput path's fused launch: by the other
+                                 ranks only, this rank's own part is summed in one pass)
     flags    [3, 2, world]      int64, one per (kind, parity, source rank)
     fps      [3, 2, world]      int64: the call fingerprint the source stored beside the
                                  flag of the same index, before it (see "Calls" below)

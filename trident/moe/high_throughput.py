@@ -50,11 +50,41 @@ What this path changes (same buffers, same outputs, same API):
   - Combine: the expert side walks received chunks in the same order, pushes the partial
     sums of the chunk's tokens that came here (nothing for the others) and sets the
     chunk's flag on the source; the source's receivers sum a chunk of their own tokens
-    as soon as every rank flagged it.
+    as soon as every other rank flagged it (one pass, see below).
   - Chunk flags carry the epoch and are never reset: a receiver waits for flag >= its
     epoch; a sender cannot reach epoch e + 1 before this rank finished reading e (each
     launch reads every chunk of every rank before it ends, and every rank flags every
-    chunk of every epoch), nor e + 2 before this rank's e + 1 send. CUDA-graph safe.
+    chunk of every other rank in every epoch), nor e + 2 before this rank's e + 1 send.
+    CUDA-graph safe.
+
+Combine, one pass (issue 40). `trident bench moe` at 4096 tokens on 2x H200 had
+dispatch 285 us, combine 483 us and combine_wd (weights sent with dispatch) 338 us, from
+the code: per token t of rank R (d ranks own some of its k experts, k_r of them on rank
+r; a row is H values, 14 KiB at DeepSeek-V3), the staged combine's expert side on every r
+of the d, R included, read k_r expert_y rows and wrote one row into R's `partial` (over
+NVLink, or local HBM where r = R), one flag per (chunk, source) item, and before each
+item polled the source's weights flag again (its sends of a call start only after every
+peer's weight programs ran and signalled: successive calls do not overlap across ranks,
+the likely part of the 145 us between combine and combine_wd); then R's receivers read
+all d partial rows back from HBM and wrote y[t]. So R's own share went through HBM twice
+more (a row written, the same row read: 2 of the ~9 rows of local traffic per token at
+2 ranks) and 1/world of the expert programs' items (half at 2 ranks) wrote locally
+instead of feeding a link, each item of k_r rows read per row sent. Dispatch, for
+comparison: per token one x row read (again from L2 per destination), d rows pushed,
+one fence per chunk for all ranks, no waits and no atomics on the send side; its
+receivers one row read and k_r written per token. Both move 16-byte vectors (BLOCK_H =
+1024 bf16 per step at 4 warps), one row per step in flight in dispatch's programs, k_r
+in combine's expert programs, d in its receivers; neither sums in a second pass beyond
+the staging above.
+
+Now, in the fused launch (PART BOTH), the expert side pushes only to the other ranks
+(their chunks spread over the links from rank + 1 on; the weights flag of a source
+waited once per program), and R's receivers sum, in one pass per token, the k_R rows of
+expert_y here (with the token's own weights) and the partial of each other rank it went
+to, each row read once (combine.sum_token: up to KP + WP rows in flight per step), in a
+fixed order (deterministic). Split mode keeps the staging: its receive half runs after
+the caller may have reused expert_y. PART STAGED is that staging in one launch, for
+A/B timing only (plans.HT_COMBINE_STAGED; `trident bench moe --combine-ab`).
 
 Both halves' programs wait only on lower program ids of their own rank (and on other
 ranks), so the grid cannot deadlock and the CPU emulation (programs in order) works.

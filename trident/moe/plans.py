@@ -15,7 +15,8 @@ receive half's plan (PART=RECV), which depends on nothing but the ExpertParallel
 An ExpertParallel built with high_throughput (by default: max_num_tokens >=
 ctx.options.moe_ht_min_tokens) launches the kernels of high_throughput.py instead, with
 the same arguments plus the chunk flags, and its grids sized by chunks of
-buffers.CHUNK_TOKENS tokens instead of tokens.
+buffers.CHUNK_TOKENS tokens instead of tokens. Its combine plans launch PART STAGED
+instead of BOTH while HT_COMBINE_STAGED is set (A/B timing of the staged combine).
 """
 from __future__ import annotations
 
