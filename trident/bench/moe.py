@@ -268,7 +268,8 @@ ABOUT = ("eager_us: calls queued back to back after a device barrier, device tim
          "device barrier (median); all max over ranks. combine_wd: combine when dispatch was "
          "given the weights; floor_us: NVLink bytes one GPU must send or receive (per op; "
          "twice that for total) over the usable rate; GBps: those bytes over the graph time "
-         "(eager where none), GBps_eager over the eager time; eager_vs_torch = torch.distributed eager time / eager time")
+         "(eager where none), GBps_eager over the eager time; "
+         "eager_vs_torch = torch.distributed eager time / eager time")
 
 
 def _bench_rank(ctx, models, tokens, timing, out_dir, phases=PHASES, combine_ab=False):
