@@ -15,6 +15,10 @@
 #             "trident": collectives, torch's TP / FSDP2 / DTensor against gloo, streams, CUDA
 #             graphs) and tests/compat (DeepEP's API); then the backend's host-cost bench
 #             (JSON) and bench/deep_ep_host_cost.py (JSON lines). Logs and JSON in $OUT
+#   combine   issue 40: the high-throughput MoE path at DeepSeek-V3, 4096 tokens, 2 ranks
+#             sharing the GPU (MPS): dispatch, combine and combine_wd, eager and graph GB/s,
+#             the one-pass combine (row trident) against the staged one it replaced (row
+#             "trident (staged combine)"); HBM, not NVLink. Log and JSON in $OUT
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/nvidia/bin
@@ -121,6 +125,12 @@ for step in ${STEPS:-env tests checks}; do
     $T 70 python3 bench/deep_ep_host_cost.py 2 > $OUT/deep-ep-host-cost.jsonl 2>&1
     say "== bench/deep_ep_host_cost.py rc=$?"; tail -4 $OUT/deep-ep-host-cost.jsonl | tee -a $LOG
     echo quit | nvidia-cuda-mps-control ;;
+  combine)
+    timeout -s INT -k 20 ${COMBINE_TIMEOUT:-220} python3 -m trident.bench.moe --world-size 2 \
+      --models deepseek-v3 --tokens 4096 --combine-ab --phases dispatch,combine,combine_wd \
+      --out-dir $OUT > $OUT/combine-ab.log 2>&1
+    say "== bench moe --combine-ab (2 ranks share one GPU, MPS: HBM, not NVLink) rc=$?"
+    tr '\r' '\n' < $OUT/combine-ab.log | grep -v "^moe \[" | tail -14 | tee -a $LOG ;;
   *) python3 $step 2>&1 | tee -a $LOG ;;
   esac
   say "== step $step: $((SECONDS - start)) s"

@@ -19,6 +19,13 @@ barrier); max over ranks, for
 On the CPU emulation tiny shapes are run (marked cpu-emulation): they only show the path.
 Where ranks share a GPU, the torch.distributed rows say that NCCL is not available there
 (`note`); trident's rows are checked against the identity experts' result as everywhere.
+
+--combine-ab adds rows `trident (staged combine)`: the high-throughput path with its fused
+combine staging this rank's own partial sums as before the one-pass receive
+(plans.HT_COMBINE_STAGED), for an A/B in one run, and leaves the low-latency rows out;
+--phases keeps only some phases (e.g. dispatch,combine,combine_wd: a short run). GBps is
+over the graph time, GBps_eager over the eager time. Where ranks share one GPU (MPS) the
+bytes move through HBM, not NVLink: the figures compare kernels, not links.
 """
 from __future__ import annotations
 
@@ -104,10 +111,16 @@ def _nvlink_bytes(ctx, idx, L, H, esize) -> tuple[float, float]:
     return float(per_gpu.max()), float(everyone.sum())
 
 
+PHASES = ("dispatch", "combine", "combine_wd", "total", "split", "fp8")
+STAGED = "trident (staged combine)"
+
+
 def _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
-                  high_throughput):
-    """trident's rows of a case, on the path `high_throughput` picks (None: the default)."""
-    from trident.moe import ExpertParallel
+                  high_throughput, phases=PHASES):
+    """trident's rows of a case, on the path `high_throughput` picks (None: the default);
+    impl STAGED: the high-throughput path with the staged fused combine."""
+    from trident.moe import ExpertParallel, plans
+    plans.HT_COMBINE_STAGED = impl == STAGED       # read when the plans are built below
     ep = ExpertParallel(ctx, E, k, H, T, dtype=dtype, high_throughput=high_throughput)
     try:
         y = torch.empty(T, H, dtype=dtype, device=ctx.device)
@@ -119,36 +132,43 @@ def _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
             d2 = ep.dispatch(x, idx, validate=validate)
             ep.combine(d2.expert_x, d2, w, out=y)
 
-        add(impl, "dispatch", common.time_modes(ctx, lambda: ep.dispatch(x, idx), **timing))
+        if "dispatch" in phases:
+            add(impl, "dispatch", common.time_modes(ctx, lambda: ep.dispatch(x, idx),
+                                                    **timing))
         d = ep.dispatch(x, idx)          # the latest dispatch is the one combine may use
-        add(impl, "combine", common.time_modes(
-            ctx, lambda: ep.combine(d.expert_x, d, w, out=y), **timing))
-        add(impl, "total", common.time_modes(ctx, both, **timing))
-        add(impl, "total (validate=False)", common.time_modes(
-            ctx, lambda: both(validate=False), **timing))
+        if "combine" in phases:
+            add(impl, "combine", common.time_modes(
+                ctx, lambda: ep.combine(d.expert_x, d, w, out=y), **timing))
+        if "total" in phases:
+            add(impl, "total", common.time_modes(ctx, both, **timing))
+            add(impl, "total (validate=False)", common.time_modes(
+                ctx, lambda: both(validate=False), **timing))
         check(y)
         # variant: weights sent with the tokens, combine's send half waits for nothing
-        d = ep.dispatch(x, idx, topk_weights=w)
-        add(impl, "combine_wd", common.time_modes(
-            ctx, lambda: ep.combine(d.expert_x, d, out=y), **timing))
-        check(y)
+        if "combine_wd" in phases:
+            d = ep.dispatch(x, idx, topk_weights=w)
+            add(impl, "combine_wd", common.time_modes(
+                ctx, lambda: ep.combine(d.expert_x, d, out=y), **timing))
+            check(y)
         if impl == "trident":
-            _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H)
+            _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H, phases)
     finally:
+        plans.HT_COMBINE_STAGED = False
         ep.close()
 
 
-def _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H):
+def _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H, phases=PHASES):
     """Split mode (send halves queued, receive halves after: the SM-free receive) and
     FP8 dispatch (e4m3 + one fp32 scale per 128 channels), each checked once."""
     def split_round():
         d = ep.dispatch(x, idx, wait=False).wait()
         ep.combine(d.expert_x, d, w, wait=False, out=y).wait()
 
-    split_round()
-    check(y)
-    add("trident", "total (split)", common.time_modes(ctx, split_round, **timing))
-    if H % 128:
+    if "split" in phases:
+        split_round()
+        check(y)
+        add("trident", "total (split)", common.time_modes(ctx, split_round, **timing))
+    if H % 128 or "fp8" not in phases:
         return
     from trident.moe import fp8
     d = ep.dispatch(x, idx, fp8=True)
@@ -164,7 +184,7 @@ def _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H):
         ctx, lambda: ep.dispatch(x, idx, fp8=True), **timing))
 
 
-def _case(ctx, model, E, k, H, T, timing, bar):
+def _case(ctx, model, E, k, H, T, timing, bar, phases=PHASES, combine_ab=False):
     dtype = torch.bfloat16
     g = torch.Generator().manual_seed(1000 + ctx.rank)
     x = torch.randn(T, H, generator=g).to(dtype).to(ctx.device)
@@ -179,9 +199,11 @@ def _case(ctx, model, E, k, H, T, timing, bar):
     def add(impl, phase, t):
         one = phase.startswith(("dispatch", "combine"))
         us = common.device_us(t)
+        moved = (1 if one else 2) * nv_bytes
         rows.append(dict(model=model, tokens=T, impl=impl, phase=phase, **t,
                          floor_us=floor if one else 2 * floor,
-                         GBps=(1 if one else 2) * nv_bytes / us / 1e3 if us else None))
+                         GBps=moved / us / 1e3 if us else None,
+                         GBps_eager=moved / t["eager_us"] / 1e3 if t.get("eager_us") else None))
 
     def check(y):
         ctx.sync()
@@ -191,13 +213,17 @@ def _case(ctx, model, E, k, H, T, timing, bar):
     # ctx.options.moe_ht_min_tokens on (row `trident`); there the low-latency path is timed too
     # (rows `trident (low-latency)`) so one run compares both and tunes the threshold
     variants = [("trident", None)]
-    if T >= ctx.options.moe_ht_min_tokens:
+    if combine_ab:          # both high-throughput combines, one after the other
+        variants = [("trident", True), (STAGED, True)]
+    elif T >= ctx.options.moe_ht_min_tokens:
         variants.append(("trident (low-latency)", False))
     for impl, high_throughput in variants:
         _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
-                      high_throughput)
+                      high_throughput, phases)
     bar.step(f"{model} T={T} trident")
-    if common.nccl_runs(ctx):
+    if combine_ab:
+        pass
+    elif common.nccl_runs(ctx):
         _torch_rows(ctx, E, x, idx, w, want, add, timing)
     else:
         for phase in ("dispatch", "combine", "total"):
@@ -235,23 +261,24 @@ def _torch_rows(ctx, E, x, idx, w, want, add, timing):
 
 
 COLUMNS = ["model", "tokens", "impl", "phase", "eager_us", "graph_us", "host_us", "synced_us",
-           "floor_us", "eager_vs_torch", "GBps"]
+           "floor_us", "eager_vs_torch", "GBps", "GBps_eager"]
 ABOUT = ("eager_us: calls queued back to back after a device barrier, device time per call; "
          "graph_us: the same calls replayed from one CUDA graph (None: not capturable); "
          "host_us: Python time per call while queueing; synced_us: one call right after a "
          "device barrier (median); all max over ranks. combine_wd: combine when dispatch was "
          "given the weights; floor_us: NVLink bytes one GPU must send or receive (per op; "
          "twice that for total) over the usable rate; GBps: those bytes over the graph time "
-         "(eager where none); eager_vs_torch = torch.distributed eager time / eager time")
+         "(eager where none), GBps_eager over the eager time; "
+         "eager_vs_torch = torch.distributed eager time / eager time")
 
 
-def _bench_rank(ctx, models, tokens, timing, out_dir):
+def _bench_rank(ctx, models, tokens, timing, out_dir, phases=PHASES, combine_ab=False):
     todo = [(m, t) for m in models for t in tokens]
     bar = common.Progress(2 * len(todo), "moe", enabled=ctx.rank == 0)
     rows = []
     for model, T in todo:
         E, k, H = models[model]
-        rows += _case(ctx, model, E, k, H, T, timing, bar)
+        rows += _case(ctx, model, E, k, H, T, timing, bar, phases, combine_ab)
     path = common.write_results(ctx, "moe", rows, {"columns": ABOUT, "models": models},
                                 out_dir=out_dir)
     png = None
@@ -268,8 +295,12 @@ def _bench_rank(ctx, models, tokens, timing, out_dir):
                         (r["tokens"], max(r["floor_us"], 1e-3)))
         png = common.plot(os.path.splitext(path)[0] + ".png", series, "tokens per rank",
                           "dispatch + combine (us)", f"MoE dispatch + combine, "
-                          f"{common.device_kind(ctx)}", logx=True, logy=True)
-    return rows, path, png, common.headline(ctx)
+                          f"{common.device_kind(ctx)}", logx=True,
+                          logy=True) if series else None    # none: --phases without total
+    head = common.headline(ctx)
+    if common.shares_gpu(ctx):
+        head += "\nGBps: ranks share one GPU (MPS): HBM, not NVLink"
+    return rows, path, png, head
 
 
 def main(argv=None) -> int:
@@ -278,7 +309,14 @@ def main(argv=None) -> int:
                         help=f"comma-separated, from {', '.join(MODELS)} (default: all)")
     parser.add_argument("--tokens", default=None, help="comma-separated tokens per rank "
                         f"(default {GPU_TOKENS} on GPUs, {CPU_TOKENS} on the CPU emulation)")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated subset of {','.join(PHASES)} (default: all)")
+    parser.add_argument("--combine-ab", action="store_true",
+                        help="time the high-throughput path with the one-pass combine and "
+                        "with the staged combine it replaced (rows 'trident' and "
+                        f"'{STAGED}'); no low-latency or torch.distributed rows")
     args = parser.parse_args(argv)
+    phases = tuple(common.parse_ops(parser, args.phases, list(PHASES)))
     from trident.runtime.launch import default_backend, launch
     from trident.moe import ExpertParallel
     backend = args.backend or default_backend()
@@ -296,8 +334,9 @@ def main(argv=None) -> int:
         (GPU_TOKENS if gpu else CPU_TOKENS)
     heap = max(ExpertParallel.heap_bytes(world, k, H, max(tokens)) for E, k, H in models.values())
     heap = heap + (256 << 20) if gpu else 64 << 20
+    # --combine-ab: two ExpertParallels one after the other; the first one's heap is freed
     results = launch(_bench_rank, world, models, tokens, common.timing_options(args, gpu, iters=10),
-                     args.out_dir, backend=backend, heap_size=heap)
+                     args.out_dir, phases, args.combine_ab, backend=backend, heap_size=heap)
     rows, path, png, headline = results[0]
     if headline:
         print(headline)

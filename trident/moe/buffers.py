@@ -10,6 +10,8 @@ by the parity of the op's epoch:
     dweights [2, world, M, KP]  the same, when the weights came with dispatch instead
     partial  [2, world, M, H]   combine: sum over this rank's experts of w * expert_y,
                                  written by expert rank s at [par, s, slot of the token on s]
+                                 (the high-throughput path's fused launch: by the other
+                                 ranks only, this rank's own part is summed in one pass)
     flags    [3, 2, world]      int64, one per (kind, parity, source rank)
     fps      [3, 2, world]      int64: the call fingerprint the source stored beside the
                                  flag of the same index, before it (see "Calls" below)
@@ -84,6 +86,10 @@ COUNT_MASK = tl.constexpr(0xFFFFFFFF)
 SEND = tl.constexpr(1)
 RECV = tl.constexpr(2)
 BOTH = tl.constexpr(3)
+# the high-throughput combine's fused launch as it was before its one-pass receive: both
+# halves, this rank's own partial sums staged in `partial` as split mode does (A/B only:
+# plans.HT_COMBINE_STAGED)
+STAGED = tl.constexpr(4)
 
 # the high-throughput path (high_throughput.py): tokens per chunk, the unit of its
 # pipelining (one flag per chunk, destination and op); kinds of chunk flags

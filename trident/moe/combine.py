@@ -106,6 +106,37 @@ def sum_partials(t, out, send_slot, partial, world, max_tokens, par, H: tl.const
 
 
 @triton.jit
+def sum_token(t, out, expert_y, stride_ye, stride_yr, w, send_slot, token_rows, partial,
+              rank, world, max_tokens, cap, par, H: tl.constexpr, KP: tl.constexpr,
+              WP: tl.constexpr, BLOCK_H: tl.constexpr):
+    """y[t] in one pass (the high-throughput path's fused launch): the fp32 sum over this
+    rank's experts of w * expert_y (its rows here, from token_rows; w [KP] its top-k
+    weights) plus the partial of every other rank it went to, each read once, written in
+    out's dtype. Per step of BLOCK_H columns both tiles' loads ([KP] expert_y rows and [WP]
+    partial rows, 16 bytes per thread, masked to the real rows) come before the one store,
+    so up to KP + WP rows are in flight; the sum runs in a fixed order (deterministic)."""
+    ks = tl.arange(0, KP)
+    rs = tl.arange(0, WP)
+    cols = tl.arange(0, BLOCK_H)
+    rows = tl.load(token_rows + (rank * max_tokens + t) * KP + ks)
+    mine = rows >= 0
+    w = tl.where(mine, w, 0.0)     # weights of rows not here may be anything (NaN too)
+    expert = rows // cap
+    y_ptr = (expert_y + expert.to(tl.int64)[:, None] * stride_ye
+             + (rows - expert * cap).to(tl.int64)[:, None] * stride_yr)
+    slots = tl.load(send_slot + t * WP + rs)
+    peer = (slots >= 0) & (rs != rank)
+    src = partial + ((par * world + rs) * max_tokens + slots).to(tl.int64)[:, None] * H
+    dst = out + tl.cast(t, tl.int64) * H
+    for c in tl.static_range(0, H, BLOCK_H):
+        m = c + cols < H
+        y = tl.load(y_ptr + c + cols[None, :], mask=mine[:, None] & m[None, :], other=0.0)
+        v = tl.load(src + c + cols[None, :], mask=peer[:, None] & m[None, :], other=0.0)
+        acc = tl.sum(y.to(tl.float32) * w[:, None], axis=0) + tl.sum(v.to(tl.float32), axis=0)
+        tl.store(dst + c + cols, acc.to(out.dtype.element_ty), mask=m)
+
+
+@triton.jit
 def combine_send_begin(state, WEIGHTS_AT_DISPATCH: tl.constexpr, TRACE: tl.constexpr):
     """The start of a send half, both paths: this launch's epoch, its parity, the parity of
     the half of `weights` the weights are in (wpar), and the trace start t0."""

@@ -50,11 +50,41 @@ What this path changes (same buffers, same outputs, same API):
   - Combine: the expert side walks received chunks in the same order, pushes the partial
     sums of the chunk's tokens that came here (nothing for the others) and sets the
     chunk's flag on the source; the source's receivers sum a chunk of their own tokens
-    as soon as every rank flagged it.
+    as soon as every other rank flagged it (one pass, see below).
   - Chunk flags carry the epoch and are never reset: a receiver waits for flag >= its
     epoch; a sender cannot reach epoch e + 1 before this rank finished reading e (each
     launch reads every chunk of every rank before it ends, and every rank flags every
-    chunk of every epoch), nor e + 2 before this rank's e + 1 send. CUDA-graph safe.
+    chunk of every other rank in every epoch), nor e + 2 before this rank's e + 1 send.
+    CUDA-graph safe.
+
+Combine, one pass (issue 40). `trident bench moe` at 4096 tokens on 2x H200 had
+dispatch 285 us, combine 483 us and combine_wd (weights sent with dispatch) 338 us, from
+the code: per token t of rank R (d ranks own some of its k experts, k_r of them on rank
+r; a row is H values, 14 KiB at DeepSeek-V3), the staged combine's expert side on every r
+of the d, R included, read k_r expert_y rows and wrote one row into R's `partial` (over
+NVLink, or local HBM where r = R), one flag per (chunk, source) item, and before each
+item polled the source's weights flag again (its sends of a call start only after every
+peer's weight programs ran and signalled: successive calls do not overlap across ranks,
+the likely part of the 145 us between combine and combine_wd); then R's receivers read
+all d partial rows back from HBM and wrote y[t]. So R's own share went through HBM twice
+more (a row written, the same row read: 2 of the ~9 rows of local traffic per token at
+2 ranks) and 1/world of the expert programs' items (half at 2 ranks) wrote locally
+instead of feeding a link, each item of k_r rows read per row sent. Dispatch, for
+comparison: per token one x row read (again from L2 per destination), d rows pushed,
+one fence per chunk for all ranks, no waits and no atomics on the send side; its
+receivers one row read and k_r written per token. Both move 16-byte vectors (BLOCK_H =
+1024 bf16 per step at 4 warps), one row per step in flight in dispatch's programs, k_r
+in combine's expert programs, d in its receivers; neither sums in a second pass beyond
+the staging above.
+
+Now, in the fused launch (PART BOTH), the expert side pushes only to the other ranks
+(their chunks spread over the links from rank + 1 on; the weights flag of a source
+waited once per program), and R's receivers sum, in one pass per token, the k_R rows of
+expert_y here (with the token's own weights) and the partial of each other rank it went
+to, each row read once (combine.sum_token: up to KP + WP rows in flight per step), in a
+fixed order (deterministic). Split mode keeps the staging: its receive half runs after
+the caller may have reused expert_y. PART STAGED is that staging in one launch, for
+A/B timing only (plans.HT_COMBINE_STAGED; `trident bench moe --combine-ab`).
 
 Both halves' programs wait only on lower program ids of their own rank (and on other
 ranks), so the grid cannot deadlock and the CPU emulation (programs in order) works.
@@ -71,7 +101,7 @@ from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
 from .combine import (combine_recv_end, combine_send_begin, push_partial, push_weights,
-                      sum_partials)
+                      sum_partials, sum_token)
 from .dispatch import copy_token, dispatch_recv_begin, dispatch_recv_end, push_payload
 from .routing import expert_ids
 
@@ -212,8 +242,9 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
                     partial, flags, fps, chunk_flags, state, ctrl, heap_bases, trace_buf, rank,
                     world, max_tokens, cap, num_weight_programs, fp, H: tl.constexpr,
                     K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                    WEIGHTS_AT_DISPATCH: tl.constexpr, CHUNK: tl.constexpr,
-                    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                    WEIGHTS_AT_DISPATCH: tl.constexpr, ONE_PASS: tl.constexpr,
+                    CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+                    TRACE: tl.constexpr):
     epoch, par, wpar, t0 = combine_send_begin(state, WEIGHTS_AT_DISPATCH, TRACE)
     if pid < num_weight_programs:
         push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
@@ -226,15 +257,20 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
         rs = tl.arange(0, WP)
         counts = tl.load(recv_count + rs, mask=rs < world, other=0)
         most = tl.cdiv(tl.max(counts), CHUNK)
+        # ONE_PASS: only the other ranks' tokens (this rank's own partial is summed by its
+        # receivers, from expert_y); else every rank's, this one's staged in `partial`
+        nsrc = world - 1 if ONE_PASS else world
         ok = tl.cast(1, tl.int1)      # no wait of this program failed: it may push
-        for item in range(q, most * world, nq):
-            c = item // world
-            s = item % world
+        waited = tl.cast(0, tl.int32)     # bit s: source s's weights have come
+        for item in range(q, most * nsrc, nq):
+            c = item // nsrc          # chunk-major: the order receivers consume them
+            s = (rank + 1 + item % nsrc) % world    # programs spread over the links
             n = tl.sum(tl.where(rs == s, counts, 0))
             if not WEIGHTS_AT_DISPATCH:
-                if ok & (c * CHUNK < n):
+                if ok & (c * CHUNK < n) & (((waited >> s) & 1) == 0):
                     ok = B.wait_call(flags, fps, B.FLAG_WEIGHTS, par, world, s, epoch, fp,
                                      ctrl, rank, B.OP_COMBINE)
+                    waited = waited | (1 << s)
             if ok & (c * CHUNK < n):
                 for i in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n)):
                     push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
@@ -248,22 +284,41 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
 
 
 @triton.jit
-def ht_combine_recv(pid, npid, out, num_tokens, send_slot, partial, chunk_flags, state, ctrl,
-                    rank, world, max_tokens, trace_buf, H: tl.constexpr, WP: tl.constexpr,
+def ht_combine_recv(pid, npid, out, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
+                    stride_wk, num_tokens, send_slot, token_rows, weights, partial,
+                    chunk_flags, state, ctrl, rank, world, max_tokens, cap, trace_buf,
+                    H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
+                    WEIGHTS_AT_DISPATCH: tl.constexpr, ONE_PASS: tl.constexpr,
                     CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
     par = epoch % 2
+    if WEIGHTS_AT_DISPATCH:     # this rank's own weights, in dispatch's half of dweights
+        wpar = tl.load(state + B.DISPATCH_RECV_EPOCH) % 2
     t0 = trd.begin(TRACE)
+    ks = tl.arange(0, KP)
     ok = tl.cast(1, tl.int1)
     for c in range(pid, tl.cdiv(num_tokens, CHUNK), npid):
-        for r in range(world):
-            ok = ok & tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world,
-                                           max_tokens, CHUNK), epoch, ctrl, rank, r,
-                               B.OP_COMBINE)
+        for j in range(1 if ONE_PASS else 0, world):
+            r = (rank + j) % world      # ONE_PASS: this rank's own part needs no flag
+            if ok:
+                ok = tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world,
+                                          max_tokens, CHUNK), epoch, ctrl, rank, r,
+                              B.OP_COMBINE)
         if ok:
             for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens)):
-                sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP,
-                             BLOCK_H)
+                if ONE_PASS:
+                    if WEIGHTS_AT_DISPATCH:
+                        w = tl.load(weights + ((wpar * world + rank) * max_tokens + t) * KP
+                                    + ks)
+                    else:
+                        w = tl.load(topk_weights + t * stride_wt + ks * stride_wk,
+                                    mask=ks < K, other=0.0)
+                    sum_token(t, out, expert_y, stride_ye, stride_yr, w, send_slot,
+                              token_rows, partial, rank, world, max_tokens, cap, par, H, KP,
+                              WP, BLOCK_H)
+                else:
+                    sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP,
+                                 BLOCK_H)
     combine_recv_end(npid, epoch, t0, out, num_tokens, state, ctrl, trace_buf, rank, H,
                      BLOCK_H, TRACE)
 
@@ -277,6 +332,9 @@ def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, s
                       WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
                       TRACE: tl.constexpr):
+    # one launch (PART BOTH): the receivers sum this rank's own part from expert_y; split
+    # halves and PART STAGED (A/B timing) stage it in `partial` like the other ranks' parts
+    ONE_PASS: tl.constexpr = PART == B.BOTH
     pid = tl.program_id(0)
     n_send = B.senders(send_programs, PART)
     if pid < n_send:
@@ -285,10 +343,12 @@ def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, s
                             stride_wt, stride_wk, num_tokens, send_slot, token_rows,
                             recv_count, weights, partial, flags, fps, chunk_flags, state, ctrl,
                             heap_bases, trace_buf, rank, world, max_tokens, cap,
-                            num_weight_programs, fp, H, K, KP, WP, WEIGHTS_AT_DISPATCH, CHUNK,
-                            BLOCK_T, BLOCK_H, TRACE)
+                            num_weight_programs, fp, H, K, KP, WP, WEIGHTS_AT_DISPATCH,
+                            ONE_PASS, CHUNK, BLOCK_T, BLOCK_H, TRACE)
     else:
         if PART != B.SEND:
-            ht_combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, num_tokens,
-                            send_slot, partial, chunk_flags, state, ctrl, rank, world,
-                            max_tokens, trace_buf, H, WP, CHUNK, BLOCK_H, TRACE)
+            ht_combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, expert_y,
+                            stride_ye, stride_yr, topk_weights, stride_wt, stride_wk,
+                            num_tokens, send_slot, token_rows, weights, partial, chunk_flags,
+                            state, ctrl, rank, world, max_tokens, cap, trace_buf, H, K, KP,
+                            WP, WEIGHTS_AT_DISPATCH, ONE_PASS, CHUNK, BLOCK_H, TRACE)

@@ -15,7 +15,8 @@ receive half's plan (PART=RECV), which depends on nothing but the ExpertParallel
 An ExpertParallel built with high_throughput (by default: max_num_tokens >=
 ctx.options.moe_ht_min_tokens) launches the kernels of high_throughput.py instead, with
 the same arguments plus the chunk flags, and its grids sized by chunks of
-buffers.CHUNK_TOKENS tokens instead of tokens.
+buffers.CHUNK_TOKENS tokens instead of tokens. Its combine plans launch PART STAGED
+instead of BOTH while HT_COMBINE_STAGED is set (A/B timing of the staged combine).
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ from .high_throughput import ht_combine_kernel, ht_dispatch_kernel
 from .routing import CHECK_ALLOW_NONE
 
 BLOCK_T = 64      # tokens per step of combine's weight programs
+# True: the high-throughput combine's fused launch stages this rank's own partial sums
+# (buffers.STAGED, the combine before its one-pass receive), for A/B timing only
+# (`trident bench moe --combine-ab`); read when a plan is built
+HT_COMBINE_STAGED = False
 
 
 # ---------------------------------------------------------------------------- checks
@@ -243,6 +248,8 @@ def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
                 weights=ep.buf.dweights if at_dispatch else ep.buf.weights,
                 num_weight_programs=weight_programs, fp=_call(ep, _kernels(ep)[1]))
     part, programs = (B.BOTH, senders + _programs(ep, T)) if wait else (B.SEND, senders)
+    if part == B.BOTH and ep.high_throughput and HT_COMBINE_STAGED:
+        part = B.STAGED
     _launch(ep, plan, _kernels(ep)[1], part, senders, programs, args,
             WEIGHTS_AT_DISPATCH=at_dispatch)
     return plan
