@@ -453,7 +453,7 @@ def _ops() -> list[Kernel]:
     for i, cfg in enumerate(GEMM_CONFIGS):
         add(i, cfg, False, False)
     for i, name in enumerate(_fused_table_configs()):
-        add(i % 3, gemm.CANDIDATES[name], True, True, (i % 2 == 1,))
+        add(i % 3, gemm.KNOWN[name], True, True, (i % 2 == 1,))
     add(2, gemm.CANDIDATES["64x128x64_s4_w4"], True, False)
     add(0, gemm.CANDIDATES["128x256x64_s3_w8"], True, True, (True,))
     swab = gemm.CANDIDATES["swab128x64x64_s6_w4_sk8"]
@@ -532,11 +532,13 @@ def _fused_table_configs() -> list[str]:
     """The candidates the fused kernels take from gemm_table.json (fused_tile reads
     config_for with split_k: each class's config, swap-AB and split-K included)."""
     from trident.ops import gemm_tables
+    from trident.ops import gemm
     used = set()
     for table in gemm_tables.read()[1].values():
         for entry in table.classes.values():
-            if isinstance(entry["config"], str):
-                used.add(entry["config"])
+            name = entry["config"]
+            if isinstance(name, str):       # a Gluon config: the fused kernels run its twin
+                used.add(gemm.KNOWN[name].get("TWIN", name) if name in gemm.KNOWN else name)
     return sorted(used)
 
 
@@ -754,9 +756,10 @@ def _language() -> list[Kernel]:
 
 
 def _gemm_ws() -> list[Kernel]:
-    """trident/ops/gemm_ws.py's warp-specialised Gluon GEMM: every WS candidate (bf16),
-    one with a bias and one fp16; each must show warp specialisation (setmaxnreg), wgmma,
-    TMA copies, 16-byte output stores, and fit sm_90's shared memory."""
+    """trident/ops/gemm_ws.py's warp-specialised Gluon GEMM: every WS candidate (bf16;
+    split-K ones SPLIT), one with a bias and one fp16; each must show warp specialisation
+    (setmaxnreg), wgmma, TMA copies, 16-byte output stores, and fit sm_90's shared
+    memory."""
     from triton.experimental.gluon import language as gl
 
     from trident.ops import gemm_configs, gemm_ws
@@ -775,7 +778,8 @@ def _gemm_ws() -> list[Kernel]:
                                      out=f"*{dt}", bias=f"*{dt}"),
                           ptx_has=("setmaxnreg", "wgmma.mma_async", "cp.async.bulk.tensor"),
                           NUM_PROGRAMS=132, GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
-                          HAS_BIAS=bias, CONSUMER_WARPS=cfg["num_warps"], WARPS_M=warps_m,
+                          HAS_BIAS=bias, SPLIT=cfg["SPLIT_K"] > 1,
+                          CONSUMER_WARPS=cfg["num_warps"], WARPS_M=warps_m,
                           INSTR_N=instr_n, TPW_N=min(32, cfg["BN"] // 8)))
 
     for cfg in gemm_configs.WS_CANDIDATES.values():
@@ -783,7 +787,8 @@ def _gemm_ws() -> list[Kernel]:
     add(gemm_configs.WS_CANDIDATES["ws128x128x64_s6_w8"], bias=True)
     add(gemm_configs.WS_CANDIDATES["ws64x128x128_s4_w4"], "fp16", bias=True)
     return [Kernel("trident.ops.gemm_ws", "gemm_ws_kernel",
-                   dict(M=I32, N=I32, K=I32, stride_om=I32), variants,
+                   dict(partials=PF32, counters=P32, M=I32, N=I32, K=I32, stride_om=I32,
+                        split_k=I32), variants,
                    aligned=("N", "K", "stride_om"))]
 
 

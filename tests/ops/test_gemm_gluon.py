@@ -1,8 +1,9 @@
 """The warp-specialised Gluon GEMM (trident/ops/gemm_ws.py) against torch on random data:
 every WS candidate at odd shapes (M, N and K tails, one row, more tiles than programs),
-bias, out=, fp16, a CUDA-graph replay of a fresh output; and where it cannot run (the
-CPU emulation, tensors TMA cannot take, an explicit split_k) a GLUON config runs its
-TWIN, with the same values. Runs in this process (no ranks)."""
+bias, out=, fp16, a CUDA-graph replay of a fresh output, split-K (uneven slices,
+deterministic, counters rearmed); and where it cannot run (the CPU emulation, tensors TMA
+cannot take) a GLUON config runs its TWIN, with the same values. Runs in this process
+(no ranks)."""
 import pytest
 import torch
 
@@ -58,15 +59,30 @@ def test_bias_out_fp16_and_graph_replay():
     assert_close(fresh, a.float() @ w.float().T + bias.float(), "graph replay")
 
 
-@pytest.mark.parametrize("name", ["ws128x128x64_s6_w8", "ws64x64x128_s6_w4"])
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only")
+@pytest.mark.parametrize("name", ["ws128x128x64_s6_w8_sk4", "ws64x64x128_s6_w4"])
+@pytest.mark.parametrize("split", [2, 3, 5])
+def test_split_k_deterministic_and_rearmed(name, split):
+    """Forced K slices (uneven: K steps not a multiple of split), twice: the same bits
+    (slices summed in order), and the arrival counters back at 0 after every launch."""
+    a, w = _inputs(130, 200, 1000, seed=split)
+    assert _kernel_of(a, w, WS[name], split_k=split) is not gemm._gemm_kernel
+    first = gemm.matmul(a, w, config=WS[name], split_k=split)
+    assert_close(first, a.float() @ w.float().T, f"{name} split_k={split}")
+    assert torch.equal(first, gemm.matmul(a, w, config=WS[name], split_k=split))
+    torch.cuda.synchronize()
+    assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
+
+
+@pytest.mark.parametrize("name", ["ws128x128x64_s6_w8", "ws64x64x128_s6_w4_sk8"])
 def test_twin_where_gluon_cannot_run(name):
     cfg = WS[name]
     a, w = _inputs(40, 72, 48, seed=3)
     ref = a.float() @ w.float().T
     if not ON_HOPPER:               # CPU emulation, or a GPU other than sm_90
         assert _kernel_of(a, w, cfg) is gemm._gemm_kernel
+        assert _kernel_of(a, w, cfg, split_k=2) is gemm._gemm_kernel
     assert_close(gemm.matmul(a, w, config=cfg), ref, f"{name}")
-    assert _kernel_of(a, w, cfg, split_k=2) is gemm._gemm_kernel
     assert_close(gemm.matmul(a, w, config=cfg, split_k=2), ref, f"{name} split_k=2")
     odd = torch.randn(40, 49, device=DEVICE).to(torch.bfloat16)[:, 1:]   # row stride 49
     assert _kernel_of(odd, w, cfg) is gemm._gemm_kernel

@@ -58,6 +58,8 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
         from . import gemm as core
         table_cfg = core.config_for(M, ANY if local == "N" else N, ANY if local == "K" else K,
                                     split_k=True)
+        if table_cfg.get("GLUON"):     # the standalone GEMM's Gluon kernel (gemm_ws.py):
+            table_cfg = core.resolve(table_cfg["TWIN"])    # the fused ones tile as its twin
     if mode == "auto":
         small = table_cfg["SWAP_AB"] or table_cfg["SPLIT_K"] > 1
         mode = "tma" if M >= TMA_MIN_M or small else "classic"

@@ -516,15 +516,20 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
 def _launch_of(a, w, bias, out, config, tma, desc, split_k):
     """(kernel, grid, args, kwargs, out's position in args) of a `matmul` launch: the
     warp-specialised Gluon kernel (gemm_ws.py) for a GLUON config where it can run (an
-    sm_90 GPU, tensors TMA takes, host descriptors, no explicit split_k), else gemm.py's
-    kernel (a GLUON config by its TWIN)."""
+    sm_90 GPU, tensors TMA takes, host descriptors), with split_k_for's K slices (or
+    split_k's), else gemm.py's kernel (a GLUON config by its TWIN)."""
+    M, K = a.shape
+    N = w.shape[0]
     cfg = config if config is not None else \
-        config_for(a.shape[0], w.shape[0], a.shape[1], split_k=True, gpu=gpu_identity(a.device))
+        config_for(M, N, K, split_k=True, gpu=gpu_identity(a.device))
     if cfg.get("GLUON") and not INTERPRET and tma is not False and desc in (None, "host") \
-            and split_k in (None, 1) and gpu_identity(a.device)[1] == (9, 0) \
-            and tma_compatible(a, w, out):
+            and gpu_identity(a.device)[1] == (9, 0) and tma_compatible(a, w, out):
         from . import gemm_ws
-        grid, args, kwargs = gemm_ws.launch_args(a, w, bias, out, cfg, num_sms(a.device))
+        sms = num_sms(a.device)
+        if split_k is not None and (not isinstance(split_k, int) or split_k < 1):
+            raise ValueError(f"gemm: split_k must be a positive int, got {split_k!r}")
+        split = split_k_for(M, N, K, cfg, sms) if split_k is None else split_k
+        grid, args, kwargs = gemm_ws.launch_args(a, w, bias, out, cfg, sms, split)
         return gemm_ws.gemm_ws_kernel, grid, args, kwargs, 2
     grid, args, kwargs = launch_args(a, w, bias, out, cfg, tma, desc, split_k)
     return _gemm_kernel, grid, args, kwargs, 3

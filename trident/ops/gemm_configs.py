@@ -132,13 +132,14 @@ DEEP_CANDIDATES = {
     "swab64x64x128_s6_w4_sk8": _config(64, 64, 128, 6, 4, split_k=8, swap_ab=True),
 }
 
-def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str) -> dict:
+def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str,
+        split_k: int = 1) -> dict:
     """A config of the warp-specialised Gluon kernel (trident/ops/gemm_ws.py: GLUON):
     `warps` consumer warps, one producer warp on top, `stages` TMA slots. TWIN: the
     candidate of gemm.py's kernel that runs instead where this one cannot (the CPU
     emulation, a GPU other than sm_90, tensors TMA cannot take, an explicit split_k, the
     fused kernels)."""
-    return dict(_config(bm, bn, bk, stages, warps), GLUON=True, TWIN=twin)
+    return dict(_config(bm, bn, bk, stages, warps, split_k=split_k), GLUON=True, TWIN=twin)
 
 
 # The warp-specialised Gluon kernel (gemm_ws.py), tried only when named until a GPU run
@@ -153,6 +154,14 @@ WS_CANDIDATES = {
     "ws64x128x128_s4_w4": _ws(64, 128, 128, 4, 4, "64x128x64_s4_w4"),
     "ws64x64x128_s6_w4": _ws(64, 64, 128, 6, 4, "64x128x64_s4_w4"),
     "ws64x256x64_s4_w4": _ws(64, 256, 64, 4, 4, "64x256x64_s4_w4"),
+    # split-K (split_k_for: one wave of work units) for the shapes of too few tiles
+    "ws64x64x128_s6_w4_sk8": _ws(64, 64, 128, 6, 4, "64x64x128_s6_w4_sk8", split_k=8),
+    "ws128x128x64_s6_w8_sk4": _ws(128, 128, 64, 6, 8, "128x128x64_s4_w8_sk8", split_k=4),
+    "ws128x64x64_s8_w4_sk4": _ws(128, 64, 64, 8, 4, "128x64x64_s6_w4_sk8", split_k=4),
+    "ws64x128x128_s4_w4_sk4": _ws(64, 128, 128, 4, 4, "64x128x64_s4_w4_sk8", split_k=4),
+    # more stages and two consumer warp groups on 64-column tiles
+    "ws128x128x64_s5_w8": _ws(128, 128, 64, 5, 8, "128x128x64_s4_w8"),
+    "ws128x64x64_s8_w8": _ws(128, 64, 64, 8, 8, "128x64x64_s6_w4_sk8"),
 }
 KNOWN = {**CANDIDATES, **STREAM_K_CANDIDATES, **DEEP_CANDIDATES, **WS_CANDIDATES}
 # (every name a config may go by)

@@ -56,18 +56,19 @@ def wgmma_shape(BM: int, BN: int, num_warps: int) -> tuple[int, int]:
 
 @gluon.jit
 def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_tiles, num_pid_m,
-              num_pid_n, k_steps, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
+              num_pid_n, k_steps, split_k, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
               STAGES: gl.constexpr):
-    """One warp: the TMA loads of every K step of every tile of this program, STAGES
-    ahead of the consumers at most."""
+    """One warp: the TMA loads of every K step of every work unit of this program (a tile,
+    or one of its split_k K slices), STAGES ahead of the consumers at most."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
     i = 0
-    for tile in range(gl.program_id(0), num_tiles, NUM_PROGRAMS):
-        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        for k in range(k_steps):
+    for unit in range(gl.program_id(0), num_tiles * split_k, NUM_PROGRAMS):
+        pid_m, pid_n = tile_position(unit // split_k, num_pid_m, num_pid_n, GROUP_M)
+        part = unit % split_k
+        for k in range(part * k_steps // split_k, (part + 1) * k_steps // split_k):
             s = i % STAGES
             # a fresh barrier is in phase 0: waiting for parity 1 passes at once, so the
             # first round of slots needs no arrival
@@ -81,53 +82,80 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_tiles, num_pid_m
 
 
 @gluon.jit
-def _consumer(out, bias, a_bufs, w_bufs, ready, empty, num_tiles, num_pid_m, num_pid_n,
-              k_steps, M, N, stride_om, BM: gl.constexpr, BN: gl.constexpr,
-              GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr, STAGES: gl.constexpr,
-              HAS_BIAS: gl.constexpr, NUM_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
-              INSTR_N: gl.constexpr, TPW_N: gl.constexpr):
-    """The default partition: wgmma over the ring, then the tile's epilogue (bias, and a
-    masked store of 16-byte vectors through pointers: a fresh output has a new address
-    every call, which a host descriptor made once would not follow)."""
+def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_tiles,
+              num_pid_m, num_pid_n, k_steps, split_k, M, N, stride_om, BM: gl.constexpr,
+              BN: gl.constexpr, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
+              STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
+              NUM_WARPS: gl.constexpr, WARPS_M: gl.constexpr, INSTR_N: gl.constexpr,
+              TPW_N: gl.constexpr):
+    """The default partition: wgmma over the ring, then the unit's epilogue. SPLIT: the
+    unit's fp32 partial goes to the split-K workspace and the last of a tile's split_k
+    slices to arrive sums them in slice order (gemm.py's deterministic fix-up: the counter
+    counted acq_rel after a barrier of the partition, rearmed to 0 by the last). The tile's
+    store: bias, then masked 16-byte stores through pointers (a fresh output has a new
+    address every call, which a host descriptor made once would not follow)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS_M, NUM_WARPS // WARPS_M],
         instr_shape=[16, INSTR_N, 16])
     stored: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_N, TPW_N], [NUM_WARPS, 1],
                                             [1, 0])
     i = 0
-    for tile in range(gl.program_id(0), num_tiles, NUM_PROGRAMS):
+    for unit in range(gl.program_id(0), num_tiles * split_k, NUM_PROGRAMS):
+        tile = unit // split_k
+        part = unit % split_k
         pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        k_lo = part * k_steps // split_k
+        k_hi = (part + 1) * k_steps // split_k
         acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
-        for k in range(k_steps):
+        for k in range(k_lo, k_hi):
             s = i % STAGES
             mbarrier.wait(ready.index(s), (i // STAGES) & 1)
             acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc,
                                 is_async=True)
             # the wgmma of step i - 1 is done: free its slot
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k > 0)
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k > k_lo)
             i += 1
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_hi > k_lo)
         y = gl.convert_layout(acc, stored)
-        rows = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, stored))
-        cols = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, stored))
-        if HAS_BIAS:
-            y = y + gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
-        ptrs = out + rows[:, None].to(gl.int64) * stride_om + cols[None, :]
-        gl.store(ptrs, y.to(out.dtype.element_ty),
-                 mask=(rows[:, None] < M) & (cols[None, :] < N))
+        r = gl.arange(0, BM, layout=gl.SliceLayout(1, stored))
+        c = gl.arange(0, BN, layout=gl.SliceLayout(0, stored))
+        last = True
+        if SPLIT:
+            offs = r[:, None] * BN + c[None, :]
+            first = partials + tile.to(gl.int64) * split_k * (BM * BN)
+            gl.store(first + part * (BM * BN) + offs, y)
+            gl.thread_barrier()         # every thread's partial before the arrival
+            last = gl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu") == \
+                split_k - 1
+            if last:
+                gl.store(counters + tile, 0)             # rearmed for the next launch
+                y = gl.load(first + offs, cache_modifier=".cg")
+                for q in range(1, split_k):              # slice order: deterministic
+                    y += gl.load(first + q * (BM * BN) + offs, cache_modifier=".cg")
+        if last:
+            rows = pid_m * BM + r
+            cols = pid_n * BN + c
+            if HAS_BIAS:
+                y = y + gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+            ptrs = out + rows[:, None].to(gl.int64) * stride_om + cols[None, :]
+            gl.store(ptrs, y.to(out.dtype.element_ty),
+                     mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 @gluon.jit
-def gemm_ws_kernel(a_desc, w_desc, out, bias, M, N, K, stride_om, NUM_PROGRAMS: gl.constexpr,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
+def gemm_ws_kernel(a_desc, w_desc, out, bias, partials, counters, M, N, K, stride_om,
+                   split_k, NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr,
+                   STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
                    CONSUMER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
                    INSTR_N: gl.constexpr, TPW_N: gl.constexpr):
     """a_desc [M, K] blocks [BM, BK], w_desc [N, K] blocks [BN, BK] (host TensorDescriptors
     with NVMMA shared layouts); out [M, N] (row stride stride_om, last dimension
-    contiguous); bias [N] or any pointer (not read without HAS_BIAS). Launched with
-    num_warps=CONSUMER_WARPS (the producer's warp comes on top)."""
+    contiguous); bias [N] or any pointer (not read without HAS_BIAS). SPLIT: split_k (> 1)
+    K slices per tile, with gemm.py's split-K workspace (partials fp32 [tiles * split_k,
+    BM * BN], counters int32 per tile, 0 between launches); else split_k is 1 and they
+    are not read. Launched with num_warps=CONSUMER_WARPS (the producer's warp on top)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
@@ -144,11 +172,12 @@ def gemm_ws_kernel(a_desc, w_desc, out, bias, M, N, K, stride_om, NUM_PROGRAMS: 
     num_tiles = num_pid_m * num_pid_n
     k_steps = gl.cdiv(K, BK)
     gl.warp_specialize([
-        (_consumer, (out, bias, a_bufs, w_bufs, ready, empty, num_tiles, num_pid_m,
-                     num_pid_n, k_steps, M, N, stride_om, BM, BN, GROUP_M, NUM_PROGRAMS,
-                     STAGES, HAS_BIAS, CONSUMER_WARPS, WARPS_M, INSTR_N, TPW_N)),
+        (_consumer, (out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_tiles,
+                     num_pid_m, num_pid_n, k_steps, split_k, M, N, stride_om, BM, BN,
+                     GROUP_M, NUM_PROGRAMS, STAGES, HAS_BIAS, SPLIT, CONSUMER_WARPS,
+                     WARPS_M, INSTR_N, TPW_N)),
         (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_tiles, num_pid_m,
-                     num_pid_n, k_steps, GROUP_M, NUM_PROGRAMS, STAGES)),
+                     num_pid_n, k_steps, split_k, GROUP_M, NUM_PROGRAMS, STAGES)),
     ], [1], [40])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -166,17 +195,23 @@ def descriptors(a, w, cfg: dict):
                  for t, block in ((a, [bm, bk]), (w, [bn, bk])))
 
 
-def launch_args(a, w, bias, out, cfg: dict, sms: int):
+def launch_args(a, w, bias, out, cfg: dict, sms: int, split: int = 1):
     """(grid, args, kwargs) of one launch for checked, TMA-compatible tensors (out's
-    position in args: 2)."""
+    position in args: 2), `split` K slices per tile (gemm.split_k_for's choice)."""
+    from .gemm_host import split_workspace
     M, K = a.shape
     N = w.shape[0]
     tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"])
-    programs = min(tiles, sms)
+    programs = min(tiles * split, sms)
+    if split > 1:
+        partials, counters = split_workspace(a.device, tiles * split * cfg["BM"] * cfg["BN"],
+                                             tiles)
+    else:
+        partials = counters = a                 # not read
     warps_m, instr_n = wgmma_shape(cfg["BM"], cfg["BN"], cfg["num_warps"])
     kwargs = dict(NUM_PROGRAMS=programs, GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
-                  HAS_BIAS=bias is not None, CONSUMER_WARPS=cfg["num_warps"],
+                  HAS_BIAS=bias is not None, SPLIT=split > 1, CONSUMER_WARPS=cfg["num_warps"],
                   WARPS_M=warps_m, INSTR_N=instr_n, TPW_N=min(32, cfg["BN"] // 8),
                   num_warps=cfg["num_warps"])
     return (programs,), (*descriptors(a, w, cfg), out, bias if bias is not None else a,
-                         M, N, K, out.stride(0)), kwargs
+                         partials, counters, M, N, K, out.stride(0), split), kwargs
