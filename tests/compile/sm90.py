@@ -543,16 +543,15 @@ def _fused_table_configs() -> list[str]:
 
 
 def _gemm() -> list[Kernel]:
-    """trident/ops/gemm.py's persistent GEMM: every candidate config on the TMA path with
-    host-side descriptors (bf16; split-K ones run SPLIT; swap-AB ones SWAP_AB; stream-K
-    ones STREAM_K), with
-    in-kernel descriptors at the large, a warp-specialised (must show setmaxnreg), a
-    split-K and a swap-AB config, fp16 and an fp32 bias once, and the pointer path
-    (unaligned tensors) at the large and the small tile, split-K, swap-AB and stream-K
-    once. Every
-    variant's PTX must hold wgmma (the tensor cores of sm_90: a swap-AB tile of 16-64
-    columns too) and, on the TMA path, TMA copies; shared memory under 227 KB."""
-    from trident.ops import gemm
+    """trident/ops/gemm.py's persistent GEMM: every candidate config (the deep ones too) on
+    the TMA path with host-side descriptors (bf16; split-K ones run SPLIT; swap-AB ones
+    SWAP_AB; stream-K ones STREAM_K), with in-kernel descriptors at the large, a
+    warp-specialised (must show setmaxnreg), a split-K and a swap-AB config, fp16 and an
+    fp32 bias once, and the pointer path (unaligned tensors) at the large and the small
+    tile, split-K, swap-AB and stream-K once. Every variant's PTX must hold wgmma (the
+    tensor cores of sm_90: a swap-AB tile of 16-64 columns too) and, on the TMA path, TMA
+    copies; shared memory under 227 KB."""
+    from trident.ops import gemm, gemm_configs
     ints = ("M", "N", "K", "stride_am", "stride_wn", "stride_om")
     bf16 = dict(a=PBF16, w=PBF16, bias=PBF16, out=PBF16)
     variants = []
@@ -575,7 +574,7 @@ def _gemm() -> list[Kernel]:
                           SWAP_AB=cfg.get("SWAP_AB", False),
                           STREAM_K=cfg.get("STREAM_K", False) and not split))
 
-    for cfg in gemm.CANDIDATES.values():
+    for cfg in {**gemm.CANDIDATES, **gemm_configs.DEEP_CANDIDATES}.values():
         add(cfg, True)
     big, small = gemm.CANDIDATES["128x256x64_s3_w8"], gemm.CANDIDATES["64x128x64_s4_w4"]
     swab = gemm.CANDIDATES["swab128x64x64_s6_w4_sk8"]

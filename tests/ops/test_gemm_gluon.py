@@ -97,3 +97,19 @@ def test_ws_configs_name_a_twin_and_stay_out_of_fused_kernels():
     for name, cfg in WS.items():
         twin = gemm.resolve(cfg["TWIN"])
         assert not twin.get("GLUON") and not twin.get("SWAP_AB"), name
+
+
+def test_fused_kernels_take_a_gluon_entrys_twin(monkeypatch):
+    """A table entry that names a Gluon config gives the fused kernels its TWIN (they are
+    gemm.py's kernel: fused_tile.fused_gemm_config)."""
+    from types import SimpleNamespace
+
+    from trident.ops import fused_tile
+    name = "ws128x128x64_s6_w8"
+    monkeypatch.setattr(gemm, "config_for", lambda *a, **k: gemm.resolve(name))
+    ctx = SimpleNamespace(options=SimpleNamespace(gemm="tma"))
+    cfg = fused_tile.fused_gemm_config(ctx, 256, 4096, 4096, None, None, 8, "K")
+    twin = gemm.resolve(WS[name]["TWIN"])
+    assert "GLUON" not in cfg and "TWIN" not in cfg
+    assert (cfg["BM"], cfg["BN"], cfg["BK"], cfg["num_stages"]) == \
+        (twin["BM"], twin["BN"], twin["BK"], twin["num_stages"])

@@ -13,9 +13,11 @@ H200 = ("NVIDIA H200", (9, 0))
 
 
 def test_package_tables_resolve():
-    """Every GPU's every class names a known config (fused_config a plain one); the H200
-    table is the one measured on 2026-11-26 (bench/results/gemm-1xh200-2026-11-26.json)
-    with the decode-size M edges, every class measured; no model is invented."""
+    """Every GPU's every class names a known config (fused_config a plain one: neither
+    swap-AB nor Gluon); the H200 table is the one measured on 2026-11-26
+    (bench/results/gemm-1xh200-2026-11-26.json) with its mid-M classes measured again on
+    2026-12-02 (gemm-midm-1xh200-2026-12-02b.json), with the decode-size M edges, every
+    class measured; no model is invented."""
     listed, tables = gemm_tables.read()
     assert "NVIDIA H200" in tables
     h200 = tables["NVIDIA H200"]
@@ -30,6 +32,8 @@ def test_package_tables_resolve():
             assert gemm.resolve(entry["config"])["BM"] > 0, cls
             assert not gemm.resolve(entry.get("fused_config", entry["config"]))["SWAP_AB"] \
                 or "fused_config" not in entry, cls
+            if "fused_config" in entry:
+                assert not gemm.resolve(entry["fused_config"]).get("GLUON"), cls
     assert set(listed) <= set(gemm.KNOWN)
 
 

@@ -480,8 +480,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", default="", help="comma-separated words: only the layers of "
                    "the models whose name holds one (e.g. llama3); default all")
     p.add_argument("--candidates", default="", help="comma-separated candidates "
-                   "(default: gemm_configs.py's CANDIDATES; the stream-K, deep and ws "
-                   "ones only by name)")
+                   "(default: gemm_configs.py's SWEPT: all but the stream-K ones, "
+                   "which go by name only)")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out-dir", default=None)
@@ -507,7 +507,7 @@ def run(args: argparse.Namespace, planted: dict | None = None,
     planted: a test hook, extra candidates name -> "module:function" (called as f(a, w)
     in the worker in place of the GEMM core), e.g. one that never returns."""
     t0 = time.monotonic() if start is None else start
-    from ..ops import gemm
+    from ..ops import gemm, gemm_configs
 
     device = _device(index=False)        # no CUDA context here: the worker makes it
     gpu = device.type == "cuda"
@@ -516,7 +516,7 @@ def run(args: argparse.Namespace, planted: dict | None = None,
         squares = [int(x) for x in args.squares.split(",") if x]
         layers = [x.strip() for x in args.layers.split(",") if x.strip()]
         cases = shapes(args.world, ms, squares, layers)
-        candidates = dict(gemm.CANDIDATES)
+        candidates = dict(gemm_configs.SWEPT)
         if args.candidates:
             unknown = [c for c in args.candidates.split(",") if c not in gemm.KNOWN]
             if unknown:

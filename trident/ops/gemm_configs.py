@@ -115,13 +115,12 @@ STREAM_K_CANDIDATES = {
     "64x256x64_s4_w4_streamk": _config(64, 256, 64, 4, 4, stream_k=True),
     "swab128x64x64_s6_w4_streamk": _config(128, 64, 64, 6, 4, swap_ab=True, stream_k=True),
 }
-# Deeper pipelines and longer K steps at mid M (issue 40), tried only when named until a
-# GPU run says where they win. What cuBLAS runs there on one H200 (ncu, 2026-12-02's
-# bench/lab/gemm_probe.py run: docs/history.md, "The GEMM core at mid M"): 128x64 and 64x64
-# tiles with 8-13 stages, 128x128 with 6, where our candidates have 4-6 and the same
-# tiles and grids: the k-loop, not the tiling, is what it wins by. Shared memory:
-# stages * (BM + BN) * BK * 2 bytes plus the epilogue's BM * BN * 2, all under sm_90's
-# 227 KB (128x128x64_s6_w8: 224 KB).
+# Deeper pipelines and longer K steps at mid M (issue 40). cuBLAS's kernels there run
+# 128x64 and 64x64 tiles with 8-13 stages and 128x128 with 6 (ncu on one H200:
+# docs/history.md, "The GEMM core at mid M: what ncu shows"), where the candidates above
+# have 3-6; with these, gemm.py's kernel takes several mid-M classes of the H200 table.
+# Shared memory: stages * (BM + BN) * BK * 2 bytes plus the epilogue's BM * BN * 2, all
+# under sm_90's 227 KB (128x128x64_s6_w8: 224 KB).
 DEEP_CANDIDATES = {
     "128x128x64_s5_w8": _config(128, 128, 64, 5, 8),
     "128x128x64_s6_w8": _config(128, 128, 64, 6, 8),
@@ -142,9 +141,10 @@ def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str,
     return dict(_config(bm, bn, bk, stages, warps, split_k=split_k), GLUON=True, TWIN=twin)
 
 
-# The warp-specialised Gluon kernel (gemm_ws.py), tried only when named until a GPU run
-# says where it wins. Shared memory: stages * (BM + BN) * BK * 2 bytes plus the epilogue's
-# layout conversion (at most BM * BN * 2), under sm_90's 227 KB (tests/compile/sm90.py).
+# The warp-specialised Gluon kernel (gemm_ws.py); it takes several classes of the H200
+# table, mid M mostly. Shared memory: stages * (BM + BN) * BK * 2 bytes plus the
+# epilogue's layout conversion (at most BM * BN * 2), under sm_90's 227 KB
+# (tests/compile/sm90.py).
 WS_CANDIDATES = {
     "ws128x128x64_s6_w8": _ws(128, 128, 64, 6, 8, "128x128x64_s4_w8"),
     "ws128x128x64_s6_w4": _ws(128, 128, 64, 6, 4, "128x128x64_s4_w8"),
@@ -163,8 +163,10 @@ WS_CANDIDATES = {
     "ws128x128x64_s5_w8": _ws(128, 128, 64, 5, 8, "128x128x64_s4_w8"),
     "ws128x64x64_s8_w8": _ws(128, 64, 64, 8, 8, "128x64x64_s6_w4_sk8"),
 }
-KNOWN = {**CANDIDATES, **STREAM_K_CANDIDATES, **DEEP_CANDIDATES, **WS_CANDIDATES}
-# (every name a config may go by)
+# what `python -m trident.bench.gemm` (and `trident tune --gemm`) times by default: all
+# but stream-K, which lost wherever it ran (docs/history.md)
+SWEPT = {**CANDIDATES, **DEEP_CANDIDATES, **WS_CANDIDATES}
+KNOWN = {**SWEPT, **STREAM_K_CANDIDATES}     # every name a config may go by
 
 # Stream-K: at least this many BK-steps a program (fewer programs than SMs on small
 # problems): a pipeline of 3-6 stages has to fill before it streams.
