@@ -153,6 +153,40 @@ def test_ht_one_pass_combine(pool):
     pool.run(_ht, _one_pass, 16, 2, 80, B.CHUNK_TOKENS + 1, torch.float16)
 
 
+def _empty_rank_combines(ctx, E, k, H, M, dtype):
+    """Rank 0 has no token, the weights come with dispatch, and one dispatch is combined
+    three times over new expert outputs (scaled by 1, 2, 4) while the other ranks sleep
+    before each combine. Rank 0's combines then have nothing to wait for but chunk 0's
+    flags (high_throughput.py): without those, it ran two epochs ahead and overwrote the
+    half of a peer's partial buffer that the peer was still to read."""
+    import time
+    E = max(E // ctx.world_size, 1) * ctx.world_size
+    L = E // ctx.world_size
+    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype)
+    assert ep.high_throughput
+    try:
+        counts = [0] + [M] * (ctx.world_size - 1)
+        ranks, a, b = _round_inputs(950, ctx.world_size, E, k, H, M, dtype, counts)
+        T, x, idx, w = ranks[ctx.rank]
+        d = ep.dispatch(x.to(ctx.device), idx.to(ctx.device), topk_weights=w.to(ctx.device))
+        _check_dispatch(ctx, d, ranks, L)
+        outs = []
+        for scale in (1.0, 2.0, 4.0):
+            ey = _run_experts(ctx, d, L, a * scale, b * scale, dtype)
+            if ctx.rank:
+                time.sleep(0.5)
+            outs.append((scale, ep.combine(ey, d)))
+        for scale, y in outs:
+            _check_combine(y, T, x, idx, w, a * scale, b * scale, dtype)
+        ctx.barrier()
+    finally:
+        ep.close()
+
+
+def test_ht_empty_rank_does_not_run_ahead(pool):
+    pool.run(_ht, _empty_rank_combines, 12, 3, 64, B.CHUNK_TOKENS + 1, torch.bfloat16)
+
+
 @pytest.mark.skipif(default_backend() != "cuda", reason="CUDA graphs need GPUs")
 def test_ht_graph_replay(pool):
     pool.run(_ht, _graph_replay, 10)

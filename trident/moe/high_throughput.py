@@ -256,7 +256,10 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
         nq = npid - num_weight_programs
         rs = tl.arange(0, WP)
         counts = tl.load(recv_count + rs, mask=rs < world, other=0)
-        most = tl.cdiv(tl.max(counts), CHUNK)
+        # chunk 0 of every source is flagged even when it holds no token: the receivers of
+        # a rank with none wait for it, which orders that rank's next combine after this
+        # one (see ht_combine_recv)
+        most = tl.maximum(tl.cdiv(tl.max(counts), CHUNK), 1)
         # ONE_PASS: only the other ranks' tokens (this rank's own partial is summed by its
         # receivers, from expert_y); else every rank's, this one's staged in `partial`
         nsrc = world - 1 if ONE_PASS else world
@@ -271,7 +274,7 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
                     ok = B.wait_call(flags, fps, B.FLAG_WEIGHTS, par, world, s, epoch, fp,
                                      ctrl, rank, B.OP_COMBINE)
                     waited = waited | (1 << s)
-            if ok & (c * CHUNK < n):
+            if ok & ((c * CHUNK < n) | (c == 0)):
                 for i in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, n)):
                     push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
                                  partial, heap_bases, rank, world, max_tokens, cap, par,
@@ -297,7 +300,10 @@ def ht_combine_recv(pid, npid, out, expert_y, stride_ye, stride_yr, topk_weights
     t0 = trd.begin(TRACE)
     ks = tl.arange(0, KP)
     ok = tl.cast(1, tl.int1)
-    for c in range(pid, tl.cdiv(num_tokens, CHUNK), npid):
+    # at least chunk 0, also with no token: a rank with none would otherwise wait for
+    # nobody, and with the weights sent at dispatch its next combines could run ahead and
+    # overwrite the half of a peer's `partial` that the peer still reads (two epochs on)
+    for c in range(pid, tl.maximum(tl.cdiv(num_tokens, CHUNK), 1), npid):
         for j in range(1 if ONE_PASS else 0, world):
             r = (rank + j) % world      # ONE_PASS: this rank's own part needs no flag
             if ok:
