@@ -11,17 +11,15 @@ bucket of the tables each), plus a few large squares. bf16, random data, out = a
 with w in nn.Linear layout [N, K].
 
 For each shape: cuBLAS, then the candidates that fit its M (swap-AB ones at M <= 256,
-those of 128- or 256-row tiles without swap-AB at M >= BM: outside those ranges they lose
-by far, docs/history.md, "Notes moved out of the source"; the table search compares only
-candidates timed on every shape of a class), then the table's config with in-kernel
-descriptors ("table:kdesc", what the host descriptors save; never chosen), each checked
-against torch.matmul first and then timed with bench/common.time_modes (eager_us: calls
-queued back to back; graph_us: replayed from one CUDA graph; host_us). `table` marks the
-candidate that the package's tables pick now (for this GPU, or the nearest measured one:
-trident/ops/gemm_tables.py). Split-K candidates (name ending _sk<n>) run split_k_for's
-number of K slices (column split_k); where that is 1 they are their base candidate's
-kernel and copy its row (same_as); so do stream-K ones (_streamk) where stream_k_for
-gives 0 programs (column stream_k). Only small M: --m 1,16,64 --squares ''.
+128- or 256-row tiles without swap-AB at M >= BM: docs/history.md, "Notes moved out of the
+source"; the table search compares only candidates timed on every shape of a class), then
+the table's config with in-kernel descriptors ("table:kdesc"; never chosen), each checked
+against torch.matmul, then timed with bench/common.time_modes (eager_us: calls queued back
+to back; graph_us: replayed from one CUDA graph; host_us). `table` marks the candidate the
+package's tables pick now (this GPU's, or the nearest measured: gemm_tables.py). Split-K
+candidates (_sk<n>) run split_k_for's K slices (column split_k); where that is 1 they are
+their base candidate's kernel and copy its row (same_as), as do stream-K ones (_streamk)
+where stream_k_for gives 0 programs (column stream_k).
 
 Floors, beside every row and beside cuBLAS's time from the same run:
   floor_us       max(hbm_floor_us, flop_floor_us)
@@ -46,19 +44,18 @@ writing the results): what it did not reach is printed and kept in the JSON
 (`not_reached`). Column status says what became of each row ("ok" where it was timed).
 
 --update-table PATH (or --write-table) writes this GPU's table into the file PATH, or,
-where PATH is a folder, into PATH/gemm_table_<model>.json (gemm_tables.file_for: the
-file the package reads for that model beside gemm_table.json). A new file holds this
-GPU's table alone; an existing one keeps its other GPUs' tables. Per shape class (the
-buckets of gemm_tables.M_EDGES etc.): the candidate of the best geometric-mean vs_cublas
-over that class's shapes, and where that is swap-AB, the best plain one (fused_config).
-Classes with no measured shape are left out (the look-up takes the nearest M bucket).
-Prints a table and a per-class summary; writes JSON (--out-dir). The run for a GPU's
-table (an H100's: copy $OUT/gemm_table_h100.json to trident/ops/):
+where PATH is a folder, into PATH/gemm_table_<model>.json (gemm_tables.file_for). A new
+file holds this GPU's table alone; an existing one keeps its other GPUs' tables, and with
+--keep-classes this GPU's classes the run did not measure (so a run over some M only must
+write into a copy of the package's file, not a fresh one). Per shape class: the best
+geometric-mean vs_cublas over its shapes, and where that is swap-AB or Gluon, the best
+plain one (fused_config). Prints a table and a per-class summary; writes JSON
+(--out-dir). The run for a GPU's table (an H100's: copy $OUT/gemm_table_h100.json to
+trident/ops/):
 
     PYTHONPATH=. python3 -m trident.bench.gemm --layers llama3 --budget-s 300 \
         --out-dir $OUT --update-table $OUT
-On a machine without a GPU it runs two tiny shapes under the interpreter (paths only),
-with the same workers and limits.
+Without a GPU: two tiny shapes under the interpreter (paths only), same workers and limits.
 
 One GPU and no peers: time_modes takes a context; the worker makes a one-rank stand-in
 (`_Solo`) over a world-1 process group, so the common helpers run unchanged.
@@ -418,9 +415,10 @@ def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str)
     for cls, (name, mean, count, means, floor, _) in sorted(best.items()):
         entry = {"config": name, "measured": True, "geomean_vs_cublas": round(mean, 3),
                  "geomean_vs_floor": round(floor, 3), "shapes": count, "date": date}
-        if candidates[name].get("SWAP_AB") or candidates[name].get("GLUON"):
-            plain = {c: v for c, v in means.items()
-                     if not candidates[c].get("SWAP_AB") and not candidates[c].get("GLUON")}
+        def special(c):                 # configs the fused ops cannot run as they are
+            return candidates[c].get("SWAP_AB") or candidates[c].get("GLUON")
+        if special(name):
+            plain = {c: v for c, v in means.items() if not special(c)}
             if plain:
                 fused = max(plain, key=plain.get)
                 entry.update(fused_config=fused, fused_vs_cublas=round(plain[fused], 3))
@@ -479,9 +477,8 @@ def parser() -> argparse.ArgumentParser:
                    help="comma-separated sizes of square problems ('' for none)")
     p.add_argument("--layers", default="", help="comma-separated words: only the layers of "
                    "the models whose name holds one (e.g. llama3); default all")
-    p.add_argument("--candidates", default="", help="comma-separated candidates "
-                   "(default: gemm_configs.py's SWEPT: all but the stream-K ones, "
-                   "which go by name only)")
+    p.add_argument("--candidates", default="", help="comma-separated candidates (default: "
+                   "gemm_configs.py's SWEPT: all but stream-K, which goes by name only)")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out-dir", default=None)

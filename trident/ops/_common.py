@@ -333,6 +333,18 @@ def workspace(ctx, op: str, data_bytes: int, num_flags: int) -> Workspace:
 
 # ---------------------------------------------------------------------------- device side
 @triton.jit
+def tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Tile index -> (row block, column block), GROUP_M row blocks at a time so that the
+    tiles running together share their w columns (and a's rows) in L2."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (tile // in_group) * GROUP_M
+    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % in_group) % size_m
+    pid_n = (tile % in_group) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
 def gemm_tile(a_ptr, stride_am, w_ptr, stride_wn, m0, n0, M, N, K,
               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
     """fp32 [BM, BN] tile of a[m0:m0+BM, :] @ w[n0:n0+BN, :].T. Out-of-range rows/columns

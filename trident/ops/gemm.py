@@ -72,7 +72,8 @@ from ..runtime._env import INTERPRET
 from ..runtime.placement import usable_sms
 from ..runtime.triton_launch import Launch, Live
 from . import gemm_tables
-from ._common import DOT_UPCAST, arrive_partial, finish_slice, gemm_tile
+from ._common import (DOT_UPCAST, arrive_partial, finish_slice, gemm_tile,  # noqa: F401
+                      tile_position)
 from .gemm_host import (_Address, _split_workspaces, addresses_only, check,  # noqa: F401
                         host_descriptors, split_workspace, tma_compatible)
 # the candidates and the split-K / stream-K choices live in gemm_configs.py (pure Python)
@@ -156,18 +157,6 @@ def config_for(M: int, N: int, K: int, split_k: bool = False, gpu: tuple | None 
 
 
 # ---------------------------------------------------------------------------- device side
-@triton.jit
-def tile_position(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
-    """Tile index -> (row block, column block), GROUP_M row blocks at a time so that the
-    tiles running together share their w columns (and a's rows) in L2."""
-    in_group = GROUP_M * num_pid_n
-    first_m = (tile // in_group) * GROUP_M
-    size_m = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % in_group) % size_m
-    pid_n = (tile % in_group) // size_m
-    return pid_m, pid_n
-
-
 @triton.jit
 def dot_tile_tma(a_desc, w_desc, m0, n0, K, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr):

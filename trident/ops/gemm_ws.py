@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .gemm import tile_position
+from ._common import tile_position
 
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
