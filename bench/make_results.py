@@ -71,9 +71,9 @@ def _ms(run: dict) -> frozenset:
 
 def part(run: dict, runs: list[dict]) -> str:
     """"" for a run of every op (and every M, for the GEMM core's runs) its family's runs
-    on GPUs of their own have; else the ops or Ms it ran (a run of a subset, e.g. `--ops all_reduce` or `--m
-    64,128`): it is listed beside the whole runs, never replaces one, and never heads the
-    README."""
+    on GPUs of their own have; else the ops or Ms it ran (a run of a subset, e.g. `--ops
+    all_reduce` or `--m 64,128`): it is listed beside the whole runs, never replaces one,
+    and never heads the README."""
     # the ops and Ms of the family's runs on GPUs of their own (a run where ranks share
     # one GPU may cover a newer op: that does not make the last whole run a subset)
     family = [r for r in runs if r["suite"] == run["suite"]]

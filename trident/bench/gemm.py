@@ -411,12 +411,12 @@ def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str)
     and, where that one is swap-AB or warp-specialised Gluon (the fused ops run neither),
     the best plain one."""
     from ..ops import gemm_tables
+    def special(c):                     # configs the fused ops cannot run as they are
+        return candidates[c].get("SWAP_AB") or candidates[c].get("GLUON")
     classes = {}
     for cls, (name, mean, count, means, floor, _) in sorted(best.items()):
         entry = {"config": name, "measured": True, "geomean_vs_cublas": round(mean, 3),
                  "geomean_vs_floor": round(floor, 3), "shapes": count, "date": date}
-        def special(c):                 # configs the fused ops cannot run as they are
-            return candidates[c].get("SWAP_AB") or candidates[c].get("GLUON")
         if special(name):
             plain = {c: v for c, v in means.items() if not special(c)}
             if plain:

@@ -56,10 +56,9 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
     table_cfg = None
     if mode != "classic":
         from . import gemm as core
-        table_cfg = core.config_for(M, ANY if local == "N" else N, ANY if local == "K" else K,
-                                    split_k=True)
-        if table_cfg.get("GLUON"):     # the standalone GEMM's Gluon kernel (gemm_ws.py):
-            table_cfg = core.resolve(table_cfg["TWIN"])    # the fused ones tile as its twin
+        # a Gluon entry (gemm_ws.py, the standalone GEMM's): the fused kernels run its twin
+        table_cfg = core.triton_config(core.config_for(
+            M, ANY if local == "N" else N, ANY if local == "K" else K, split_k=True))
     if mode == "auto":
         small = table_cfg["SWAP_AB"] or table_cfg["SPLIT_K"] > 1
         mode = "tma" if M >= TMA_MIN_M or small else "classic"

@@ -127,6 +127,12 @@ def resolve(config) -> dict:
     return {"SPLIT_K": 1, "SWAP_AB": False, **config}
 
 
+def triton_config(cfg: dict) -> dict:
+    """The config gemm.py's kernel runs for `cfg`: a Gluon one's TWIN (gemm_ws.py's
+    kernel runs only in `matmul`, where _launch_of can take it), any other as it is."""
+    return resolve(cfg["TWIN"]) if cfg.get("GLUON") else cfg
+
+
 def config_for(M: int, N: int, K: int, split_k: bool = False, gpu: tuple | None = None) -> dict:
     """The GEMM config of a problem on a GPU ((name, capability), default the current
     device; the interpreter's config under TRITON_INTERPRET).
@@ -144,8 +150,8 @@ def config_for(M: int, N: int, K: int, split_k: bool = False, gpu: tuple | None 
         if entry is not None:
             cfg = resolve(entry["config"] if split_k else
                           entry.get("fused_config", entry["config"]))
-        if cfg is not None and not split_k and cfg.get("GLUON"):
-            cfg = resolve(cfg["TWIN"])     # the fused kernels tile with gemm.py's kernel
+        if cfg is not None and not split_k:
+            cfg = triton_config(cfg)       # the fused kernels tile with gemm.py's kernel
         if cfg is None or (not split_k and cfg["SWAP_AB"]):
             # no table, or a swap-AB entry without a plain one: the tutorial's default
             cfg = resolve("64x128x64_s4_w4" if M <= 64 else "128x256x64_s3_w8")
@@ -439,8 +445,7 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     N = w.shape[0]
     cfg = dict(config) if config is not None else \
         config_for(M, N, K, split_k=True, gpu=gpu_identity(a.device))
-    if cfg.get("GLUON"):                        # gemm_ws.py's kernel: see _launch_of
-        cfg = resolve(cfg["TWIN"])
+    cfg = triton_config(cfg)                    # gemm_ws.py's kernel: see _launch_of
     swap = bool(cfg.get("SWAP_AB", False))
     if swap and cfg["WARP_SPECIALIZE"]:
         raise ValueError("gemm: a config cannot be both swap-AB (SWAP_AB) and "
@@ -451,12 +456,7 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
         raise ValueError("gemm: TMA needs 16-byte aligned tensors and row strides (K and N "
                          "multiples of 8 for bf16/fp16)")
     sms = num_sms(a.device)
-    if split_k is None:
-        split = split_k_for(M, N, K, cfg, sms)
-    elif not isinstance(split_k, int) or split_k < 1:
-        raise ValueError(f"gemm: split_k must be a positive int, got {split_k!r}")
-    else:
-        split = split_k
+    split = _slices(M, N, K, cfg, sms, split_k)
     # stream-K programs (0: none); an explicit split_k runs split-K (or nothing) instead
     stream = stream_k_for(M, N, K, cfg, sms) if split == 1 and split_k is None else 0
     ws = bool(cfg["WARP_SPECIALIZE"]) and tma and split == 1 and not stream
@@ -502,6 +502,15 @@ def launch_args(a, w, bias, out, config: dict | None = None, tma: bool | None = 
     return (stream or min(tiles * split, sms),), args, kwargs
 
 
+def _slices(M: int, N: int, K: int, cfg: dict, sms: int, split_k) -> int:
+    """K slices per tile of a launch: split_k, checked, or split_k_for's choice (None)."""
+    if split_k is None:
+        return split_k_for(M, N, K, cfg, sms)
+    if not isinstance(split_k, int) or split_k < 1:
+        raise ValueError(f"gemm: split_k must be a positive int, got {split_k!r}")
+    return split_k
+
+
 def _launch_of(a, w, bias, out, config, tma, desc, split_k):
     """(kernel, grid, args, kwargs, out's position in args) of a `matmul` launch: the
     warp-specialised Gluon kernel (gemm_ws.py) for a GLUON config where it can run (an
@@ -515,10 +524,8 @@ def _launch_of(a, w, bias, out, config, tma, desc, split_k):
             and gpu_identity(a.device)[1] == (9, 0) and tma_compatible(a, w, out):
         from . import gemm_ws
         sms = num_sms(a.device)
-        if split_k is not None and (not isinstance(split_k, int) or split_k < 1):
-            raise ValueError(f"gemm: split_k must be a positive int, got {split_k!r}")
-        split = split_k_for(M, N, K, cfg, sms) if split_k is None else split_k
-        grid, args, kwargs = gemm_ws.launch_args(a, w, bias, out, cfg, sms, split)
+        grid, args, kwargs = gemm_ws.launch_args(a, w, bias, out, cfg, sms,
+                                                 _slices(M, N, K, cfg, sms, split_k))
         return gemm_ws.gemm_ws_kernel, grid, args, kwargs, 2
     grid, args, kwargs = launch_args(a, w, bias, out, cfg, tma, desc, split_k)
     return _gemm_kernel, grid, args, kwargs, 3

@@ -131,13 +131,14 @@ DEEP_CANDIDATES = {
     "swab64x64x128_s6_w4_sk8": _config(64, 64, 128, 6, 4, split_k=8, swap_ab=True),
 }
 
+
 def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str,
         split_k: int = 1) -> dict:
     """A config of the warp-specialised Gluon kernel (trident/ops/gemm_ws.py: GLUON):
     `warps` consumer warps, one producer warp on top, `stages` TMA slots. TWIN: the
     candidate of gemm.py's kernel that runs instead where this one cannot (the CPU
-    emulation, a GPU other than sm_90, tensors TMA cannot take, an explicit split_k, the
-    fused kernels)."""
+    emulation, a GPU other than sm_90, tensors TMA cannot take, in-kernel descriptors,
+    the fused kernels)."""
     return dict(_config(bm, bn, bk, stages, warps, split_k=split_k), GLUON=True, TWIN=twin)
 
 

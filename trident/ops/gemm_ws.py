@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ._common import tile_position
+from .gemm_host import split_workspace
 
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
@@ -198,7 +199,6 @@ def descriptors(a, w, cfg: dict):
 def launch_args(a, w, bias, out, cfg: dict, sms: int, split: int = 1):
     """(grid, args, kwargs) of one launch for checked, TMA-compatible tensors (out's
     position in args: 2), `split` K slices per tile (gemm.split_k_for's choice)."""
-    from .gemm_host import split_workspace
     M, K = a.shape
     N = w.shape[0]
     tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"])
