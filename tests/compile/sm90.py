@@ -781,13 +781,18 @@ def _gemm_ws() -> list[Kernel]:
                           CONSUMER_WARPS=cfg["num_warps"], WARPS_M=warps_m,
                           INSTR_N=instr_n, TPW_N=min(32, cfg["BN"] // 8)))
 
+    compiled = set()                    # a TAIL config compiles as its split-K twin does
     for cfg in gemm_configs.WS_CANDIDATES.values():
-        add(cfg)
+        kernel = (cfg["BM"], cfg["BN"], cfg["BK"], cfg["num_stages"], cfg["num_warps"],
+                  cfg["SPLIT_K"] > 1)
+        if kernel not in compiled:
+            compiled.add(kernel)
+            add(cfg)
     add(gemm_configs.WS_CANDIDATES["ws128x128x64_s6_w8"], bias=True)
     add(gemm_configs.WS_CANDIDATES["ws64x128x128_s4_w4"], "fp16", bias=True)
     return [Kernel("trident.ops.gemm_ws", "gemm_ws_kernel",
                    dict(partials=PF32, counters=P32, M=I32, N=I32, K=I32, stride_om=I32,
-                        split_k=I32), variants,
+                        split_k=I32, whole=I32), variants,
                    aligned=("N", "K", "stride_om"))]
 
 

@@ -5,7 +5,7 @@ Runs in this process (no ranks); under the interpreter on a CPU, compiled on a G
 import pytest
 import torch
 
-from trident.ops import gemm
+from trident.ops import gemm, gemm_configs
 
 from .reference import assert_close
 
@@ -153,6 +153,24 @@ def test_split_k_choice():
     assert gemm.base_candidate("64x128x64_s4_w4") is None
     assert "SPLIT_K" not in gemm.config_for(64, 4096, 4096)
     assert "SPLIT_K" in gemm.config_for(64, 4096, 4096, split_k=True)
+
+
+def test_tail_split_choice():
+    """A TAIL config splits the last, partial wave's tiles only: at M=1024, N=5120 its
+    320 tiles of 128x128 are 2 full waves of 132 and 56 more, which take 2 slices each
+    (112 units: the most that fit one wave); none where the waves are full, or where the
+    last is over half full (a second slice would not fit); under one wave it is split-K's
+    choice, and a config without TAIL splits no launch of more tiles than SMs."""
+    tail = gemm_configs.WS_CANDIDATES["ws128x128x64_s6_w8_tail4"]
+    assert gemm.split_k_for(1024, 5120, 8192, tail, 132) == 2
+    assert gemm.split_k_for(1024, 8448, 8192, tail, 132) == 1     # 8 x 66 = 528: 4 full waves
+    assert gemm.split_k_for(1024, 14336, 4096, tail, 132) == 1    # 896: the last wave 104 tiles
+    assert gemm.split_k_for(128, 4096, 4096, tail, 132) == 4      # 32 tiles: 4 slices, 128 units
+    plain = dict(tail)
+    del plain["TAIL"]
+    assert gemm.split_k_for(128, 4096, 4096, plain, 132) == 4
+    assert gemm.split_k_for(1024, 5120, 8192, plain, 132) == 1    # tiles > SMs: no split-K
+    assert gemm.base_candidate("ws128x128x64_s6_w8_tail4") == "ws128x128x64_s6_w8"
 
 
 # Every candidate of trident/ops/gemm_configs.py at its own tiles (one odd shape: partial

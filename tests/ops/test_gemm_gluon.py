@@ -1,7 +1,7 @@
 """The warp-specialised Gluon GEMM (trident/ops/gemm_ws.py) against torch on random data:
 every WS candidate at odd shapes (M, N and K tails, one row, more tiles than programs),
 bias, out=, fp16, a CUDA-graph replay of a fresh output, split-K (uneven slices,
-deterministic, counters rearmed); and where it cannot run (the CPU emulation, tensors TMA
+deterministic, counters rearmed), the TAIL configs' split of the last wave only; and where it cannot run (the CPU emulation, tensors TMA
 cannot take) a GLUON config runs its TWIN, with the same values. Runs in this process
 (no ranks)."""
 import pytest
@@ -70,6 +70,35 @@ def test_split_k_deterministic_and_rearmed(name, split):
     first = gemm.matmul(a, w, config=WS[name], split_k=split)
     assert_close(first, a.float() @ w.float().T, f"{name} split_k={split}")
     assert torch.equal(first, gemm.matmul(a, w, config=WS[name], split_k=split))
+    torch.cuda.synchronize()
+    assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
+
+
+TAIL = sorted(name for name, cfg in WS.items() if cfg.get("TAIL"))
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only")
+@pytest.mark.parametrize("name", TAIL)
+@pytest.mark.parametrize("split", [None, 3])
+def test_tail_split_values_deterministic_and_rearmed(name, split):
+    """A TAIL config on a shape of one full wave of tiles and a part of another (this
+    GPU's SMs + 1/4 of them, N and K not multiples of the tile): the full wave whole, the
+    rest in K slices (tail_slices' choice, or 3 forced), right values, the same bits
+    twice, the counters back at 0."""
+    cfg = WS[name]
+    sms = gemm.num_sms(torch.device(DEVICE))
+    cols = 24
+    rows = -(-(sms + sms // 4) // cols)                  # tiles: rows * cols > sms
+    m, n, k = rows * cfg["BM"] - 5, cols * cfg["BN"] - 3, 40 * cfg["BK"] + 8
+    tiles = rows * cols
+    assert sms < tiles and tiles % sms <= sms // 2
+    if split is None:
+        assert gemm.split_k_for(m, n, k, cfg, sms) > 1
+    a, w = _inputs(m, n, k, seed=len(name))
+    assert _kernel_of(a, w, cfg, split_k=split) is not gemm._gemm_kernel
+    first = gemm.matmul(a, w, config=cfg, split_k=split)
+    assert_close(first, a.float() @ w.float().T, f"{name} {m}x{n}x{k} split_k={split}")
+    assert torch.equal(first, gemm.matmul(a, w, config=cfg, split_k=split))
     torch.cuda.synchronize()
     assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
 

@@ -133,13 +133,17 @@ DEEP_CANDIDATES = {
 
 
 def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str,
-        split_k: int = 1) -> dict:
+        split_k: int = 1, tail: bool = False) -> dict:
     """A config of the warp-specialised Gluon kernel (trident/ops/gemm_ws.py: GLUON):
     `warps` consumer warps, one producer warp on top, `stages` TMA slots. TWIN: the
     candidate of gemm.py's kernel that runs instead where this one cannot (the CPU
     emulation, a GPU other than sm_90, tensors TMA cannot take, in-kernel descriptors,
-    the fused kernels)."""
-    return dict(_config(bm, bn, bk, stages, warps, split_k=split_k), GLUON=True, TWIN=twin)
+    the fused kernels). TAIL: split only the last wave's tiles (tail_slices), at most
+    split_k slices each."""
+    cfg = dict(_config(bm, bn, bk, stages, warps, split_k=split_k), GLUON=True, TWIN=twin)
+    if tail:                           # only these carry the key (table files stay as they are)
+        cfg["TAIL"] = True
+    return cfg
 
 
 # The warp-specialised Gluon kernel (gemm_ws.py); it takes several classes of the H200
@@ -163,6 +167,13 @@ WS_CANDIDATES = {
     # more stages and two consumer warp groups on 64-column tiles
     "ws128x128x64_s5_w8": _ws(128, 128, 64, 5, 8, "128x128x64_s4_w8"),
     "ws128x64x64_s8_w8": _ws(128, 64, 64, 8, 8, "128x64x64_s6_w4_sk8"),
+    # the last wave split in K (tail_slices), for shapes whose tiles fill a few waves and a
+    # part of one (N = 5120: 2.4 waves of 128x128 tiles at M = 1024, 1.2 of 64x128 at 256)
+    "ws128x128x64_s6_w8_tail4": _ws(128, 128, 64, 6, 8, "128x128x64_s4_w8", 4, tail=True),
+    "ws128x256x64_s4_w8_tail4": _ws(128, 256, 64, 4, 8, "128x256x64_s3_w8", 4, tail=True),
+    "ws128x64x64_s8_w4_tail4": _ws(128, 64, 64, 8, 4, "128x64x64_s6_w4_sk8", 4, tail=True),
+    "ws64x128x128_s4_w4_tail4": _ws(64, 128, 128, 4, 4, "64x128x64_s4_w4", 4, tail=True),
+    "ws64x64x128_s6_w4_tail4": _ws(64, 64, 128, 6, 4, "64x128x64_s4_w4", 4, tail=True),
 }
 # what `python -m trident.bench.gemm` (and `trident tune --gemm`) times by default: all
 # but stream-K, which lost wherever it ran (docs/history.md)
@@ -182,8 +193,11 @@ def base_candidate(name: str) -> str | None:
     if name.endswith("_streamk"):
         head = name[:-len("_streamk")]
         return head if head in KNOWN else None
-    head, sep, tail = name.rpartition("_sk")
-    return head if sep and tail.isdigit() and head in KNOWN else None
+    for mark in ("_sk", "_tail"):
+        head, sep, tail = name.rpartition(mark)
+        if sep and tail.isdigit():
+            return head if head in KNOWN else None
+    return None
 
 
 def stream_k_tiles(tiles: int, programs: int) -> int:
@@ -225,12 +239,32 @@ def stream_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     return programs if cost < 0.95 * waves else 0
 
 
+def tail_slices(tiles: int, K: int, cfg: dict, sms: int) -> int:
+    """K slices per tile of the last, partial wave of a TAIL config's launch (gemm_ws.py
+    runs the full waves' tiles whole): the s <= SPLIT_K that fills the SMs there (at most
+    one unit a program, at least 2 BK-steps a slice) at least cost, in full-tile times:
+    1 / s for the last wave plus s * partial / operands (the workspace traffic, as
+    split_for_tiles counts it); taken only if 5% under the plain launch's last wave. With
+    fewer tiles than SMs this is split_for_tiles's choice (no full wave)."""
+    rest = tiles % sms
+    if rest == 0:
+        return 1
+    most = min(int(cfg.get("SPLIT_K", 1)), triton.cdiv(K, cfg["BK"]) // 2, sms // rest)
+    partial = cfg["BM"] * cfg["BN"] * 4 / (K * (cfg["BM"] + cfg["BN"]) * 2)
+    cost = {s: 1 / s + (s * partial if s > 1 else 0.0) for s in range(1, most + 1)}
+    best = min(cost, key=lambda s: (cost[s], s))
+    return best if cost[best] < 0.95 * cost[1] else 1
+
+
 def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     """How many K slices a launch of `cfg` uses (split_for_tiles over its output tiles;
-    a swap-AB config tiles N with BM and M with BN)."""
+    a swap-AB config tiles N with BM and M with BN; a TAIL one splits only the tiles of
+    its last wave: tail_slices)."""
     rows, cols = (N, M) if cfg.get("SWAP_AB") else (M, N)
-    return split_for_tiles(triton.cdiv(rows, cfg["BM"]) * triton.cdiv(cols, cfg["BN"]), K,
-                           cfg, sms)
+    tiles = triton.cdiv(rows, cfg["BM"]) * triton.cdiv(cols, cfg["BN"])
+    if cfg.get("TAIL"):
+        return tail_slices(tiles, K, cfg, sms)
+    return split_for_tiles(tiles, K, cfg, sms)
 
 
 def split_for_tiles(tiles: int, K: int, cfg: dict, sms: int) -> int:

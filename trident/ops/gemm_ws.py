@@ -56,20 +56,33 @@ def wgmma_shape(BM: int, BN: int, num_warps: int) -> tuple[int, int]:
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_tiles, num_pid_m,
+def _unit(unit, whole, split_k, k_steps):
+    """(tile, slice, first and last + 1 BK-step) of work unit `unit`: units below `whole`
+    are tiles of the same number, whole K; after them each further tile is split_k units,
+    one K slice each."""
+    cut = (unit >= whole).to(gl.int32)
+    v = gl.maximum(unit - whole, 0)
+    tile = unit + cut * (whole + v // split_k - unit)
+    part = cut * (v % split_k)
+    parts = 1 + cut * (split_k - 1)
+    return tile, part, part * k_steps // parts, (part + 1) * k_steps // parts
+
+
+@gluon.jit
+def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_units, whole, num_pid_m,
               num_pid_n, k_steps, split_k, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
               STAGES: gl.constexpr):
-    """One warp: the TMA loads of every K step of every work unit of this program (a tile,
-    or one of its split_k K slices), STAGES ahead of the consumers at most."""
+    """One warp: the TMA loads of every K step of every work unit of this program (_unit),
+    STAGES ahead of the consumers at most, across the units' boundaries."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
     i = 0
-    for unit in range(gl.program_id(0), num_tiles * split_k, NUM_PROGRAMS):
-        pid_m, pid_n = tile_position(unit // split_k, num_pid_m, num_pid_n, GROUP_M)
-        part = unit % split_k
-        for k in range(part * k_steps // split_k, (part + 1) * k_steps // split_k):
+    for unit in range(gl.program_id(0), num_units, NUM_PROGRAMS):
+        tile, part, k_lo, k_hi = _unit(unit, whole, split_k, k_steps)
+        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        for k in range(k_lo, k_hi):
             s = i % STAGES
             # a fresh barrier is in phase 0: waiting for parity 1 passes at once, so the
             # first round of slots needs no arrival
@@ -83,16 +96,17 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_tiles, num_pid_m
 
 
 @gluon.jit
-def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_tiles,
-              num_pid_m, num_pid_n, k_steps, split_k, M, N, stride_om, BM: gl.constexpr,
+def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_units,
+              whole, num_pid_m, num_pid_n, k_steps, split_k, M, N, stride_om, BM: gl.constexpr,
               BN: gl.constexpr, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
               STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
               NUM_WARPS: gl.constexpr, WARPS_M: gl.constexpr, INSTR_N: gl.constexpr,
               TPW_N: gl.constexpr):
-    """The default partition: wgmma over the ring, then the unit's epilogue. SPLIT: the
-    unit's fp32 partial goes to the split-K workspace and the last of a tile's split_k
-    slices to arrive sums them in slice order (gemm.py's deterministic fix-up: the counter
-    counted acq_rel after a barrier of the partition, rearmed to 0 by the last). The tile's
+    """The default partition: wgmma over the ring, then the unit's epilogue. SPLIT, for a
+    unit of a split tile (tile >= whole): its fp32 partial goes to the split-K workspace
+    (indexed from the first split tile) and the last of the tile's split_k slices to
+    arrive sums them in slice order (gemm.py's deterministic fix-up: the counter counted
+    acq_rel after a barrier of the partition, rearmed to 0 by the last). The tile's
     store: bias, then masked 16-byte stores through pointers (a fresh output has a new
     address every call, which a host descriptor made once would not follow)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -101,12 +115,9 @@ def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_t
     stored: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_N, TPW_N], [NUM_WARPS, 1],
                                             [1, 0])
     i = 0
-    for unit in range(gl.program_id(0), num_tiles * split_k, NUM_PROGRAMS):
-        tile = unit // split_k
-        part = unit % split_k
+    for unit in range(gl.program_id(0), num_units, NUM_PROGRAMS):
+        tile, part, k_lo, k_hi = _unit(unit, whole, split_k, k_steps)
         pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-        k_lo = part * k_steps // split_k
-        k_hi = (part + 1) * k_steps // split_k
         acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
         for k in range(k_lo, k_hi):
             s = i % STAGES
@@ -124,17 +135,20 @@ def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_t
         c = gl.arange(0, BN, layout=gl.SliceLayout(0, stored))
         last = True
         if SPLIT:
-            offs = r[:, None] * BN + c[None, :]
-            first = partials + tile.to(gl.int64) * split_k * (BM * BN)
-            gl.store(first + part * (BM * BN) + offs, y)
-            gl.thread_barrier()         # every thread's partial before the arrival
-            last = gl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu") == \
-                split_k - 1
-            if last:
-                gl.store(counters + tile, 0)             # rearmed for the next launch
-                y = gl.load(first + offs, cache_modifier=".cg")
-                for q in range(1, split_k):              # slice order: deterministic
-                    y += gl.load(first + q * (BM * BN) + offs, cache_modifier=".cg")
+            last = tile < whole
+            if tile >= whole:
+                cut = tile - whole
+                offs = r[:, None] * BN + c[None, :]
+                first = partials + cut.to(gl.int64) * split_k * (BM * BN)
+                gl.store(first + part * (BM * BN) + offs, y)
+                gl.thread_barrier()         # every thread's partial before the arrival
+                last = gl.atomic_add(counters + cut, 1, sem="acq_rel", scope="gpu") == \
+                    split_k - 1
+                if last:
+                    gl.store(counters + cut, 0)              # rearmed for the next launch
+                    y = gl.load(first + offs, cache_modifier=".cg")
+                    for q in range(1, split_k):              # slice order: deterministic
+                        y += gl.load(first + q * (BM * BN) + offs, cache_modifier=".cg")
         if last:
             rows = pid_m * BM + r
             cols = pid_n * BN + c
@@ -147,16 +161,17 @@ def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_t
 
 @gluon.jit
 def gemm_ws_kernel(a_desc, w_desc, out, bias, partials, counters, M, N, K, stride_om,
-                   split_k, NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr,
+                   split_k, whole, NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr,
                    STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
                    CONSUMER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
                    INSTR_N: gl.constexpr, TPW_N: gl.constexpr):
     """a_desc [M, K] blocks [BM, BK], w_desc [N, K] blocks [BN, BK] (host TensorDescriptors
     with NVMMA shared layouts); out [M, N] (row stride stride_om, last dimension
-    contiguous); bias [N] or any pointer (not read without HAS_BIAS). SPLIT: split_k (> 1)
-    K slices per tile, with gemm.py's split-K workspace (partials fp32 [tiles * split_k,
-    BM * BN], counters int32 per tile, 0 between launches); else split_k is 1 and they
-    are not read. Launched with num_warps=CONSUMER_WARPS (the producer's warp on top)."""
+    contiguous); bias [N] or any pointer (not read without HAS_BIAS). Tiles below `whole`
+    run whole; SPLIT: each further tile in split_k (> 1) K slices, with gemm.py's split-K
+    workspace (partials fp32 [split tiles * split_k, BM * BN], counters int32 per split
+    tile, 0 between launches); else `whole` is every tile, split_k 1, and they are not
+    read. Launched with num_warps=CONSUMER_WARPS (the producer's warp on top)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
@@ -170,14 +185,14 @@ def gemm_ws_kernel(a_desc, w_desc, out, bias, partials, counters, M, N, K, strid
     fence_async_shared()
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
-    num_tiles = num_pid_m * num_pid_n
+    num_units = whole + (num_pid_m * num_pid_n - whole) * split_k
     k_steps = gl.cdiv(K, BK)
     gl.warp_specialize([
-        (_consumer, (out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_tiles,
-                     num_pid_m, num_pid_n, k_steps, split_k, M, N, stride_om, BM, BN,
+        (_consumer, (out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_units,
+                     whole, num_pid_m, num_pid_n, k_steps, split_k, M, N, stride_om, BM, BN,
                      GROUP_M, NUM_PROGRAMS, STAGES, HAS_BIAS, SPLIT, CONSUMER_WARPS,
                      WARPS_M, INSTR_N, TPW_N)),
-        (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_tiles, num_pid_m,
+        (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_units, whole, num_pid_m,
                      num_pid_n, k_steps, split_k, GROUP_M, NUM_PROGRAMS, STAGES)),
     ], [1], [40])
     for s in gl.static_range(STAGES):
@@ -198,14 +213,16 @@ def descriptors(a, w, cfg: dict):
 
 def launch_args(a, w, bias, out, cfg: dict, sms: int, split: int = 1):
     """(grid, args, kwargs) of one launch for checked, TMA-compatible tensors (out's
-    position in args: 2), `split` K slices per tile (gemm.split_k_for's choice)."""
+    position in args: 2), `split` K slices per tile (gemm.split_k_for's choice): of every
+    tile, or for a TAIL config of the tiles past the full waves of `sms` programs."""
     M, K = a.shape
     N = w.shape[0]
     tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"])
-    programs = min(tiles * split, sms)
+    whole = tiles if split == 1 else (tiles // sms * sms if cfg.get("TAIL") else 0)
+    programs = min(whole + (tiles - whole) * split, sms)
     if split > 1:
-        partials, counters = split_workspace(a.device, tiles * split * cfg["BM"] * cfg["BN"],
-                                             tiles)
+        cut = max(tiles - whole, 1)
+        partials, counters = split_workspace(a.device, cut * split * cfg["BM"] * cfg["BN"], cut)
     else:
         partials = counters = a                 # not read
     warps_m, instr_n = wgmma_shape(cfg["BM"], cfg["BN"], cfg["num_warps"])
@@ -214,4 +231,4 @@ def launch_args(a, w, bias, out, cfg: dict, sms: int, split: int = 1):
                   WARPS_M=warps_m, INSTR_N=instr_n, TPW_N=min(32, cfg["BN"] // 8),
                   num_warps=cfg["num_warps"])
     return (programs,), (*descriptors(a, w, cfg), out, bias if bias is not None else a,
-                         partials, counters, M, N, K, out.stride(0), split), kwargs
+                         partials, counters, M, N, K, out.stride(0), split, whole), kwargs
