@@ -166,6 +166,8 @@ def test_tail_split_choice():
     assert gemm.split_k_for(1024, 8448, 8192, tail, 132) == 1     # 8 x 66 = 528: 4 full waves
     assert gemm.split_k_for(1024, 14336, 4096, tail, 132) == 1    # 896: the last wave 104 tiles
     assert gemm.split_k_for(128, 4096, 4096, tail, 132) == 4      # 32 tiles: 4 slices, 128 units
+    assert gemm.split_k_for(1, 256, 64, tail, 132) == 1           # one BK-step: no slice fits
+    assert gemm.split_k_for(1, 256, 200, tail, 132) == 1          # 4 steps: the partials outweigh
     plain = dict(tail)
     del plain["TAIL"]
     assert gemm.split_k_for(128, 4096, 4096, plain, 132) == 4

@@ -82,14 +82,15 @@ TAIL = sorted(name for name, cfg in WS.items() if cfg.get("TAIL"))
 @pytest.mark.parametrize("split", [None, 3])
 def test_tail_split_values_deterministic_and_rearmed(name, split):
     """A TAIL config on a shape of one full wave of tiles and a part of another (this
-    GPU's SMs + 1/4 of them, N and K not multiples of the tile): the full wave whole, the
+    GPU's SMs + 1/4 of them, M, N and K not multiples of the tile, N and K multiples of 8
+    so that TMA takes the tensors): the full wave whole, the
     rest in K slices (tail_slices' choice, or 3 forced), right values, the same bits
     twice, the counters back at 0."""
     cfg = WS[name]
     sms = gemm.num_sms(torch.device(DEVICE))
     cols = 24
     rows = -(-(sms + sms // 4) // cols)                  # tiles: rows * cols > sms
-    m, n, k = rows * cfg["BM"] - 5, cols * cfg["BN"] - 3, 40 * cfg["BK"] + 8
+    m, n, k = rows * cfg["BM"] - 5, cols * cfg["BN"] - 8, 40 * cfg["BK"] + 8
     tiles = rows * cols
     assert sms < tiles and tiles % sms <= sms // 2
     if split is None:

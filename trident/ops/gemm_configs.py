@@ -250,6 +250,8 @@ def tail_slices(tiles: int, K: int, cfg: dict, sms: int) -> int:
     if rest == 0:
         return 1
     most = min(int(cfg.get("SPLIT_K", 1)), triton.cdiv(K, cfg["BK"]) // 2, sms // rest)
+    if most <= 1:                  # no room, or K too short for two slices of two BK-steps
+        return 1
     partial = cfg["BM"] * cfg["BN"] * 4 / (K * (cfg["BM"] + cfg["BN"]) * 2)
     cost = {s: 1 / s + (s * partial if s > 1 else 0.0) for s in range(1, most + 1)}
     best = min(cost, key=lambda s: (cost[s], s))
