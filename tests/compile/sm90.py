@@ -778,13 +778,13 @@ def _gemm_ws() -> list[Kernel]:
                           ptx_has=("setmaxnreg", "wgmma.mma_async", "cp.async.bulk.tensor"),
                           NUM_PROGRAMS=132, GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
                           HAS_BIAS=bias, SPLIT=cfg["SPLIT_K"] > 1,
-                          STREAM=bool(cfg.get("STREAM_K")), CONSUMER_WARPS=cfg["num_warps"], WARPS_M=warps_m,
+                          CONSUMER_WARPS=cfg["num_warps"], WARPS_M=warps_m,
                           INSTR_N=instr_n, TPW_N=min(32, cfg["BN"] // 8)))
 
     compiled = set()                    # a TAIL config compiles as its split-K twin does
     for cfg in gemm_configs.WS_CANDIDATES.values():
         kernel = (cfg["BM"], cfg["BN"], cfg["BK"], cfg["num_stages"], cfg["num_warps"],
-                  cfg["SPLIT_K"] > 1, bool(cfg.get("STREAM_K")))
+                  cfg["SPLIT_K"] > 1)
         if kernel not in compiled:
             compiled.add(kernel)
             add(cfg)

@@ -104,33 +104,6 @@ def test_tail_split_values_deterministic_and_rearmed(name, split):
     assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
 
 
-STREAM = sorted(name for name, cfg in WS.items() if cfg.get("STREAM_K"))
-
-
-@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only")
-@pytest.mark.parametrize("name", STREAM)
-@pytest.mark.parametrize("waves", [0.6, 1.5, 3.3])
-def test_stream_k_values_deterministic_and_rearmed(name, waves):
-    """A stream-K config where stream_k_for shares BK-steps between programs (tiles for
-    `waves` waves of this GPU's SMs, so that tiles whole, tiles of two programs' pieces
-    and programs of two tiles' pieces all occur; M, N and K not multiples of the tile):
-    right values, the same bits twice (partials summed in program order), the counters
-    back at 0."""
-    cfg = WS[name]
-    sms = gemm.num_sms(torch.device(DEVICE))
-    cols = 16
-    rows = -(-int(waves * sms) // cols)
-    m, n, k = rows * cfg["BM"] - 5, cols * cfg["BN"] - 8, 37 * cfg["BK"] + 8
-    assert gemm.stream_k_for(m, n, k, cfg, sms) > 0
-    a, w = _inputs(m, n, k, seed=rows)
-    assert _kernel_of(a, w, cfg) is not gemm._gemm_kernel
-    first = gemm.matmul(a, w, config=cfg)
-    assert_close(first, a.float() @ w.float().T, f"{name} {m}x{n}x{k}")
-    assert torch.equal(first, gemm.matmul(a, w, config=cfg))
-    torch.cuda.synchronize()
-    assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
-
-
 @pytest.mark.parametrize("name", ["ws128x128x64_s6_w8", "ws64x64x128_s6_w4_sk8"])
 def test_twin_where_gluon_cannot_run(name):
     cfg = WS[name]

@@ -515,8 +515,7 @@ def _launch_of(a, w, bias, out, config, tma, desc, split_k):
     """(kernel, grid, args, kwargs, out's position in args) of a `matmul` launch: the
     warp-specialised Gluon kernel (gemm_ws.py) for a GLUON config where it can run (an
     sm_90 GPU, tensors TMA takes, host descriptors), with split_k_for's K slices (or
-    split_k's) or stream_k_for's programs, else gemm.py's kernel (a GLUON config by its
-    TWIN)."""
+    split_k's), else gemm.py's kernel (a GLUON config by its TWIN)."""
     M, K = a.shape
     N = w.shape[0]
     cfg = config if config is not None else \
@@ -525,9 +524,8 @@ def _launch_of(a, w, bias, out, config, tma, desc, split_k):
             and gpu_identity(a.device)[1] == (9, 0) and tma_compatible(a, w, out):
         from . import gemm_ws
         sms = num_sms(a.device)
-        split = _slices(M, N, K, cfg, sms, split_k)
-        stream = stream_k_for(M, N, K, cfg, sms) if split == 1 and split_k is None else 0
-        grid, args, kwargs = gemm_ws.launch_args(a, w, bias, out, cfg, sms, split, stream)
+        grid, args, kwargs = gemm_ws.launch_args(a, w, bias, out, cfg, sms,
+                                                 _slices(M, N, K, cfg, sms, split_k))
         return gemm_ws.gemm_ws_kernel, grid, args, kwargs, 2
     grid, args, kwargs = launch_args(a, w, bias, out, cfg, tma, desc, split_k)
     return _gemm_kernel, grid, args, kwargs, 3

@@ -133,15 +133,14 @@ DEEP_CANDIDATES = {
 
 
 def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str,
-        split_k: int = 1, tail: bool = False, stream_k: bool = False) -> dict:
+        split_k: int = 1, tail: bool = False) -> dict:
     """A config of the warp-specialised Gluon kernel (trident/ops/gemm_ws.py: GLUON):
     `warps` consumer warps, one producer warp on top, `stages` TMA slots. TWIN: the
     candidate of gemm.py's kernel that runs instead where this one cannot (the CPU
     emulation, a GPU other than sm_90, tensors TMA cannot take, in-kernel descriptors,
     the fused kernels). TAIL: split only the last wave's tiles (tail_slices), at most
-    split_k slices each. STREAM_K: stream-K where stream_k_for says so."""
-    cfg = dict(_config(bm, bn, bk, stages, warps, split_k=split_k, stream_k=stream_k),
-               GLUON=True, TWIN=twin)
+    split_k slices each."""
+    cfg = dict(_config(bm, bn, bk, stages, warps, split_k=split_k), GLUON=True, TWIN=twin)
     if tail:                           # only these carry the key (table files stay as they are)
         cfg["TAIL"] = True
     return cfg
@@ -175,16 +174,9 @@ WS_CANDIDATES = {
     "ws128x64x64_s8_w4_tail4": _ws(128, 64, 64, 8, 4, "128x64x64_s6_w4_sk8", 4, tail=True),
     "ws64x128x128_s4_w4_tail4": _ws(64, 128, 128, 4, 4, "64x128x64_s4_w4", 4, tail=True),
     "ws64x64x128_s6_w4_tail4": _ws(64, 64, 128, 6, 4, "64x128x64_s4_w4", 4, tail=True),
-    # stream-K (stream_k_for): the last one to two waves' BK-steps shared evenly by the
-    # programs, across tile boundaries; the producer warp feeds across them, so a program
-    # of several pieces does not refill its pipeline per piece as gemm.py's kernel does
-    "ws128x128x64_s6_w8_streamk": _ws(128, 128, 64, 6, 8, "128x128x64_s4_w8", stream_k=True),
-    "ws128x64x64_s8_w4_streamk": _ws(128, 64, 64, 8, 4, "128x64x64_s6_w4_sk8", stream_k=True),
-    "ws64x128x128_s4_w4_streamk": _ws(64, 128, 128, 4, 4, "64x128x64_s4_w4", stream_k=True),
-    "ws64x64x128_s6_w4_streamk": _ws(64, 64, 128, 6, 4, "64x128x64_s4_w4", stream_k=True),
 }
 # what `python -m trident.bench.gemm` (and `trident tune --gemm`) times by default: all
-# but gemm.py's stream-K ones, which lost wherever they ran (docs/history.md)
+# but stream-K, which lost wherever it ran (docs/history.md)
 SWEPT = {**CANDIDATES, **DEEP_CANDIDATES, **WS_CANDIDATES}
 KNOWN = {**SWEPT, **STREAM_K_CANDIDATES}     # every name a config may go by
 

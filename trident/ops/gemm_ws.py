@@ -38,7 +38,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ._common import tile_position
-from .gemm_configs import stream_k_tiles
 from .gemm_host import split_workspace
 
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
@@ -70,100 +69,30 @@ def _unit(unit, whole, split_k, k_steps):
 
 
 @gluon.jit
-def _stream_range(num_tiles, k_steps, NUM_PROGRAMS: gl.constexpr):
-    """Stream-K's share of this program (STREAM): the first `dp` tiles (all but the last
-    one to two waves' worth: gemm_configs.stream_k_tiles) run whole, one program each; the
-    rest are one sequence of BK-steps, tile-major, of which this program takes [g0, g1)
-    of `iters`, across tile boundaries. Returns (dp, iters, g0, g1)."""
-    dp = gl.maximum(num_tiles // NUM_PROGRAMS - 1, 0) * NUM_PROGRAMS
-    iters = (num_tiles - dp) * k_steps
-    pid = gl.program_id(0)
-    return dp, iters, pid * iters // NUM_PROGRAMS, (pid + 1) * iters // NUM_PROGRAMS
-
-
-@gluon.jit
-def _load(a_desc, w_desc, a_bufs, w_bufs, ready, empty, i, pid_m, pid_n, k_lo, k_hi,
-          STAGES: gl.constexpr):
-    """The producer's TMA loads of BK-steps [k_lo, k_hi) of tile (pid_m, pid_n) into the
-    ring, from its i-th slot fill on; returns the next i."""
+def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_units, whole, num_pid_m,
+              num_pid_n, k_steps, split_k, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
+              STAGES: gl.constexpr):
+    """One warp: the TMA loads of every K step of every work unit of this program (_unit),
+    STAGES ahead of the consumers at most, across the units' boundaries."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
-    for k in range(k_lo, k_hi):
-        s = i % STAGES
-        # a fresh barrier is in phase 0: waiting for parity 1 passes at once, so the
-        # first round of slots needs no arrival
-        mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), nbytes)
-        tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k * BK], ready.index(s),
-                                        a_bufs.index(s))
-        tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k * BK], ready.index(s),
-                                        w_bufs.index(s))
-        i += 1
-    return i
-
-
-@gluon.jit
-def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_units, whole, num_pid_m,
-              num_pid_n, k_steps, split_k, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
-              STAGES: gl.constexpr, STREAM: gl.constexpr):
-    """One warp: the TMA loads of every K step of this program's work, STAGES ahead of
-    the consumers at most, across tile and unit boundaries: its work units (_unit), or
-    with STREAM its whole tiles and its stream-K range (_stream_range)."""
     i = 0
-    if STREAM:
-        num_tiles = num_pid_m * num_pid_n
-        dp, iters, g0, g1 = _stream_range(num_tiles, k_steps, NUM_PROGRAMS)
-        for tile in range(gl.program_id(0), dp, NUM_PROGRAMS):
-            pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-            i = _load(a_desc, w_desc, a_bufs, w_bufs, ready, empty, i, pid_m, pid_n, 0,
-                      k_steps, STAGES)
-        t_first = g0 // k_steps
-        for t in range(t_first, gl.where(g1 > g0, gl.cdiv(g1, k_steps), t_first)):
-            pid_m, pid_n = tile_position(dp + t, num_pid_m, num_pid_n, GROUP_M)
-            i = _load(a_desc, w_desc, a_bufs, w_bufs, ready, empty, i, pid_m, pid_n,
-                      gl.maximum(g0 - t * k_steps, 0), gl.minimum(g1 - t * k_steps, k_steps),
-                      STAGES)
-    else:
-        for unit in range(gl.program_id(0), num_units, NUM_PROGRAMS):
-            tile, part, k_lo, k_hi = _unit(unit, whole, split_k, k_steps)
-            pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-            i = _load(a_desc, w_desc, a_bufs, w_bufs, ready, empty, i, pid_m, pid_n, k_lo,
-                      k_hi, STAGES)
-
-
-@gluon.jit
-def _mma(a_bufs, w_bufs, ready, empty, i, k_lo, k_hi, acc, STAGES: gl.constexpr):
-    """The consumers' wgmma over BK-steps [k_lo, k_hi) from the i-th slot fill on (at most
-    one in flight, each slot freed once the wgmma after it is issued and the one reading
-    it done); returns (acc, the next i)."""
-    for k in range(k_lo, k_hi):
-        s = i % STAGES
-        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-        acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc,
-                            is_async=True)
-        # the wgmma of step i - 1 is done: free its slot
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k > k_lo)
-        i += 1
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-    mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_hi > k_lo)
-    return acc, i
-
-
-@gluon.jit
-def _store(y, out, bias, pid_m, pid_n, M, N, stride_om, r, c, BM: gl.constexpr,
-           BN: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """A finished tile (fp32, in the store layout of r and c): bias, then masked 16-byte
-    stores through pointers (a fresh output has a new address every call, which a host
-    descriptor made once would not follow)."""
-    rows = pid_m * BM + r
-    cols = pid_n * BN + c
-    if HAS_BIAS:
-        y = y + gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
-    ptrs = out + rows[:, None].to(gl.int64) * stride_om + cols[None, :]
-    gl.store(ptrs, y.to(out.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    for unit in range(gl.program_id(0), num_units, NUM_PROGRAMS):
+        tile, part, k_lo, k_hi = _unit(unit, whole, split_k, k_steps)
+        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        for k in range(k_lo, k_hi):
+            s = i % STAGES
+            # a fresh barrier is in phase 0: waiting for parity 1 passes at once, so the
+            # first round of slots needs no arrival
+            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), nbytes)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k * BK], ready.index(s),
+                                            a_bufs.index(s))
+            tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k * BK], ready.index(s),
+                                            w_bufs.index(s))
+            i += 1
 
 
 @gluon.jit
@@ -171,93 +100,70 @@ def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_u
               whole, num_pid_m, num_pid_n, k_steps, split_k, M, N, stride_om, BM: gl.constexpr,
               BN: gl.constexpr, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
               STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
-              STREAM: gl.constexpr, NUM_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
-              INSTR_N: gl.constexpr, TPW_N: gl.constexpr):
-    """The default partition: wgmma over the ring (_mma), then each piece's epilogue.
-    Split-K's fix-up, for a unit of a split tile (SPLIT, tile >= whole): its fp32 partial
-    goes to the split-K workspace (indexed from the first split tile) and the last of the
-    tile's split_k slices to arrive sums them in slice order (gemm.py's deterministic
-    fix-up: the counter counted acq_rel after a barrier of the partition, rearmed to 0 by
-    the last). Stream-K's (STREAM), for a tile this program holds only a part of: its
-    partial goes to slot 2p (its range's first tile) or 2p + 1 (its last), and the last of
-    the tile's programs to arrive sums their slots in program order (gemm.py's _stream_k)."""
+              NUM_WARPS: gl.constexpr, WARPS_M: gl.constexpr, INSTR_N: gl.constexpr,
+              TPW_N: gl.constexpr):
+    """The default partition: wgmma over the ring, then the unit's epilogue. SPLIT, for a
+    unit of a split tile (tile >= whole): its fp32 partial goes to the split-K workspace
+    (indexed from the first split tile) and the last of the tile's split_k slices to
+    arrive sums them in slice order (gemm.py's deterministic fix-up: the counter counted
+    acq_rel after a barrier of the partition, rearmed to 0 by the last). The tile's
+    store: bias, then masked 16-byte stores through pointers (a fresh output has a new
+    address every call, which a host descriptor made once would not follow)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS_M, NUM_WARPS // WARPS_M],
         instr_shape=[16, INSTR_N, 16])
     stored: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_N, TPW_N], [NUM_WARPS, 1],
                                             [1, 0])
-    r = gl.arange(0, BM, layout=gl.SliceLayout(1, stored))
-    c = gl.arange(0, BN, layout=gl.SliceLayout(0, stored))
-    offs = r[:, None] * BN + c[None, :]
     i = 0
-    if STREAM:
-        num_tiles = num_pid_m * num_pid_n
-        dp, iters, g0, g1 = _stream_range(num_tiles, k_steps, NUM_PROGRAMS)
-        for tile in range(gl.program_id(0), dp, NUM_PROGRAMS):
-            pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-            acc, i = _mma(a_bufs, w_bufs, ready, empty, i, 0, k_steps,
-                          gl.zeros((BM, BN), dtype=gl.float32, layout=layout), STAGES)
-            _store(gl.convert_layout(acc, stored), out, bias, pid_m, pid_n, M, N, stride_om,
-                   r, c, BM, BN, HAS_BIAS)
-        t_first = g0 // k_steps
-        for t in range(t_first, gl.where(g1 > g0, gl.cdiv(g1, k_steps), t_first)):
-            pid_m, pid_n = tile_position(dp + t, num_pid_m, num_pid_n, GROUP_M)
-            acc, i = _mma(a_bufs, w_bufs, ready, empty, i, gl.maximum(g0 - t * k_steps, 0),
-                          gl.minimum(g1 - t * k_steps, k_steps),
-                          gl.zeros((BM, BN), dtype=gl.float32, layout=layout), STAGES)
-            y = gl.convert_layout(acc, stored)
-            # the programs holding this tile's first and last step: p(g) = ((g + 1) * P -
-            # 1) // iters is the one with p * iters // P <= g < (p + 1) * iters // P
-            p_lo = ((t * k_steps + 1) * NUM_PROGRAMS - 1) // iters
-            p_hi = ((t + 1) * k_steps * NUM_PROGRAMS - 1) // iters
-            done = p_lo == p_hi
-            if p_lo != p_hi:
-                slot = 2 * gl.program_id(0) + (t != t_first).to(gl.int32)
-                gl.store(partials + slot.to(gl.int64) * (BM * BN) + offs, y)
+    for unit in range(gl.program_id(0), num_units, NUM_PROGRAMS):
+        tile, part, k_lo, k_hi = _unit(unit, whole, split_k, k_steps)
+        pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
+        for k in range(k_lo, k_hi):
+            s = i % STAGES
+            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc,
+                                is_async=True)
+            # the wgmma of step i - 1 is done: free its slot
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k > k_lo)
+            i += 1
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_hi > k_lo)
+        y = gl.convert_layout(acc, stored)
+        r = gl.arange(0, BM, layout=gl.SliceLayout(1, stored))
+        c = gl.arange(0, BN, layout=gl.SliceLayout(0, stored))
+        last = True
+        if SPLIT:
+            last = tile < whole
+            if tile >= whole:
+                cut = tile - whole
+                offs = r[:, None] * BN + c[None, :]
+                first = partials + cut.to(gl.int64) * split_k * (BM * BN)
+                gl.store(first + part * (BM * BN) + offs, y)
                 gl.thread_barrier()         # every thread's partial before the arrival
-                done = gl.atomic_add(counters + t, 1, sem="acq_rel", scope="gpu") == \
-                    p_hi - p_lo
-                if done:
-                    gl.store(counters + t, 0)                # rearmed for the next launch
-                    y = gl.zeros((BM, BN), dtype=gl.float32, layout=stored)
-                    for q in range(p_lo, p_hi + 1):          # program order: deterministic
-                        first_q = (q * iters // NUM_PROGRAMS) // k_steps
-                        slot = 2 * q + (t != first_q).to(gl.int32)
-                        y += gl.load(partials + slot.to(gl.int64) * (BM * BN) + offs,
-                                     cache_modifier=".cg")
-            if done:
-                _store(y, out, bias, pid_m, pid_n, M, N, stride_om, r, c, BM, BN, HAS_BIAS)
-    else:
-        for unit in range(gl.program_id(0), num_units, NUM_PROGRAMS):
-            tile, part, k_lo, k_hi = _unit(unit, whole, split_k, k_steps)
-            pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
-            acc, i = _mma(a_bufs, w_bufs, ready, empty, i, k_lo, k_hi,
-                          gl.zeros((BM, BN), dtype=gl.float32, layout=layout), STAGES)
-            y = gl.convert_layout(acc, stored)
-            last = True
-            if SPLIT:
-                last = tile < whole
-                if tile >= whole:
-                    cut = tile - whole
-                    first = partials + cut.to(gl.int64) * split_k * (BM * BN)
-                    gl.store(first + part * (BM * BN) + offs, y)
-                    gl.thread_barrier()         # every thread's partial before the arrival
-                    last = gl.atomic_add(counters + cut, 1, sem="acq_rel", scope="gpu") == \
-                        split_k - 1
-                    if last:
-                        gl.store(counters + cut, 0)          # rearmed for the next launch
-                        y = gl.load(first + offs, cache_modifier=".cg")
-                        for q in range(1, split_k):          # slice order: deterministic
-                            y += gl.load(first + q * (BM * BN) + offs, cache_modifier=".cg")
-            if last:
-                _store(y, out, bias, pid_m, pid_n, M, N, stride_om, r, c, BM, BN, HAS_BIAS)
+                last = gl.atomic_add(counters + cut, 1, sem="acq_rel", scope="gpu") == \
+                    split_k - 1
+                if last:
+                    gl.store(counters + cut, 0)              # rearmed for the next launch
+                    y = gl.load(first + offs, cache_modifier=".cg")
+                    for q in range(1, split_k):              # slice order: deterministic
+                        y += gl.load(first + q * (BM * BN) + offs, cache_modifier=".cg")
+        if last:
+            rows = pid_m * BM + r
+            cols = pid_n * BN + c
+            if HAS_BIAS:
+                y = y + gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+            ptrs = out + rows[:, None].to(gl.int64) * stride_om + cols[None, :]
+            gl.store(ptrs, y.to(out.dtype.element_ty),
+                     mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
 @gluon.jit
 def gemm_ws_kernel(a_desc, w_desc, out, bias, partials, counters, M, N, K, stride_om,
                    split_k, whole, NUM_PROGRAMS: gl.constexpr, GROUP_M: gl.constexpr,
                    STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
-                   STREAM: gl.constexpr, CONSUMER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
+                   CONSUMER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
                    INSTR_N: gl.constexpr, TPW_N: gl.constexpr):
     """a_desc [M, K] blocks [BM, BK], w_desc [N, K] blocks [BN, BK] (host TensorDescriptors
     with NVMMA shared layouts); out [M, N] (row stride stride_om, last dimension
@@ -265,12 +171,10 @@ def gemm_ws_kernel(a_desc, w_desc, out, bias, partials, counters, M, N, K, strid
     run whole; SPLIT: each further tile in split_k (> 1) K slices, with gemm.py's split-K
     workspace (partials fp32 [split tiles * split_k, BM * BN], counters int32 per split
     tile, 0 between launches); else `whole` is every tile, split_k 1, and they are not
-    read. STREAM (split_k 1, `whole` unread): stream-K over the NUM_PROGRAMS programs
-    (_stream_range), with partials [2 * NUM_PROGRAMS, BM * BN] and a counter per stream-K
-    tile. Launched with num_warps=CONSUMER_WARPS (the producer's warp on top)."""
+    read. Launched with num_warps=CONSUMER_WARPS (the producer's warp on top)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
-    BN: gl.constexpr = w_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = w_desc.block_type.shape[0]
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -286,10 +190,10 @@ def gemm_ws_kernel(a_desc, w_desc, out, bias, partials, counters, M, N, K, strid
     gl.warp_specialize([
         (_consumer, (out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_units,
                      whole, num_pid_m, num_pid_n, k_steps, split_k, M, N, stride_om, BM, BN,
-                     GROUP_M, NUM_PROGRAMS, STAGES, HAS_BIAS, SPLIT, STREAM, CONSUMER_WARPS,
+                     GROUP_M, NUM_PROGRAMS, STAGES, HAS_BIAS, SPLIT, CONSUMER_WARPS,
                      WARPS_M, INSTR_N, TPW_N)),
         (_producer, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_units, whole, num_pid_m,
-                     num_pid_n, k_steps, split_k, GROUP_M, NUM_PROGRAMS, STAGES, STREAM)),
+                     num_pid_n, k_steps, split_k, GROUP_M, NUM_PROGRAMS, STAGES)),
     ], [1], [40])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
@@ -307,29 +211,24 @@ def descriptors(a, w, cfg: dict):
                  for t, block in ((a, [bm, bk]), (w, [bn, bk])))
 
 
-def launch_args(a, w, bias, out, cfg: dict, sms: int, split: int = 1, stream: int = 0):
+def launch_args(a, w, bias, out, cfg: dict, sms: int, split: int = 1):
     """(grid, args, kwargs) of one launch for checked, TMA-compatible tensors (out's
-    position in args: 2): `split` K slices per tile (gemm.split_k_for's choice) of every
-    tile, or for a TAIL config of the tiles past the full waves of `sms` programs; or
-    with `stream` programs (gemm.stream_k_for's, split 1) stream-K."""
+    position in args: 2), `split` K slices per tile (gemm.split_k_for's choice): of every
+    tile, or for a TAIL config of the tiles past the full waves of `sms` programs."""
     M, K = a.shape
     N = w.shape[0]
-    bm, bn = cfg["BM"], cfg["BN"]
-    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    tiles = triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"])
     whole = tiles if split == 1 else (tiles // sms * sms if cfg.get("TAIL") else 0)
-    programs = stream or min(whole + (tiles - whole) * split, sms)
-    if stream:
-        partials, counters = split_workspace(a.device, 2 * stream * bm * bn,
-                                             tiles - stream_k_tiles(tiles, stream))
-    elif split > 1:
+    programs = min(whole + (tiles - whole) * split, sms)
+    if split > 1:
         cut = max(tiles - whole, 1)
-        partials, counters = split_workspace(a.device, cut * split * bm * bn, cut)
+        partials, counters = split_workspace(a.device, cut * split * cfg["BM"] * cfg["BN"], cut)
     else:
         partials = counters = a                 # not read
-    warps_m, instr_n = wgmma_shape(bm, bn, cfg["num_warps"])
+    warps_m, instr_n = wgmma_shape(cfg["BM"], cfg["BN"], cfg["num_warps"])
     kwargs = dict(NUM_PROGRAMS=programs, GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
-                  HAS_BIAS=bias is not None, SPLIT=split > 1, STREAM=stream > 0,
-                  CONSUMER_WARPS=cfg["num_warps"], WARPS_M=warps_m, INSTR_N=instr_n,
-                  TPW_N=min(32, bn // 8), num_warps=cfg["num_warps"])
+                  HAS_BIAS=bias is not None, SPLIT=split > 1, CONSUMER_WARPS=cfg["num_warps"],
+                  WARPS_M=warps_m, INSTR_N=instr_n, TPW_N=min(32, cfg["BN"] // 8),
+                  num_warps=cfg["num_warps"])
     return (programs,), (*descriptors(a, w, cfg), out, bias if bias is not None else a,
                          partials, counters, M, N, K, out.stride(0), split, whole), kwargs
