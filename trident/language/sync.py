@@ -212,7 +212,7 @@ def _all_came(cur, value, mask):
 
 
 @triton.jit
-def wait_all(flags, mask, value, ctrl, rank, peer, op: tl.constexpr = 0):
+def wait_group(flags, mask, value, ctrl, rank, peer, op: tl.constexpr = 0):
     """`wait` for a group of flags of one peer at once: until the local word at every lane
     of `flags` (a block of pointers, any addresses) where `mask` is set is >= `value`
     (acquire, system scope), one look at all of them per probe. Lanes off the mask are

@@ -51,7 +51,7 @@ that word, finds the other call), programs 1.. their word of `slots` -- to the e
 (dispatch: epoch << 32 | the source's token count). How many programs signal a kind is
 the same on every rank (a function of max_num_tokens and the ExpertParallel's program
 cap, both in the fingerprint: plans.py), so a receiver knows which slots to wait for:
-wait_programs polls them all in one look (tdl.wait_all), then checks the fingerprint.
+wait_programs polls them all in one look (tdl.wait_group), then checks the fingerprint.
 Slots carry the epoch, as flags do, and are never reset.
 
 Local buffers (not on the heap): epochs and per-kernel "programs done" counters in
@@ -203,16 +203,19 @@ def signal_program(flags, fps, slots, kind: tl.constexpr, par, world, rank, pid,
 def wait_programs(flags, fps, slots, kind: tl.constexpr, par, world, src, n, value, fp, ctrl,
                   rank, op: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr):
     """Wait until programs 0..n-1 of `src` signalled (kind, par) with at least `value`
-    (signal_program; n <= NP, a power of two), all in one look per probe; then check that
-    their call is this one (fingerprint). Returns (ok, program 0's value)."""
+    (signal_program; n <= NP, a power of two), all in one look per probe. Returns (came,
+    program 0's value, the fingerprint it stored): the caller checks the call with
+    same_call(fp_theirs, fp, came, ...) where it first needs to, so that the load's trip
+    overlaps its work -- anything it does before must stay in bounds whatever a peer of
+    another call sent (counts clamped, ids checked), and its outputs are poisoned if the
+    check fails."""
     i = tl.arange(0, NP)
     slot = (kind * 2 + par) * world + src
     ptrs = tl.where(i == 0, flags + slot, slots + slot * NS + i)
     ptrs = tl.where(i < n, ptrs, flags + slot)
-    came, got = tdl.wait_all(ptrs, i < n, value, ctrl, rank, src, op)
+    came, got = tdl.wait_group(ptrs, i < n, value, ctrl, rank, src, op)
     first = tl.sum(tl.where(i == 0, got, 0), axis=0)
-    ok = same_call(tl.load(fps + slot, volatile=True), fp, came, ctrl, rank, src, op)
-    return ok, first
+    return came, first, tl.load(fps + slot, volatile=True)
 
 
 @triton.jit

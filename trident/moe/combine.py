@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .. import language as tdl
+from ..ccl.device import same_call
 from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
@@ -204,9 +205,11 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
                 if ok & (i0 < n):
                     tw = trd.begin(TRACE)
                     # the same count of weight programs on every rank (plans.py)
-                    ok, _ = B.wait_programs(flags, fps, slots, B.FLAG_WEIGHTS, par, world, s,
-                                            num_weight_programs, epoch, fp, ctrl, rank,
-                                            B.OP_COMBINE, NS, NP)
+                    came, _, theirs = B.wait_programs(flags, fps, slots, B.FLAG_WEIGHTS,
+                                                      par, world, s, num_weight_programs,
+                                                      epoch, fp, ctrl, rank, B.OP_COMBINE,
+                                                      NS, NP)
+                    ok = same_call(theirs, fp, came, ctrl, rank, s, B.OP_COMBINE)
                     trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
             if ok:
                 for i in range(i0, n, nq):
@@ -233,9 +236,10 @@ def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, fps, slo
     for j in range(world):
         s = (rank + j) % world
         if ok:
-            ok, _ = B.wait_programs(flags, fps, slots, B.FLAG_COMBINE, par, world, s,
-                                    peer_programs, epoch, fp, ctrl, rank, B.OP_COMBINE, NS,
-                                    NP)
+            came, _, theirs = B.wait_programs(flags, fps, slots, B.FLAG_COMBINE, par, world,
+                                              s, peer_programs, epoch, fp, ctrl, rank,
+                                              B.OP_COMBINE, NS, NP)
+            ok = same_call(theirs, fp, came, ctrl, rank, s, B.OP_COMBINE)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
     if ok:

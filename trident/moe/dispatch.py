@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from .. import language as tdl
+from ..ccl.device import same_call
 from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
@@ -256,16 +257,17 @@ def dispatch_recv(pid, npid, tokens, meta, flags, fps, slots, state, token_rows,
         # this rank first: its program 0 zeroed the counts before its signal
         s = (rank + j) % world
         n = 0
+        theirs = tl.cast(0, tl.int64)
         if ok:
             tw = trd.begin(TRACE)
-            ok, word = B.wait_programs(flags, fps, slots, B.FLAG_DISPATCH, par, world, s,
-                                       peer_programs, epoch << B.COUNT_BITS, fp, ctrl, rank,
-                                       B.OP_DISPATCH, NS, NP)
+            ok, word, theirs = B.wait_programs(flags, fps, slots, B.FLAG_DISPATCH, par,
+                                               world, s, peer_programs,
+                                               epoch << B.COUNT_BITS, fp, ctrl, rank,
+                                               B.OP_DISPATCH, NS, NP)
             trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
-            # nothing from a failed call: the launch's last program poisons the outputs
+            # nothing from a failed wait: the launch's last program poisons the outputs.
+            # The call is checked after the copy (B.wait_programs): the count is clamped
             n = tl.where(ok, tl.minimum(word & B.COUNT_MASK, max_tokens), 0).to(tl.int32)
-        if pid == 0:
-            tl.store(recv_count + s, n)
         t0 = trd.begin(TRACE)
         # source s's tokens, as soon as they are here; the tokens of all sources form one
         # list, program pid takes every npid-th of it
@@ -284,6 +286,9 @@ def dispatch_recv(pid, npid, tokens, meta, flags, fps, slots, state, token_rows,
                 copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world,
                            max_tokens, H, KP, FP8, BLOCK_H)
         trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+        ok = same_call(theirs, fp, ok, ctrl, rank, s, B.OP_DISPATCH)
+        if pid == 0:    # read by combine: nothing from another call
+            tl.store(recv_count + s, tl.where(ok, n, 0))
         start += n
 
 
