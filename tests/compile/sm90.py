@@ -649,7 +649,7 @@ def _moe() -> list[Kernel]:
     cshape = dict(shape, NS=B.slot_count(world, M), NP=512)
     dispatch = dict(x=PBF16, stride_x=I32, topk_idx=P64, stride_it=I32, stride_ik=I32,
                     topk_weights=PF32, stride_wt=I32, stride_wk=I32, num_tokens=I32,
-                    tokens=PBF16, meta=P32, dweights=PF32, slot_counter=P32,
+                    tokens=PBF16, meta=P32, dweights=PF32,
                     expert_counter=P32, expert_x=PBF16, expert_x_scale=P32,
                     expert_num_tokens=P32,
                     experts_per_rank=I32, num_experts=I32, check_ids=I32, **buffers)

@@ -36,8 +36,8 @@ rank stores its call's fingerprint (ccl/device.py "Call fingerprints", made once
 plan) in the peer's `fps` beside each flag it signals (`signal_call(s)`), and a rank that
 waits for a flag compares it with its own (`wait_call`): a difference is CallMismatch.
 A wait that fails -- a timeout, a peer that failed, another call -- leaves the rank
-touching no peer's memory in that launch from then on, and the launch's last receiver
-poisons the outputs this rank owns (`poison_outputs`): expert_x (and its fp8 scales) or
+touching no peer's memory in that launch from then on (on the low-latency path: the
+program whose wait failed), and the launch's last program poisons the outputs this rank owns (`poison_outputs`): expert_x (and its fp8 scales) or
 combine's out all bits set (NaN), expert_num_tokens -1. The high-throughput path's
 chunk flags carry no fingerprint: its dispatch flag and weights flag do, and its combine
 follows a dispatch that matched.
@@ -52,13 +52,20 @@ that word, finds the other call), programs 1.. their word of `slots` -- to the e
 the same on every rank (a function of max_num_tokens and the ExpertParallel's program
 cap, both in the fingerprint: plans.py), so a receiver knows which slots to wait for:
 wait_programs polls them all in one look (tdl.wait_group), then checks the fingerprint.
-Slots carry the epoch, as flags do, and are never reset.
+Slots carry the epoch, as flags do, and are never reset. A receiver waits for one source
+at a time and copies (or sums) what that source sent while the next is still in flight.
+The launch's "programs done" counter stays, at GPU scope and after every signal: its
+last program only stores the epochs and, after a failure, poisons.
 
 Local buffers (not on the heap): epochs and per-kernel "programs done" counters in
-`state`, the slot counters, where each of our tokens went (`send_slot`), where each
-received token's rows are (`token_rows`), and the outputs expert_x / expert_num_tokens.
-Counters are zeroed by the last program of the kernel that used them, never by a memset;
-epochs and "programs done" counters work as trident/language/epoch.py describes.
+`state`, the high-throughput path's per-expert row counters, where each of our tokens
+went (`send_slot`: on both paths a token's row in a destination's receive buffer is its
+own index, so no slot is claimed), where each received token's rows are (`token_rows`),
+tokens received per source (`recv_count`), and the outputs expert_x /
+expert_num_tokens (the low-latency dispatch counts rows straight into the latter, zeroed
+by its send program 0 before its signal). Counters are zeroed by the last program of the
+kernel that used them, never by a memset; epochs and "programs done" counters work as
+trident/language/epoch.py describes.
 """
 from __future__ import annotations
 
@@ -268,7 +275,6 @@ class Buffers:
         self._heap = [self.tokens, self.meta, self.weights, self.dweights, self.partial,
                       self.flags, self.chunk_flags, self.fps, self.slots]
         self.state = torch.zeros(STATE_WORDS, dtype=torch.int64, device=dev)
-        self.slot_counter = torch.zeros(self.wp, dtype=torch.int32, device=dev)
         self.expert_counter = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
         self.send_slot = torch.full((M, self.wp), -1, dtype=torch.int32, device=dev)
         self.token_rows = torch.full((world, M, self.kp), -1, dtype=torch.int32, device=dev)
@@ -309,7 +315,7 @@ class Buffers:
     def reset(self) -> None:
         """Back to the state of a fresh object (epochs, flags, counters): used by
         ctx.reset() after a failure, on every rank at once."""
-        for t in (self.flags, self.chunk_flags, self.fps, self.slots, self.state, self.slot_counter,
+        for t in (self.flags, self.chunk_flags, self.fps, self.slots, self.state,
                   self.expert_counter, self.recv_count, self.expert_num_tokens):
             t.zero_()
         self.send_slot.fill_(-1)

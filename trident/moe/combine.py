@@ -3,19 +3,27 @@
 Send (`combine_send`), two kinds of programs:
   - the first `num_weight_programs` push the top-k weights of this rank's tokens (a tile
     of tokens at a time, 32 bytes per token and destination) next to the copies of the
-    tokens that dispatch put on each expert rank, then the last of them signals "weights".
+    tokens that dispatch put on each expert rank, then each signals "weights" to every
+    rank itself (buffers.py "Low latency": as many weight programs on every rank, per
+    max_num_tokens).
   - the others run on the expert side: for every token received at dispatch they form
     the weighted partial sum over *this* rank's experts of that token in fp32, and push
-    it once (in x's dtype) back into the token's rank, at the slot the token had there.
-    So a token comes back once per expert rank, not once per expert. They wait for the
-    weights of a source rank before its first token; the last program signals "partials".
+    it once (in x's dtype) back into the token's rank, at the token's index there. So a
+    token comes back once per expert rank, not once per expert. Sources are taken from
+    the next rank on (programs spread over the links, this rank last); before its first
+    token of a source, a program waits for all that source's weight programs at once.
+    Then each program signals "partials" to every rank itself, unless one of its waits
+    failed.
   When the weights came with dispatch (dispatch(..., topk_weights=w)), they are already
   next to the tokens: there are no weight programs and the send half waits for nothing.
 
-Receive (`combine_recv`): wait for every rank's "partials" flag, then each token sums its
-(at most world) partials in fp32 and writes y[t]. Every flag carries the call's
-fingerprint, and a rank whose wait failed pushes and signals nothing more; its last
-receiver leaves y all NaN (buffers.py "Calls").
+Receive (`combine_recv`): wait for all expert programs of every rank (one look per
+source), then each token sums its (at most world) partials in fp32 and writes y[t].
+Every signal carries the call's fingerprint; the launch's last program (a GPU-scope count
+after every signal) stores the epochs and, if a wait of this rank failed, leaves y all
+NaN (buffers.py "Calls"). Before (issue 39 item 4) the weights and the partials each
+went through an acq_rel system-scope arrival counter and a last program that signalled
+rank by rank, one system fence per rank in series.
 
 `combine_kernel` runs one half (PART = SEND or RECV: split mode) or both in one launch
 (PART = BOTH): weight programs first, then expert programs, then receivers. A program

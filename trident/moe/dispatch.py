@@ -3,20 +3,31 @@ tokens out per local expert (expert_x [L, cap, H], expert_num_tokens [L]).
 
 Send (`dispatch_send`): programs take tokens round-robin. A token's ids are checked as
 they are read (routing.py: out-of-range and repeated ids are dropped and recorded). The set
-of destination ranks comes from its top-k ids; a slot per destination is claimed from a
-device-side counter, and the token row (and its top-k ids) is pushed once into each
-destination's receive buffer -- once per rank, however many of its experts live there
-(with its top-k weights too, when dispatch is given them: then combine need not send them).
-The program that finishes last signals every rank `epoch << 32 | tokens sent to it` (a
-rank that got nothing is signalled too). Nothing here waits.
+of destination ranks comes from its top-k ids; the token row (and its top-k weights, when
+dispatch is given them: then combine need not send them) is pushed once into each
+destination's receive buffer -- once per rank, however many of its experts live there --
+at the token's own index (no slot to claim), and its ids go to every rank, so that a
+receiver can tell its tokens from the others'. Then each program signals every rank
+itself, `epoch << 32 | T` (buffers.py "Low latency"): as many send programs on every
+rank (per max_num_tokens, not T), so a receiver knows whose signals to wait for; a rank
+with no token is signalled too. Nothing here waits.
 
-Receive (`dispatch_recv`): wait for every rank's flag (and check that its call is this
-rank's: buffers.py "Calls"), then spread the received tokens
-evenly over the programs (flattened over source ranks, however unequal they are); each
-token is copied from the receive buffer into one row of each of its local experts, the
-row claimed from a per-expert counter. The last program publishes the counts and zeroes
-the counters for the next epoch. The copy is local (HBM), the NVLink traffic is only the
-deduplicated push.
+Receive (`dispatch_recv`): one source after another, this rank first, wait for all the
+source's send programs at once, then copy its tokens while the next source's are still
+in flight. The tokens of all sources form one list spread evenly over the programs; each
+token of this rank is copied from the receive buffer into one row of each of its local
+experts, the row counted straight in expert_num_tokens (zeroed by this rank's send
+program 0 before its signal, which every receiver waits for first). The call's
+fingerprint is checked after the copy (buffers.wait_programs). The copy is local (HBM),
+the NVLink traffic is only the deduplicated push. No arrival counter, last program or
+count publication is on the chain: the launch's last program (a GPU-scope count at the
+end) stores the epochs and, after a failed wait, poisons the outputs.
+
+What this chain replaced (issue 39 item 4): an acq_rel system-scope arrival counter in
+every send program, then the last one claiming the counts and signalling; a slot claimed
+per token and destination (an atomic round trip before its first store); a second
+arrival counter in the receivers and a last program that swapped the per-expert
+counters into expert_num_tokens. `git log` on this file holds that version for an A/B.
 
 FP8 (dispatch(..., fp8=True); fp8.py): the send half quantises each token row to e4m3
 with one fp32 scale per 128 channels and pushes the bytes (as int32 words) and the

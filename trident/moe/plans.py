@@ -134,7 +134,7 @@ def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, arg
     named = dict(
         tokens=b.tokens, meta=b.meta, dweights=b.dweights, partial=b.partial, flags=b.flags,
         fps=b.fps, slots=b.slots, NS=b.ns, chunk_flags=b.chunk_flags, CHUNK=B.CHUNK_TOKENS,
-        state=b.state, slot_counter=b.slot_counter, send_slot=b.send_slot,
+        state=b.state, send_slot=b.send_slot,
         expert_counter=b.expert_counter, token_rows=b.token_rows, recv_count=b.recv_count,
         expert_x=b.expert_x, expert_x_scale=b.recv_count,    # the latter read by fp8 only
         expert_num_tokens=b.expert_num_tokens, ctrl=ctx.ctrl,
