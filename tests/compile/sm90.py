@@ -639,11 +639,17 @@ def _moe() -> list[Kernel]:
     shape = dict(H=H, K=K, KP=triton.next_power_of_2(K), WP=triton.next_power_of_2(world),
                  BLOCK_H=B.block_h(H))
     block_l = min(1024, triton.next_power_of_2(experts // world))
-    buffers = dict(flags=P64, fps=P64, state=P64, send_slot=P32, token_rows=P32,
-                   recv_count=P32, max_tokens=I32, cap=I32, send_programs=I32)
+    buffers = dict(flags=P64, fps=P64, slots=P64, state=P64, send_slot=P32, token_rows=P32,
+                   recv_count=P32, max_tokens=I32, cap=I32, send_programs=I32,
+                   peer_programs=I32)
+    # the low-latency kernels' signal slots at 128 tokens per rank: their row (NS) and
+    # the widest look at them (NP: dispatch's 128 senders, combine's 2 x 132 programs)
+    M = 128
+    dshape = dict(shape, NS=B.slot_count(world, M), NP=M)
+    cshape = dict(shape, NS=B.slot_count(world, M), NP=512)
     dispatch = dict(x=PBF16, stride_x=I32, topk_idx=P64, stride_it=I32, stride_ik=I32,
                     topk_weights=PF32, stride_wt=I32, stride_wk=I32, num_tokens=I32,
-                    tokens=PBF16, meta=P32, dweights=PF32, slot_counter=P32,
+                    tokens=PBF16, meta=P32, dweights=PF32,
                     expert_counter=P32, expert_x=PBF16, expert_x_scale=P32,
                     expert_num_tokens=P32,
                     experts_per_rank=I32, num_experts=I32, check_ids=I32, **buffers)
@@ -652,29 +658,29 @@ def _moe() -> list[Kernel]:
                    partial=PBF16, num_weight_programs=I32, **buffers)
     return [
         Kernel("trident.moe.dispatch", "dispatch_kernel", dispatch,
-               [V("ld+st", **shape, PART=B.BOTH.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
+               [V("ld+st", **dshape, PART=B.BOTH.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
                   FP8=False, TRACE=False),
-                V("ld+st", types=dict(topk_idx=P32), **shape, PART=B.BOTH.value,
+                V("ld+st", types=dict(topk_idx=P32), **dshape, PART=B.BOTH.value,
                   HAS_WEIGHTS=False, BLOCK_L=block_l, FP8=False, TRACE=True),
-                V("ld+st", **shape, PART=B.SEND.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
+                V("ld+st", **dshape, PART=B.SEND.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
                   FP8=False, TRACE=False),
-                V("ld+st", **shape, PART=B.RECV.value, HAS_WEIGHTS=False, BLOCK_L=block_l,
+                V("ld+st", **dshape, PART=B.RECV.value, HAS_WEIGHTS=False, BLOCK_L=block_l,
                   FP8=False, TRACE=False)]
                # fp8 (dispatch(..., fp8=True)): the receive buffer and expert_x as int32
                # words, quantised in the send half, words copied in the receive half
-               + [V(vec, types=dict(tokens=P32, expert_x=P32), **shape, PART=part.value,
+               + [V(vec, types=dict(tokens=P32, expert_x=P32), **dshape, PART=part.value,
                     HAS_WEIGHTS=w, BLOCK_L=block_l, FP8=True, TRACE=False)
                   for vec, part, w in (("ld+st", B.BOTH, False), ("ld+st", B.BOTH, True),
                                        ("ld+st", B.SEND, False), ("ld+st", B.RECV, False))],
                aligned=("stride_x",)),
         Kernel("trident.moe.combine", "combine_kernel", combine,
-               [V("ld+st", **shape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=False,
+               [V("ld+st", **cshape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=False,
                   BLOCK_T=BLOCK_T, TRACE=True),
-                V("ld+st", **shape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=True,
+                V("ld+st", **cshape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=True,
                   BLOCK_T=BLOCK_T, TRACE=False),
-                V("ld+st", **shape, PART=B.SEND.value, WEIGHTS_AT_DISPATCH=False,
+                V("ld+st", **cshape, PART=B.SEND.value, WEIGHTS_AT_DISPATCH=False,
                   BLOCK_T=BLOCK_T, TRACE=False),
-                V("ld+st", **shape, PART=B.RECV.value, WEIGHTS_AT_DISPATCH=False,
+                V("ld+st", **cshape, PART=B.RECV.value, WEIGHTS_AT_DISPATCH=False,
                   BLOCK_T=BLOCK_T, TRACE=False)],
                aligned=("stride_ye", "stride_yr")),
     ] + _moe_high_throughput(shape, block_l, dispatch, combine)

@@ -20,11 +20,12 @@ from .rma import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, at
 from .sync import (CTRL_WORDS, KIND_MISMATCH, KIND_PEER_FAILED, KIND_TIMEOUT, MAX_RANKS,
                    backoff, barrier, fence_async_proxy, let_next_kernel_launch, load_acquire,
                    peer_failed, record_error, signal, signal_ranks, timestamp, wait,
-                   wait_previous_kernel)
+                   wait_group, wait_previous_kernel)
 
 __all__ = ["translate", "load", "store", "get", "put", "atomic_add", "atomic_cas",
            "atomic_xchg", "atomic_max", "atomic_min", "atomic_and", "atomic_or", "atomic_xor",
-           "signal", "signal_ranks", "wait", "barrier", "timestamp", "backoff", "load_acquire",
+           "signal", "signal_ranks", "wait", "wait_group", "barrier", "timestamp", "backoff",
+           "load_acquire",
            "fence_async_proxy", "wait_previous_kernel", "let_next_kernel_launch", "record_error", "peer_failed", "KIND_TIMEOUT",
            "KIND_PEER_FAILED", "KIND_MISMATCH",
            "launch_epoch", "last_program_out", "CTRL_WORDS", "MAX_RANKS"]

@@ -26,15 +26,21 @@ def launch_epoch(epoch_word):
 
 
 @triton.jit
-def last_program_out(counter, num_programs):
+def last_program_out(counter, num_programs, SYS: tl.constexpr = True):
     """Count this program as finished; True in the one of `num_programs` that finishes
     last, which also sets `counter` back to 0 for the next launch.
 
     A program barrier, then an acq_rel atomic at system scope: it releases every store
     this program made (those into peers' heaps too) and, in the last program, acquires
-    them all, so a flag the last program signals afterwards covers the whole launch."""
+    them all, so a flag the last program signals afterwards covers the whole launch.
+    SYS=False: at GPU scope, for a launch whose programs each signal their peers
+    themselves (the last program then only orders this rank's own memory: its epoch,
+    counts, poison); it spares each program a system-scope fence."""
     tl.debug_barrier()
-    done = tl.atomic_add(counter, 1, sem="acq_rel", scope="sys")
+    if SYS:
+        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="sys")
+    else:
+        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
     last = done == num_programs - 1
     if last:
         tl.store(counter, 0)

@@ -184,15 +184,68 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
     # in every warp.
     came = program_all(cur >= value)
     if not came:
-        # KIND_TIMEOUT is 0; KIND_PEER_FAILED when a warp saw the peer (or this rank)
-        # fail; KIND_HOST_CALL (a CallMismatch) when it waits in a host-side call instead
-        gone = program_any(gone)
-        elsewhere = program_any(elsewhere)
-        kind = tl.cast(gone, tl.int64) * KIND_PEER_FAILED
-        if elsewhere & (not gone):
-            kind = tl.cast(KIND_HOST_CALL, tl.int64)
-        record_error(ctrl, rank, peer, op, kind)
+        record_failed_wait(gone, elsewhere, ctrl, rank, peer, op)
     return came
+
+
+@triton.jit
+def record_failed_wait(gone, elsewhere, ctrl, rank, peer, op: tl.constexpr):
+    """Record why a wait of every thread of the program failed (each thread's own `gone`
+    and `elsewhere`, voted): KIND_TIMEOUT is 0; KIND_PEER_FAILED when a warp saw the peer
+    (or this rank) fail; KIND_HOST_CALL (a CallMismatch) when it waits in a host-side call
+    instead."""
+    gone = program_any(gone)
+    elsewhere = program_any(elsewhere)
+    kind = tl.cast(gone, tl.int64) * KIND_PEER_FAILED
+    if elsewhere & (not gone):
+        kind = tl.cast(KIND_HOST_CALL, tl.int64)
+    record_error(ctrl, rank, peer, op, kind)
+
+
+@triton.jit
+def _all_came(cur, value, mask):
+    """One verdict for the program: every word of `cur` where `mask` is >= `value` (a
+    reduction over the block, then a vote: a block smaller than the program is held in
+    copies, one per warp, each reduced in its warp alone; see ccl/lamport.py `_agree`)."""
+    short = tl.max(tl.where(mask & (cur < value), 1, 0), axis=0)
+    return program_all(short == 0)
+
+
+@triton.jit
+def wait_group(flags, mask, value, ctrl, rank, peer, op: tl.constexpr = 0):
+    """`wait` for a group of flags of one peer at once: until the local word at every lane
+    of `flags` (a block of pointers, any addresses) where `mask` is set is >= `value`
+    (acquire, system scope), one look at all of them per probe. Lanes off the mask are
+    read too (point them at any readable word), not waited for. Returns (True if every
+    one came, the words as last read: what the signals carried).
+
+    Bounded, and stops on a failed peer, on this rank's error word or on a peer in a
+    host-side call exactly as `wait` does. Every decision in the loop is voted by the
+    whole program, so its warps leave together (the reductions of a block larger than a
+    warp hold program barriers: a warp that left alone would pair them wrongly)."""
+    cur = load_acquire(flags)
+    came = _all_came(cur, value, mask)
+    gone = tl.cast(0, tl.int1)
+    elsewhere = tl.cast(0, tl.int1)
+    if not came:
+        late = tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
+        limit = tl.load(ctrl + CTRL_TIMEOUT)
+        start = timestamp()
+        rounds = 0
+        while (not came) & (not late) & (not gone) & (not elsewhere):
+            backoff()
+            rounds += 1
+            if rounds % PEER_POLL == 0:     # a peer that failed, or another program here
+                gone = program_any(peer_failed(ctrl, peer)
+                                   | (tl.load(ctrl + CTRL_ERROR, volatile=True) != 0))
+                elsewhere = program_any(peer_in_host_call(ctrl, peer))
+            # read after the peer's words above: what it signalled before them is seen
+            cur = load_acquire(flags)
+            came = _all_came(cur, value, mask)
+            late = program_any((timestamp() - start) > limit)
+        if not came:
+            record_failed_wait(gone, elsewhere, ctrl, rank, peer, op)
+    return came, cur
 
 
 @triton.jit

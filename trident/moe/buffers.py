@@ -15,6 +15,8 @@ by the parity of the op's epoch:
     flags    [3, 2, world]      int64, one per (kind, parity, source rank)
     fps      [3, 2, world]      int64: the call fingerprint the source stored beside the
                                  flag of the same index, before it (see "Calls" below)
+    slots    [3, 2, world, NS]  int64, low-latency path only: the flags of programs 1.. of
+                                 a source (program 0's is `flags`), see "Low latency"
     chunk_flags [2, world, NC]  int64, high-throughput path only (high_throughput.py):
                                  one per (dispatch/combine, source rank, chunk of CHUNK
                                  tokens), value = epoch of the op (monotone: no reset,
@@ -34,17 +36,36 @@ rank stores its call's fingerprint (ccl/device.py "Call fingerprints", made once
 plan) in the peer's `fps` beside each flag it signals (`signal_call(s)`), and a rank that
 waits for a flag compares it with its own (`wait_call`): a difference is CallMismatch.
 A wait that fails -- a timeout, a peer that failed, another call -- leaves the rank
-touching no peer's memory in that launch from then on, and the launch's last receiver
-poisons the outputs this rank owns (`poison_outputs`): expert_x (and its fp8 scales) or
+touching no peer's memory in that launch from then on (on the low-latency path: the
+program whose wait failed), and the launch's last program poisons the outputs this rank owns (`poison_outputs`): expert_x (and its fp8 scales) or
 combine's out all bits set (NaN), expert_num_tokens -1. The high-throughput path's
 chunk flags carry no fingerprint: its dispatch flag and weights flag do, and its combine
 follows a dispatch that matched.
 
+Low latency (dispatch.py, combine.py). Every program that sends signals every rank
+itself, right after its own stores: one release per program for all ranks at once
+(signal_program), no arrival counter and no last program in the chain. Program p of
+source s sets (kind, par, s) of slot p on each rank -- program 0 its `flags` word, with
+the fingerprint stored before it (so a peer on the high-throughput path, which waits for
+that word, finds the other call), programs 1.. their word of `slots` -- to the epoch
+(dispatch: epoch << 32 | the source's token count). How many programs signal a kind is
+the same on every rank (a function of max_num_tokens and the ExpertParallel's program
+cap, both in the fingerprint: plans.py), so a receiver knows which slots to wait for:
+wait_programs polls them all in one look (tdl.wait_group), then checks the fingerprint.
+Slots carry the epoch, as flags do, and are never reset. A receiver waits for one source
+at a time and copies (or sums) what that source sent while the next is still in flight.
+The launch's "programs done" counter stays, at GPU scope and after every signal: its
+last program only stores the epochs and, after a failure, poisons.
+
 Local buffers (not on the heap): epochs and per-kernel "programs done" counters in
-`state`, the slot counters, where each of our tokens went (`send_slot`), where each
-received token's rows are (`token_rows`), and the outputs expert_x / expert_num_tokens.
-Counters are zeroed by the last program of the kernel that used them, never by a memset;
-epochs and "programs done" counters work as trident/language/epoch.py describes.
+`state`, the high-throughput path's per-expert row counters, where each of our tokens
+went (`send_slot`: on both paths a token's row in a destination's receive buffer is its
+own index, so no slot is claimed), where each received token's rows are (`token_rows`),
+tokens received per source (`recv_count`), and the outputs expert_x /
+expert_num_tokens (the low-latency dispatch counts rows straight into the latter, zeroed
+by its send program 0 before its signal). Counters are zeroed by the last program of the
+kernel that used them, never by a memset; epochs and "programs done" counters work as
+trident/language/epoch.py describes.
 """
 from __future__ import annotations
 
@@ -90,6 +111,11 @@ BOTH = tl.constexpr(3)
 # halves, this rank's own partial sums staged in `partial` as split mode does (A/B only:
 # plans.HT_COMBINE_STAGED)
 STAGED = tl.constexpr(4)
+
+# the low-latency path: at most this many programs of a rank signal one kind of flag
+# (the slots' last dimension is min(this, max_num_tokens * world): plans.py caps its grids)
+MAX_SIGNALLERS = 512
+COUNT20 = tl.constexpr(0xFFFFF)
 
 # the high-throughput path (high_throughput.py): tokens per chunk, the unit of its
 # pipelining (one flag per chunk, destination and op); kinds of chunk flags
@@ -162,6 +188,43 @@ def wait_calls(flags, fps, kind: tl.constexpr, par, world, value, fp, ctrl, rank
     return ok
 
 
+def slot_count(world: int, max_num_tokens: int) -> int:
+    """The slots' last dimension: the most programs of a rank that signal one kind."""
+    return min(MAX_SIGNALLERS, max_num_tokens * world)
+
+
+@triton.jit
+def signal_program(flags, fps, slots, kind: tl.constexpr, par, world, rank, pid, value, fp,
+                   heap_bases, NS: tl.constexpr, WP: tl.constexpr):
+    """Program `pid`'s signal of (kind, par, this rank) to every rank, after all its stores:
+    program 0 sets its `flags` word (fingerprint first: signal_calls), the others their
+    slot (see "Low latency"). One system-scope fence for all ranks."""
+    if pid == 0:
+        signal_calls(flags, fps, kind, par, world, rank, value, fp, heap_bases, WP)
+    else:
+        tdl.signal_ranks(slots + ((kind * 2 + par) * world + rank) * NS + pid, value, rank,
+                         world, heap_bases, WP)
+
+
+@triton.jit
+def wait_programs(flags, fps, slots, kind: tl.constexpr, par, world, src, n, value, fp, ctrl,
+                  rank, op: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr):
+    """Wait until programs 0..n-1 of `src` signalled (kind, par) with at least `value`
+    (signal_program; n <= NP, a power of two), all in one look per probe. Returns (came,
+    program 0's value, the fingerprint it stored): the caller checks the call with
+    same_call(fp_theirs, fp, came, ...) where it first needs to, so that the load's trip
+    overlaps its work -- anything it does before must stay in bounds whatever a peer of
+    another call sent (counts clamped, ids checked), and its outputs are poisoned if the
+    check fails."""
+    i = tl.arange(0, NP)
+    slot = (kind * 2 + par) * world + src
+    ptrs = tl.where(i == 0, flags + slot, slots + slot * NS + i)
+    ptrs = tl.where(i < n, ptrs, flags + slot)
+    came, got = tdl.wait_group(ptrs, i < n, value, ctrl, rank, src, op)
+    first = tl.sum(tl.where(i == 0, got, 0), axis=0)
+    return came, first, tl.load(fps + slot, volatile=True)
+
+
 @triton.jit
 def launch_failed(ctrl):
     """Whether a wait of this rank has failed (its error word is set): read by a launch's
@@ -207,10 +270,11 @@ class Buffers:
         self.flags = ctx.zeros(3, 2, world, dtype=torch.int64)
         self.chunk_flags = ctx.zeros(2, world, chunks(M), dtype=torch.int64)
         self.fps = ctx.zeros(3, 2, world, dtype=torch.int64)
+        self.ns = slot_count(world, M)
+        self.slots = ctx.zeros(3, 2, world, self.ns, dtype=torch.int64)
         self._heap = [self.tokens, self.meta, self.weights, self.dweights, self.partial,
-                      self.flags, self.chunk_flags, self.fps]
+                      self.flags, self.chunk_flags, self.fps, self.slots]
         self.state = torch.zeros(STATE_WORDS, dtype=torch.int64, device=dev)
-        self.slot_counter = torch.zeros(self.wp, dtype=torch.int32, device=dev)
         self.expert_counter = torch.zeros(num_local_experts, dtype=torch.int32, device=dev)
         self.send_slot = torch.full((M, self.wp), -1, dtype=torch.int32, device=dev)
         self.token_rows = torch.full((world, M, self.kp), -1, dtype=torch.int32, device=dev)
@@ -245,12 +309,13 @@ class Buffers:
         esize = torch.empty((), dtype=dtype).element_size()
         rows = 2 * world * max_num_tokens
         return (rows * hidden * esize * 2 + rows * kp * 12 + 2 * 3 * 2 * world * 8
-                + 2 * world * chunks(max_num_tokens) * 8)
+                + 2 * world * chunks(max_num_tokens) * 8
+                + 3 * 2 * world * slot_count(world, max_num_tokens) * 8)
 
     def reset(self) -> None:
         """Back to the state of a fresh object (epochs, flags, counters): used by
         ctx.reset() after a failure, on every rank at once."""
-        for t in (self.flags, self.chunk_flags, self.fps, self.state, self.slot_counter,
+        for t in (self.flags, self.chunk_flags, self.fps, self.slots, self.state,
                   self.expert_counter, self.recv_count, self.expert_num_tokens):
             t.zero_()
         self.send_slot.fill_(-1)

@@ -3,19 +3,27 @@
 Send (`combine_send`), two kinds of programs:
   - the first `num_weight_programs` push the top-k weights of this rank's tokens (a tile
     of tokens at a time, 32 bytes per token and destination) next to the copies of the
-    tokens that dispatch put on each expert rank, then the last of them signals "weights".
+    tokens that dispatch put on each expert rank, then each signals "weights" to every
+    rank itself (buffers.py "Low latency": as many weight programs on every rank, per
+    max_num_tokens).
   - the others run on the expert side: for every token received at dispatch they form
     the weighted partial sum over *this* rank's experts of that token in fp32, and push
-    it once (in x's dtype) back into the token's rank, at the slot the token had there.
-    So a token comes back once per expert rank, not once per expert. They wait for the
-    weights of a source rank before its first token; the last program signals "partials".
+    it once (in x's dtype) back into the token's rank, at the token's index there. So a
+    token comes back once per expert rank, not once per expert. Sources are taken from
+    the next rank on (programs spread over the links, this rank last); before its first
+    token of a source, a program waits for all that source's weight programs at once.
+    Then each program signals "partials" to every rank itself, unless one of its waits
+    failed.
   When the weights came with dispatch (dispatch(..., topk_weights=w)), they are already
   next to the tokens: there are no weight programs and the send half waits for nothing.
 
-Receive (`combine_recv`): wait for every rank's "partials" flag, then each token sums its
-(at most world) partials in fp32 and writes y[t]. Every flag carries the call's
-fingerprint, and a rank whose wait failed pushes and signals nothing more; its last
-receiver leaves y all NaN (buffers.py "Calls").
+Receive (`combine_recv`): wait for all expert programs of every rank (one look per
+source), then each token sums its (at most world) partials in fp32 and writes y[t].
+Every signal carries the call's fingerprint; the launch's last program (a GPU-scope count
+after every signal) stores the epochs and, if a wait of this rank failed, leaves y all
+NaN (buffers.py "Calls"). Before (issue 39 item 4) the weights and the partials each
+went through an acq_rel system-scope arrival counter and a last program that signalled
+rank by rank, one system fence per rank in series.
 
 `combine_kernel` runs one half (PART = SEND or RECV: split mode) or both in one launch
 (PART = BOTH): weight programs first, then expert programs, then receivers. A program
@@ -26,6 +34,7 @@ import triton
 import triton.language as tl
 
 from .. import language as tdl
+from ..ccl.device import same_call
 from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
@@ -41,6 +50,22 @@ def push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
     program signals "weights" to every rank. Traced as SEND, from t0. Shared by both
     paths."""
     par = epoch % 2
+    store_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot, weights,
+                  heap_bases, rank, world, max_tokens, num_weight_programs, par, K, KP, WP,
+                  BLOCK_T)
+    if tdl.last_program_out(state + B.WEIGHTS_DONE, num_weight_programs):
+        for r in range(world):
+            B.signal_call(flags, fps, B.FLAG_WEIGHTS, par, world, rank, r, epoch, fp,
+                          heap_bases)
+    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+
+
+@triton.jit
+def store_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot, weights,
+                  heap_bases, rank, world, max_tokens, num_weight_programs, par,
+                  K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Weight program pid's stores: the top-k weights of a tile of this rank's tokens at a
+    time, next to their copies on each rank they went to (row: send_slot), in half par."""
     ks = tl.arange(0, KP)
     ts0 = tl.arange(0, BLOCK_T)
     for tb in range(pid * BLOCK_T, num_tokens, num_weight_programs * BLOCK_T):
@@ -53,11 +78,6 @@ def push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
             row = (par * world + rank) * max_tokens + slot
             tdl.store(weights + row[:, None] * KP + ks[None, :], w, rank, r, heap_bases,
                       mask=(slot >= 0)[:, None] & (ks[None, :] < KP))
-    if tdl.last_program_out(state + B.WEIGHTS_DONE, num_weight_programs):
-        for r in range(world):
-            B.signal_call(flags, fps, B.FLAG_WEIGHTS, par, world, rank, r, epoch, fp,
-                          heap_bases)
-    trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
 
 
 @triton.jit
@@ -151,67 +171,6 @@ def combine_send_begin(state, WEIGHTS_AT_DISPATCH: tl.constexpr, TRACE: tl.const
 
 
 @triton.jit
-def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
-                 stride_wk, num_tokens, send_slot, token_rows, recv_count, weights, partial,
-                 flags, fps, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
-                 num_weight_programs, fp, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                 WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
-                 BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch, par, wpar, t0 = combine_send_begin(state, WEIGHTS_AT_DISPATCH, TRACE)
-    if pid < num_weight_programs:
-        push_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
-                     weights, flags, fps, state, heap_bases, trace_buf, rank, world,
-                     max_tokens, num_weight_programs, epoch, t0, fp, K, KP, WP, BLOCK_T,
-                     TRACE)
-    else:
-        q = pid - num_weight_programs
-        nq = npid - num_weight_programs
-        start = 0
-        ok = tl.cast(1, tl.int1)      # no wait of this program failed: it may push
-        for s in range(world):
-            n = tl.load(recv_count + s)
-            i0 = (q - start % nq + nq) % nq
-            if not WEIGHTS_AT_DISPATCH:
-                if ok & (i0 < n):
-                    tw = trd.begin(TRACE)
-                    ok = B.wait_call(flags, fps, B.FLAG_WEIGHTS, par, world, s, epoch, fp,
-                                     ctrl, rank, B.OP_COMBINE)
-                    trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
-            if ok:
-                for i in range(i0, n, nq):
-                    push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
-                                 partial, heap_bases, rank, world, max_tokens, cap, par, wpar,
-                                 H, KP, BLOCK_H)
-            start += n
-        trd.end(trace_buf, t0, tags.COMBINE, rank, TRACE)
-    if tdl.last_program_out(state + B.COMBINE_SEND_DONE, npid):
-        # a rank whose wait failed signals no peer: their waits stop on its error word
-        if not B.launch_failed(ctrl):
-            for r in range(world):
-                B.signal_call(flags, fps, B.FLAG_COMBINE, par, world, rank, r, epoch, fp,
-                              heap_bases)
-        tl.store(state + B.COMBINE_SEND_EPOCH, epoch)
-
-
-@triton.jit
-def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, fps, state, ctrl,
-                 heap_bases, trace_buf, rank, world, max_tokens, fp,
-                 H: tl.constexpr, WP: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
-    par = epoch % 2
-    t0 = trd.begin(TRACE)
-    ok = B.wait_calls(flags, fps, B.FLAG_COMBINE, par, world, epoch, fp, ctrl, rank,
-                      B.OP_COMBINE)
-    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
-    t0 = trd.begin(TRACE)
-    if ok:
-        for t in range(pid, num_tokens, npid):
-            sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP, BLOCK_H)
-    combine_recv_end(npid, epoch, t0, out, num_tokens, state, ctrl, trace_buf, rank, H,
-                     BLOCK_H, TRACE)
-
-
-@triton.jit
 def combine_recv_end(npid, epoch, t0, out, num_tokens, state, ctrl, trace_buf, rank,
                      H: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     """The end of a receive half, both paths: the RECV trace slice since t0; the last of
@@ -224,13 +183,87 @@ def combine_recv_end(npid, epoch, t0, out, num_tokens, state, ctrl, trace_buf, r
         tl.store(state + B.COMBINE_RECV_EPOCH, epoch)
 
 
+
+@triton.jit
+def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
+                 stride_wk, num_tokens, send_slot, token_rows, recv_count, weights, partial,
+                 flags, fps, slots, state, ctrl, heap_bases, trace_buf, rank, world,
+                 max_tokens, cap, num_weight_programs, fp, H: tl.constexpr, K: tl.constexpr,
+                 KP: tl.constexpr, WP: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
+                 WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
+                 BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    epoch, par, wpar, t0 = combine_send_begin(state, WEIGHTS_AT_DISPATCH, TRACE)
+    if pid < num_weight_programs:
+        store_weights(pid, topk_weights, stride_wt, stride_wk, num_tokens, send_slot,
+                      weights, heap_bases, rank, world, max_tokens, num_weight_programs, par,
+                      K, KP, WP, BLOCK_T)
+        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+        B.signal_program(flags, fps, slots, B.FLAG_WEIGHTS, par, world, rank, pid, epoch,
+                         fp, heap_bases, NS, WP)
+    else:
+        q = pid - num_weight_programs
+        nq = npid - num_weight_programs
+        start = 0
+        ok = tl.cast(1, tl.int1)      # no wait of this program failed: it may push
+        for j in range(world):
+            s = (rank + 1 + j) % world      # programs spread over the links, this rank last
+            n = tl.load(recv_count + s)
+            i0 = (q - start % nq + nq) % nq
+            if not WEIGHTS_AT_DISPATCH:
+                if ok & (i0 < n):
+                    tw = trd.begin(TRACE)
+                    # the same count of weight programs on every rank (plans.py)
+                    came, _, theirs = B.wait_programs(flags, fps, slots, B.FLAG_WEIGHTS,
+                                                      par, world, s, num_weight_programs,
+                                                      epoch, fp, ctrl, rank, B.OP_COMBINE,
+                                                      NS, NP)
+                    ok = same_call(theirs, fp, came, ctrl, rank, s, B.OP_COMBINE)
+                    trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
+            if ok:
+                for i in range(i0, n, nq):
+                    push_partial(i, s, expert_y, stride_ye, stride_yr, token_rows, weights,
+                                 partial, heap_bases, rank, world, max_tokens, cap, par, wpar,
+                                 H, KP, BLOCK_H)
+            start += n
+        trd.end(trace_buf, t0, tags.COMBINE, rank, TRACE)
+        # a program whose wait failed signals no peer: their waits stop on its error word
+        if ok & (not B.launch_failed(ctrl)):
+            B.signal_program(flags, fps, slots, B.FLAG_COMBINE, par, world, rank, q, epoch,
+                             fp, heap_bases, NS, WP)
+
+
+@triton.jit
+def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, fps, slots, state,
+                 ctrl, trace_buf, rank, world, max_tokens, peer_programs, fp,
+                 H: tl.constexpr, WP: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
+                 BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
+    par = epoch % 2
+    t0 = trd.begin(TRACE)
+    ok = tl.cast(1, tl.int1)
+    for j in range(world):
+        s = (rank + j) % world
+        if ok:
+            came, _, theirs = B.wait_programs(flags, fps, slots, B.FLAG_COMBINE, par, world,
+                                              s, peer_programs, epoch, fp, ctrl, rank,
+                                              B.OP_COMBINE, NS, NP)
+            ok = same_call(theirs, fp, came, ctrl, rank, s, B.OP_COMBINE)
+    trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
+    t0 = trd.begin(TRACE)
+    if ok:
+        for t in range(pid, num_tokens, npid):
+            sum_partials(t, out, send_slot, partial, world, max_tokens, par, H, WP, BLOCK_H)
+    trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+
+
 @triton.jit
 def combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stride_wk, out,
                    num_tokens, send_slot, token_rows, recv_count, weights, partial, flags,
-                   fps, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens, cap,
-                   num_weight_programs, send_programs, fp,
+                   fps, slots, state, ctrl, heap_bases, trace_buf, rank, world, max_tokens,
+                   cap, num_weight_programs, send_programs, peer_programs, fp,
                    PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
-                   WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
+                   WP: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
+                   WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
                    BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     n_send = B.senders(send_programs, PART)
@@ -238,11 +271,21 @@ def combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stri
         if PART != B.RECV:
             combine_send(pid, n_send, expert_y, stride_ye, stride_yr, topk_weights,
                          stride_wt, stride_wk, num_tokens, send_slot, token_rows, recv_count,
-                         weights, partial, flags, fps, state, ctrl, heap_bases, trace_buf,
-                         rank, world, max_tokens, cap, num_weight_programs, fp, H, K, KP, WP,
-                         WEIGHTS_AT_DISPATCH, BLOCK_T, BLOCK_H, TRACE)
+                         weights, partial, flags, fps, slots, state, ctrl, heap_bases,
+                         trace_buf, rank, world, max_tokens, cap, num_weight_programs, fp, H,
+                         K, KP, WP, NS, NP, WEIGHTS_AT_DISPATCH, BLOCK_T, BLOCK_H, TRACE)
     else:
         if PART != B.SEND:
             combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, num_tokens,
-                         send_slot, partial, flags, fps, state, ctrl, heap_bases, trace_buf,
-                         rank, world, max_tokens, fp, H, WP, BLOCK_H, TRACE)
+                         send_slot, partial, flags, fps, slots, state, ctrl, trace_buf, rank,
+                         world, max_tokens, peer_programs, fp, H, WP, NS, NP, BLOCK_H, TRACE)
+    # off the chain, as dispatch's: the last program of the launch stores the epochs and,
+    # if a wait of this rank failed, leaves out [T, H] all bits set (buffers.py "Calls")
+    done = B.COMBINE_SEND_DONE if PART == B.SEND else B.COMBINE_RECV_DONE
+    if tdl.last_program_out(state + done, tl.num_programs(0), SYS=False):
+        if PART != B.SEND:
+            if B.launch_failed(ctrl):
+                B.poison_outputs(out, tl.cast(num_tokens, tl.int64) * H, BLOCK_H)
+            tl.store(state + B.COMBINE_RECV_EPOCH, tl.load(state + B.COMBINE_RECV_EPOCH) + 1)
+        if PART != B.RECV:
+            tl.store(state + B.COMBINE_SEND_EPOCH, tl.load(state + B.COMBINE_SEND_EPOCH) + 1)

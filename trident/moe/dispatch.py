@@ -3,20 +3,31 @@ tokens out per local expert (expert_x [L, cap, H], expert_num_tokens [L]).
 
 Send (`dispatch_send`): programs take tokens round-robin. A token's ids are checked as
 they are read (routing.py: out-of-range and repeated ids are dropped and recorded). The set
-of destination ranks comes from its top-k ids; a slot per destination is claimed from a
-device-side counter, and the token row (and its top-k ids) is pushed once into each
-destination's receive buffer -- once per rank, however many of its experts live there
-(with its top-k weights too, when dispatch is given them: then combine need not send them).
-The program that finishes last signals every rank `epoch << 32 | tokens sent to it` (a
-rank that got nothing is signalled too). Nothing here waits.
+of destination ranks comes from its top-k ids; the token row (and its top-k weights, when
+dispatch is given them: then combine need not send them) is pushed once into each
+destination's receive buffer -- once per rank, however many of its experts live there --
+at the token's own index (no slot to claim), and its ids go to every rank, so that a
+receiver can tell its tokens from the others'. Then each program signals every rank
+itself, `epoch << 32 | T` (buffers.py "Low latency"): as many send programs on every
+rank (per max_num_tokens, not T), so a receiver knows whose signals to wait for; a rank
+with no token is signalled too. Nothing here waits.
 
-Receive (`dispatch_recv`): wait for every rank's flag (and check that its call is this
-rank's: buffers.py "Calls"), then spread the received tokens
-evenly over the programs (flattened over source ranks, however unequal they are); each
-token is copied from the receive buffer into one row of each of its local experts, the
-row claimed from a per-expert counter. The last program publishes the counts and zeroes
-the counters for the next epoch. The copy is local (HBM), the NVLink traffic is only the
-deduplicated push.
+Receive (`dispatch_recv`): one source after another, this rank first, wait for all the
+source's send programs at once, then copy its tokens while the next source's are still
+in flight. The tokens of all sources form one list spread evenly over the programs; each
+token of this rank is copied from the receive buffer into one row of each of its local
+experts, the row counted straight in expert_num_tokens (zeroed by this rank's send
+program 0 before its signal, which every receiver waits for first). The call's
+fingerprint is checked after the copy (buffers.wait_programs). The copy is local (HBM),
+the NVLink traffic is only the deduplicated push. No arrival counter, last program or
+count publication is on the chain: the launch's last program (a GPU-scope count at the
+end) stores the epochs and, after a failed wait, poisons the outputs.
+
+What this chain replaced (issue 39 item 4): an acq_rel system-scope arrival counter in
+every send program, then the last one claiming the counts and signalling; a slot claimed
+per token and destination (an atomic round trip before its first store); a second
+arrival counter in the receivers and a last program that swapped the per-expert
+counters into expert_num_tokens. `git log` on this file holds that version for an A/B.
 
 FP8 (dispatch(..., fp8=True); fp8.py): the send half quantises each token row to e4m3
 with one fp32 scale per 128 channels and pushes the bytes (as int32 words) and the
@@ -33,6 +44,7 @@ import triton
 import triton.language as tl
 
 from .. import language as tdl
+from ..ccl.device import same_call
 from ..trace import device as trd
 from ..trace import tags
 from . import buffers as B
@@ -185,112 +197,152 @@ def publish_counts(my_flags, recv_count, expert_counter, expert_num_tokens, expe
         got = tl.atomic_xchg(expert_counter + ls, 0, mask=lm, sem="relaxed", scope="gpu")
         tl.store(expert_num_tokens + ls, tl.where(failed, -1, tl.minimum(got, cap)), mask=lm)
     if failed:
-        rows = tl.cast(experts_per_rank, tl.int64) * cap
-        if FP8:     # the e4m3 bytes as int32 words (0xFF: NaN), then the fp32 scales
-            B.poison_outputs(expert_x, rows * (H // 4), BLOCK_H)
-            B.poison_outputs(expert_x_scale, rows * (H // fp8.GROUP), BLOCK_H)
-        else:
-            B.poison_outputs(expert_x, rows * H, BLOCK_H)
+        poison_expert_x(expert_x, expert_x_scale, experts_per_rank, cap, H, FP8, BLOCK_H)
 
+
+@triton.jit
+def poison_expert_x(expert_x, expert_x_scale, experts_per_rank, cap, H: tl.constexpr,
+                    FP8: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Every row of expert_x (and its fp8 scales) all bits set: a failed dispatch's."""
+    rows = tl.cast(experts_per_rank, tl.int64) * cap
+    if FP8:     # the e4m3 bytes as int32 words (0xFF: NaN), then the fp32 scales
+        B.poison_outputs(expert_x, rows * (H // 4), BLOCK_H)
+        B.poison_outputs(expert_x_scale, rows * (H // fp8.GROUP), BLOCK_H)
+    else:
+        B.poison_outputs(expert_x, rows * H, BLOCK_H)
 
 
 @triton.jit
 def dispatch_send(pid, npid, x, stride_x, topk_idx, stride_it, stride_ik, topk_weights,
-                  stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags, fps, state,
-                  slot_counter, send_slot, ctrl, heap_bases, trace_buf, rank, world,
-                  max_tokens, experts_per_rank, num_experts, check_ids, fp,
+                  stride_wt, stride_wk, num_tokens, tokens, meta, dweights, flags, fps, slots,
+                  state, send_slot, expert_num_tokens, ctrl, heap_bases, trace_buf, rank,
+                  world, max_tokens, experts_per_rank, num_experts, check_ids, fp,
                   H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                  HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr, BLOCK_H: tl.constexpr,
-                  TRACE: tl.constexpr):
+                  NS: tl.constexpr, HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr,
+                  BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     t0 = trd.begin(TRACE)
     epoch = tdl.launch_epoch(state + B.DISPATCH_SEND_EPOCH)
     par = epoch % 2
+    if pid == 0:
+        # the counts of the dispatch before, zeroed for this one's receivers: they count
+        # into them after the wait for this rank's program 0, their first (dispatch_recv)
+        for l0 in range(0, experts_per_rank, BLOCK_L):
+            ls = l0 + tl.arange(0, BLOCK_L)
+            tl.store(expert_num_tokens + ls, 0, mask=ls < experts_per_rank)
     ks = tl.arange(0, KP)
     rs = tl.arange(0, WP)
     for t in range(pid, num_tokens, npid):
         e = expert_ids(topk_idx, t, stride_it, stride_ik, num_experts, ctrl, check_ids, K, KP)
         dest = tl.where(e >= 0, e // experts_per_rank, -1)
-        hit = tl.max((dest[None, :] == rs[:, None]).to(tl.int32), axis=1) > 0
-        slots = tl.atomic_add(slot_counter + rs, 1, mask=hit, sem="relaxed", scope="gpu")
-        slots = tl.where(hit, slots, -1)
-        tl.store(send_slot + t * WP + rs, slots)
-        rows = ((par * world + rank) * max_tokens + slots).to(tl.int64)
+        hit = tl.max((dest[None, :] == rs[:, None]).to(tl.int32), axis=1)
+        tl.store(send_slot + t * WP + rs, tl.where(hit > 0, t, -1))
+        row = (par * world + rank).to(tl.int64) * max_tokens + t
         src = x + tl.cast(t, tl.int64) * stride_x
-        for r in range(world):
-            # ranks outer, columns inner: two reductions per destination, not per chunk;
-            # the row is read from L1/L2 again for the second and later destinations
-            if tl.sum(tl.where(rs == r, slots, 0)) >= 0:
-                row = tl.sum(tl.where(rs == r, rows, 0))
-                tdl.store(meta + row * KP + ks, e, rank, r, heap_bases)
+        for j in range(world):
+            r = (t + j) % world             # programs spread over the links
+            # the ids go to every rank: a receiver tells from them which tokens are its own
+            tdl.store(meta + row * KP + ks, e, rank, r, heap_bases)
+            if tl.sum(tl.where(rs == r, hit, 0)) > 0:
                 push_payload(src, row, t, r, tokens, dweights, topk_weights, stride_wt,
                              stride_wk, rank, heap_bases, world, max_tokens, H, K, KP,
                              HAS_WEIGHTS, FP8, BLOCK_H)
     trd.end(trace_buf, t0, tags.DISPATCH, rank, TRACE)
-    if tdl.last_program_out(state + B.DISPATCH_SEND_DONE, npid):
-        sent = tl.atomic_xchg(slot_counter + rs, 0, mask=rs < world, sem="relaxed",
-                              scope="gpu")
-        B.signal_calls(flags, fps, B.FLAG_DISPATCH, par, world, rank,
-                       (epoch << B.COUNT_BITS) | sent.to(tl.int64), fp, heap_bases, WP)
-        tl.store(state + B.DISPATCH_SEND_EPOCH, epoch)
+    B.signal_program(flags, fps, slots, B.FLAG_DISPATCH, par, world, rank, pid,
+                     (epoch << B.COUNT_BITS) | tl.cast(num_tokens, tl.int64), fp, heap_bases,
+                     NS, WP)
 
 
 @triton.jit
-def dispatch_recv(pid, npid, tokens, meta, flags, fps, state, expert_counter, token_rows,
-                  recv_count, expert_x, expert_x_scale, expert_num_tokens, ctrl, heap_bases,
-                  trace_buf, rank, world, max_tokens, experts_per_rank, cap, fp,
-                  H: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr, FP8: tl.constexpr,
-                  BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
-    epoch, par, my_flags, ok, t0 = dispatch_recv_begin(flags, fps, state, ctrl, trace_buf,
-                                                       rank, world, fp, TRACE)
+def dispatch_recv(pid, npid, tokens, meta, flags, fps, slots, state, token_rows, recv_count,
+                  expert_x, expert_x_scale, expert_num_tokens, ctrl, trace_buf, rank, world,
+                  max_tokens, experts_per_rank, cap, peer_programs, fp, H: tl.constexpr,
+                  KP: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr, FP8: tl.constexpr,
+                  BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+    epoch = tdl.launch_epoch(state + B.DISPATCH_RECV_EPOCH)
+    par = epoch % 2
     ks = tl.arange(0, KP)
     first_expert = rank * experts_per_rank
     start = 0
-    for s in range(world):
-        # nothing from a failed call: the last receiver poisons the outputs instead
-        n = tl.where(ok, tl.load(my_flags + s, volatile=True) & B.COUNT_MASK, 0).to(tl.int32)
-        # the tokens of all sources form one list; program pid takes every npid-th of it
+    ok = tl.cast(1, tl.int1)
+    for j in range(world):
+        # this rank first: its program 0 zeroed the counts before its signal
+        s = (rank + j) % world
+        n = 0
+        theirs = tl.cast(0, tl.int64)
+        if ok:
+            tw = trd.begin(TRACE)
+            ok, word, theirs = B.wait_programs(flags, fps, slots, B.FLAG_DISPATCH, par,
+                                               world, s, peer_programs,
+                                               epoch << B.COUNT_BITS, fp, ctrl, rank,
+                                               B.OP_DISPATCH, NS, NP)
+            trd.end(trace_buf, tw, tags.WAIT, rank, TRACE)
+            # nothing from a failed wait: the launch's last program poisons the outputs.
+            # The call is checked after the copy (B.wait_programs): the count is clamped
+            n = tl.where(ok, tl.minimum(word & B.COUNT_MASK, max_tokens), 0).to(tl.int32)
+        t0 = trd.begin(TRACE)
+        # source s's tokens, as soon as they are here; the tokens of all sources form one
+        # list, program pid takes every npid-th of it
         i0 = (pid - start % npid + npid) % npid
         for i in range(i0, n, npid):
             row = (par * world + s) * max_tokens + i
             e = tl.load(meta + row * KP + ks)
             local = (e >= first_expert) & (e < first_expert + experts_per_rank)
             le = e - first_expert
-            slot = tl.atomic_add(expert_counter + le, 1, mask=local, sem="relaxed", scope="gpu")
+            slot = tl.atomic_add(expert_num_tokens + le, 1, mask=local, sem="relaxed",
+                                 scope="gpu")
             local = local & (slot < cap)
             dst = tl.where(local, le * cap + slot, -1)
             tl.store(token_rows + (s * max_tokens + i) * KP + ks, dst)
-            copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world, max_tokens,
-                       H, KP, FP8, BLOCK_H)
+            if tl.max(local.to(tl.int32)) > 0:
+                copy_token(tokens, row, dst, local, expert_x, expert_x_scale, world,
+                           max_tokens, H, KP, FP8, BLOCK_H)
+        trd.end(trace_buf, t0, tags.RECV, rank, TRACE)
+        ok = same_call(theirs, fp, ok, ctrl, rank, s, B.OP_DISPATCH)
+        if pid == 0:    # read by combine: nothing from another call
+            tl.store(recv_count + s, tl.where(ok, n, 0))
         start += n
-    dispatch_recv_end(npid, epoch, t0, my_flags, state, recv_count, expert_counter,
-                      expert_num_tokens, expert_x, expert_x_scale, ctrl, trace_buf, rank, world,
-                      experts_per_rank, cap, H, WP, FP8, BLOCK_L, BLOCK_H, TRACE)
 
 
 @triton.jit
 def dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, stride_wt,
-                    stride_wk, num_tokens, tokens, meta, dweights, flags, fps, state,
-                    slot_counter, send_slot, expert_counter, token_rows, recv_count, expert_x,
-                    expert_x_scale, expert_num_tokens, ctrl, heap_bases, trace_buf, rank,
-                    world, max_tokens, experts_per_rank, num_experts, cap, check_ids,
-                    send_programs, fp, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-                    KP: tl.constexpr, WP: tl.constexpr, HAS_WEIGHTS: tl.constexpr,
-                    FP8: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_H: tl.constexpr,
-                    TRACE: tl.constexpr):
+                    stride_wk, num_tokens, tokens, meta, dweights, flags, fps, slots, state,
+                    send_slot, token_rows, recv_count, expert_x, expert_x_scale,
+                    expert_num_tokens, ctrl, heap_bases, trace_buf, rank, world, max_tokens,
+                    experts_per_rank, num_experts, cap, check_ids, send_programs,
+                    peer_programs, fp, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+                    KP: tl.constexpr, WP: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
+                    HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr, BLOCK_L: tl.constexpr,
+                    BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
     pid = tl.program_id(0)
     n_send = B.senders(send_programs, PART)
     if pid < n_send:
         if PART != B.RECV:
             dispatch_send(pid, n_send, x, stride_x, topk_idx, stride_it, stride_ik,
                           topk_weights, stride_wt, stride_wk, num_tokens, tokens, meta,
-                          dweights, flags, fps, state, slot_counter, send_slot, ctrl,
-                          heap_bases, trace_buf, rank, world, max_tokens, experts_per_rank,
-                          num_experts, check_ids, fp, H, K, KP, WP, HAS_WEIGHTS, FP8,
-                          BLOCK_H, TRACE)
+                          dweights, flags, fps, slots, state, send_slot, expert_num_tokens,
+                          ctrl, heap_bases, trace_buf, rank, world, max_tokens,
+                          experts_per_rank, num_experts, check_ids, fp, H, K, KP, WP, NS,
+                          HAS_WEIGHTS, FP8, BLOCK_L, BLOCK_H, TRACE)
     else:
         if PART != B.SEND:
             dispatch_recv(pid - n_send, tl.num_programs(0) - n_send, tokens, meta, flags,
-                          fps, state, expert_counter, token_rows, recv_count, expert_x,
-                          expert_x_scale, expert_num_tokens, ctrl, heap_bases, trace_buf,
-                          rank, world, max_tokens, experts_per_rank, cap, fp, H, KP, WP, FP8,
-                          BLOCK_L, BLOCK_H, TRACE)
+                          fps, slots, state, token_rows, recv_count, expert_x,
+                          expert_x_scale, expert_num_tokens, ctrl, trace_buf, rank, world,
+                          max_tokens, experts_per_rank, cap, peer_programs, fp, H, KP, NS,
+                          NP, FP8, BLOCK_H, TRACE)
+    # off the chain: every program signalled its peers itself. The last one of the launch
+    # (senders too: their program 0 zeroed the counts) stores the epochs and, if a wait
+    # of this rank failed, poisons the outputs (buffers.py "Calls")
+    done = B.DISPATCH_SEND_DONE if PART == B.SEND else B.DISPATCH_RECV_DONE
+    if tdl.last_program_out(state + done, tl.num_programs(0), SYS=False):
+        if PART != B.SEND:
+            if B.launch_failed(ctrl):
+                for l0 in range(0, experts_per_rank, BLOCK_L):
+                    ls = l0 + tl.arange(0, BLOCK_L)
+                    tl.store(expert_num_tokens + ls, -1, mask=ls < experts_per_rank)
+                poison_expert_x(expert_x, expert_x_scale, experts_per_rank, cap, H, FP8,
+                                BLOCK_H)
+            tl.store(state + B.DISPATCH_RECV_EPOCH, tl.load(state + B.DISPATCH_RECV_EPOCH) + 1)
+        if PART != B.RECV:
+            tl.store(state + B.DISPATCH_SEND_EPOCH, tl.load(state + B.DISPATCH_SEND_EPOCH) + 1)
+

@@ -133,8 +133,8 @@ def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, arg
     trace_buf, trace = kernel_args(ctx)
     named = dict(
         tokens=b.tokens, meta=b.meta, dweights=b.dweights, partial=b.partial, flags=b.flags,
-        fps=b.fps, chunk_flags=b.chunk_flags, CHUNK=B.CHUNK_TOKENS,
-        state=b.state, slot_counter=b.slot_counter, send_slot=b.send_slot,
+        fps=b.fps, slots=b.slots, NS=b.ns, chunk_flags=b.chunk_flags, CHUNK=B.CHUNK_TOKENS,
+        state=b.state, send_slot=b.send_slot,
         expert_counter=b.expert_counter, token_rows=b.token_rows, recv_count=b.recv_count,
         expert_x=b.expert_x, expert_x_scale=b.recv_count,    # the latter read by fp8 only
         expert_num_tokens=b.expert_num_tokens, ctrl=ctx.ctrl,
@@ -161,6 +161,21 @@ def _programs(ep, tokens: int) -> int:
     return ep.programs(triton.cdiv(tokens, B.CHUNK_TOKENS) if ep.high_throughput else tokens)
 
 
+def _signallers(ep, tokens: int) -> int:
+    """Low-latency path: programs for `tokens` items of work that each signal every rank
+    (buffers.py "Low latency"): as many on every rank, whatever its T, so a receiver knows
+    whose signals to wait for (the program cap is in the fingerprint: _call)."""
+    return min(ep.programs(tokens), ep.buf.ns)
+
+
+def _weight_programs(ep, T: int) -> int:
+    """Combine's weight programs (weights given to combine): per T on the high-throughput
+    path; per max_num_tokens on the low-latency one, the same on every rank, as its
+    expert programs wait for each of them (_signallers)."""
+    n = T if ep.high_throughput else ep.max_num_tokens
+    return max(1, min(triton.cdiv(n, BLOCK_T), ep.max_programs // 4))
+
+
 def _kernels(ep):
     """(dispatch kernel, combine kernel) of the ExpertParallel's path."""
     if ep.high_throughput:
@@ -171,6 +186,8 @@ def _kernels(ep):
 def _call(ep, kernel, *more) -> int:
     """The call's fingerprint (buffers.py "Calls"), once per plan: the kernel (the path,
     and dispatch or combine) and what every rank's ExpertParallel and call must share."""
+    if not ep.high_throughput:      # how many programs signal (_signallers)
+        more = (*more, ep.max_programs)
     return fingerprint(kernel, ep.hidden_dim, str(ep.dtype), ep.num_experts,
                        ep.experts_per_token, ep.max_num_tokens, *more)
 
@@ -192,6 +209,24 @@ def check_code(ep, check: bool) -> int:
     return CHECK_ALLOW_NONE.value if getattr(ep, "allow_minus_one", False) else 1
 
 
+def _dispatch_senders(ep) -> int:
+    return _signallers(ep, ep.max_num_tokens)
+
+
+def _dispatch_constexprs(ep) -> dict:
+    """The low-latency dispatch's: the senders of every rank (peer_programs), and the
+    width of the look at their signals (NP)."""
+    n = _dispatch_senders(ep)
+    return dict(peer_programs=n, NP=triton.next_power_of_2(n))
+
+
+def _combine_constexprs(ep, weight_programs: int) -> dict:
+    """The low-latency combine's: the expert programs of every rank (peer_programs), and
+    the width of the look at their signals or at the weight programs' (NP)."""
+    n = _signallers(ep, ep.max_num_tokens * ep.ctx.world_size)
+    return dict(peer_programs=n, NP=triton.next_power_of_2(max(n, weight_programs)))
+
+
 def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bool) -> Plan:
     if use_fp8:
         fp8.check_hidden(ep.hidden_dim)
@@ -201,7 +236,7 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
     if has_w:
         _check_weights(ep, topk_weights, T, "dispatch")
     w = topk_weights if has_w else ep.buf.dweights       # not read without weights
-    senders = _programs(ep, T)
+    senders = _programs(ep, T) if ep.high_throughput else _dispatch_senders(ep)
     # the call's own tensors: a launch keeps only their addresses (the plan's key holds
     # them), never the tensors, so a plan does not keep a caller's input alive
     plan = Plan((x, topk_idx, topk_weights), "moe_dispatch")
@@ -212,6 +247,7 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
                 fp=_call(ep, _kernels(ep)[0], use_fp8, has_w))
     if use_fp8:
         args.update(_fp8_args(ep))
+    args.update(_dispatch_constexprs(ep))
     part, programs = (B.BOTH, senders + _receivers(ep)) if wait else (B.SEND, senders)
     _launch(ep, plan, _kernels(ep)[0], part, senders, programs, args, HAS_WEIGHTS=has_w,
             FP8=use_fp8)
@@ -228,6 +264,7 @@ def dispatch_recv(ep, use_fp8: bool, has_w: bool) -> Plan:
                 fp=_call(ep, _kernels(ep)[0], use_fp8, has_w))
     if use_fp8:
         args.update(_fp8_args(ep))
+    args.update(_dispatch_constexprs(ep))
     _launch(ep, plan, _kernels(ep)[0], B.RECV, 0, _receivers(ep), args, HAS_WEIGHTS=False,
             FP8=use_fp8)
     return plan
@@ -238,15 +275,17 @@ def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
     T = _check_combine(ep, expert_y, d, topk_weights, out)
     at_dispatch = topk_weights is None
     w = ep.buf.dweights if at_dispatch else topk_weights
-    weight_programs = 0 if at_dispatch else \
-        max(1, min(triton.cdiv(T, BLOCK_T), ep.max_programs // 4))
-    senders = weight_programs + _receivers(ep)
+    weight_programs = 0 if at_dispatch else _weight_programs(ep, T)
+    experts = _receivers(ep) if ep.high_throughput else \
+        _signallers(ep, ep.max_num_tokens * ep.ctx.world_size)
+    senders = weight_programs + experts
     plan = Plan((out, expert_y, topk_weights), "moe_combine")     # out is Live(0)
     args = dict(expert_y=expert_y, stride_ye=expert_y.stride(0), stride_yr=expert_y.stride(1),
                 topk_weights=w, stride_wt=0 if at_dispatch else w.stride(0),
                 stride_wk=0 if at_dispatch else w.stride(1), out=Live(0), num_tokens=T,
                 weights=ep.buf.dweights if at_dispatch else ep.buf.weights,
-                num_weight_programs=weight_programs, fp=_call(ep, _kernels(ep)[1]))
+                num_weight_programs=weight_programs, fp=_call(ep, _kernels(ep)[1]),
+                **_combine_constexprs(ep, weight_programs))
     part, programs = (B.BOTH, senders + _programs(ep, T)) if wait else (B.SEND, senders)
     if part == B.BOTH and ep.high_throughput and HT_COMBINE_STAGED:
         part = B.STAGED
@@ -261,7 +300,8 @@ def combine_recv(ep, T: int, out) -> Plan:
     plan = Plan((out,), "moe_combine_recv")
     args = dict(expert_y=b.expert_x, stride_ye=0, stride_yr=0, topk_weights=b.dweights,
                 stride_wt=0, stride_wk=0, out=Live(0), num_tokens=T, weights=b.weights,
-                num_weight_programs=0, fp=_call(ep, _kernels(ep)[1]))
+                num_weight_programs=0, fp=_call(ep, _kernels(ep)[1]),
+                **_combine_constexprs(ep, 0))
     _launch(ep, plan, _kernels(ep)[1], B.RECV, 0, _programs(ep, T), args,
             WEIGHTS_AT_DISPATCH=False)
     return plan
