@@ -26,7 +26,7 @@ from . import checks, common, nccl, registry
 from .options import knobs
 from ..runtime import plans
 from ..runtime.compiled import STANDINS, is_compiling
-from ..runtime.plans import Plan, tensor_key
+from ..runtime.plans import Plan, plain_key, tensor_key
 from .selector import select
 
 # {op: {name: run function}} of trident's own algorithms (registry.py: registry.kernels),
@@ -94,7 +94,7 @@ def signature(op: str, tensors, options) -> tuple:
     return tuple(sig) + tuple(options)
 
 
-def _run(ctx, key, build, tensors, *options, found=plans._LOOK):
+def _run(ctx, key, build, tensors, *options, found=plans._LOOK, pinned=None):
     """Run the plan of `key` on `tensors` through the plan driver (plans.call), building
     it with build(ctx, *tensors, *options) first if this signature is new. The key's and
     the options' last item is whether a CUDA graph is being captured (a capture twin is
@@ -103,11 +103,11 @@ def _run(ctx, key, build, tensors, *options, found=plans._LOOK):
     The context's first collective agrees on the facts of common.Agreed (one host
     exchange, on every rank: a first collective builds a plan everywhere). Debug mode
     then checks, with one host collective, that every rank called with the same sizes
-    and options (before anything is allocated or launched)."""
+    and options (before anything is allocated or launched). pinned: plans.plan_for's."""
     head = options[:-1]
     plans.call(ctx, key, lambda capture: build(ctx, *tensors, *head, capture), tensors,
                signature=lambda: signature(key[0], tensors, options),
-               first=lambda: common.agreed(ctx), found=found)
+               first=lambda: common.agreed(ctx), found=found, pinned=pinned)
 
 
 def _collective(ctx, key: tuple, tensors: tuple) -> None:
@@ -115,12 +115,51 @@ def _collective(ctx, key: tuple, tensors: tuple) -> None:
     it: (op, each tensor's tensor_key, the op's own options, algorithm, block, programs,
     the knobs as sorted pairs, whether a CUDA graph is being captured). A plan found is
     run at once (the warm path); else, and always in debug mode, the plan driver
-    (plans.call through _run) builds it by the table _OPS."""
-    plan = ctx.plans.get(key)
+    (plans.call through _run) builds it by the table _OPS.
+
+    Plain tensors (not on the heap). A plan found under `key` is right for their
+    addresses. Else the call takes the plan of its plain key (`_plain_key`: the key less
+    those addresses), which reads them at every call and holds none of them (Plan.plain),
+    so that a tensor allocated afresh per call (functional collectives, a model's
+    activations) reuses one plan. A plan that came out holding one (plans.plan_for's
+    `pinned`) goes under `key`: right for that address, built again for the next."""
+    plans_ = ctx.plans
+    plan = plans_.get(key)
+    if plan is None:
+        plain = _plain_key(ctx, key, tensors)
+        if plain is not None:
+            found = plans_.get(plain)
+            if found is None or ctx.debug:
+                _run(ctx, plain, _BUILD_PLAIN[key[0]], tensors, *key[len(tensors) + 1:],
+                     found=found, pinned=key)
+            else:
+                found.run(tensors)
+            return
     if plan is None or ctx.debug:
         _run(ctx, key, _BUILD[key[0]], tensors, *key[len(tensors) + 1:], found=plan)
     else:
         plan.run(tensors)
+
+
+def _plain_key(ctx, key: tuple, tensors: tuple):
+    """`key` with plans.plain_key in place of tensor_key for each tensor at an address
+    outside the heap (a plain tensor; an empty one's key has no address already), or None
+    where there is none -- or where two plain tensors overlap, which a plan built for
+    tensors apart would not know (all_to_all refuses it; an all_gather may be given
+    its input inside its output)."""
+    parts, plain = list(key[1:len(tensors) + 1]), []
+    for i, t in enumerate(tensors):
+        p = parts[i][0]
+        if p.__class__ is int and p and not ctx.in_heap(p):
+            parts[i] = plain_key(t)
+            plain.append(t)
+    if not plain:
+        return None
+    if len(plain) == 2:
+        (a, b), (na, nb) = plain, (_nbytes(t) for t in plain)
+        if a.data_ptr() < b.data_ptr() + nb and b.data_ptr() < a.data_ptr() + na:
+            return None
+    return (key[0], *parts, *key[len(tensors) + 1:])
 
 
 class _Op:
@@ -143,10 +182,11 @@ class _Op:
         self.copy, self.empty, self.launch = copy, empty, launch
 
 
-def _build(op: str, ctx, *args) -> Plan:
+def _build(op: str, ctx, *args, plain: bool = False) -> Plan:
     """The plan of a call of collective `op`: args = (*tensors, *own options, algorithm,
     block, programs, knobs, graph), as `_collective` passes them to `_run` (the key's
-    options)."""
+    options). plain: the plan is keyed without the addresses of the tensors that are not
+    on the heap (`_plain_key`), so it must hold none of them (Plan.plain)."""
     spec = _OPS[op]
     tensors = args[:spec.tensors]
     *own, algorithm, block, programs, kw, graph = args[spec.tensors:]
@@ -156,7 +196,8 @@ def _build(op: str, ctx, *args) -> Plan:
                1 if spec.word is None else spec.word(tensors))
     if op == "all_to_all":
         _check_own_rows(ctx.rank, *checked)          # the pair known here
-    plan = Plan(tensors, name)
+    plan = Plan(tensors, name, [i for i, t in enumerate(tensors) if t.data_ptr()
+                                and not ctx.is_symmetric(t)] if plain else ())
     declared = registry.get(op, name)
     if declared.engine == "torch":          # nccl: at any world size, on empty tensors too
         spec.nccl(ctx, plan, declared.run(), tensors, own, checked)
@@ -267,6 +308,7 @@ _OPS = {
         word=lambda ts: common.word_type(ts[0].element_size(), [_nbytes(ts[0])])[1]),
 }
 _BUILD = {op: partial(_build, op) for op in _OPS}
+_BUILD_PLAIN = {op: partial(_build, op, plain=True) for op in _OPS}
 
 
 def _check_own_rows(rank: int, out_splits, in_splits) -> None:

@@ -68,6 +68,11 @@ class HeapMethods:
         return (t.untyped_storage().data_ptr() == self._heap_ptr
                 and self._heap_ptr <= t.data_ptr() < self._heap_ptr + self.heap_size)
 
+    def in_heap(self, ptr: int) -> bool:
+        """Whether address `ptr` lies in this rank's heap: a tensor at an address outside
+        it is not symmetric (is_symmetric), wherever its storage comes from."""
+        return self._heap_ptr <= ptr < self._heap_ptr + self.heap_size
+
     def heap_offset(self, t: torch.Tensor) -> int:
         """Byte offset of heap tensor `t` from this rank's heap base: where its copy lies in
         every peer's heap too (translate: peer base + offset)."""

@@ -37,7 +37,8 @@ import torch
 from . import options
 from .triton_launch import Launch, Live
 
-__all__ = ["Plan", "PlanCache", "Live", "tensor_key", "live_key", "call", "plan_for", "build_twin"]
+__all__ = ["Plan", "PlanCache", "Live", "tensor_key", "live_key", "plain_key", "call",
+           "plan_for", "build_twin"]
 
 GRAPH_AFTER = 1     # runs of a graphable plan before it becomes a CUDA graph (_until_graph)
 
@@ -51,11 +52,16 @@ class Plan:
     run in debug mode only.
     """
     __slots__ = ("steps", "name", "tensors", "debug_before", "debug_after", "out_shape",
-                 "graphable", "graph", "run", "new_out", "runs", "used", "placed")
+                 "graphable", "graph", "run", "new_out", "runs", "used", "placed", "plain",
+                 "_plain_storages")
 
-    def __init__(self, tensors: tuple = (), name: str = ""):
+    def __init__(self, tensors: tuple = (), name: str = "", plain: tuple = ()):
         self.steps: list = []
         self.tensors, self.name = tensors, name
+        # plain: the indices of the call's tensors that the plan must not hold by address
+        # (it is keyed without them: plain_key); () once anything in it does (_pin)
+        self.plain = tuple(plain)
+        self._plain_storages = {tensors[i].untyped_storage().data_ptr(): i for i in self.plain}
         self.debug_before = self.debug_after = None
         self.out_shape = None        # for ops that allocate their output per call
         self.new_out = None          # () -> a fresh output of out_shape (set_output)
@@ -72,7 +78,12 @@ class Plan:
         self.new_out = partial(torch.empty, shape, dtype=dtype, device=device)
 
     def launch(self, kernel, grid, *args, **kwargs) -> None:
-        """Add a launch of `kernel[grid](*args, **kwargs)`."""
+        """Add a launch of `kernel[grid](*args, **kwargs)`. In a plan of plain tensors, an
+        argument that is a flat view of one at its address becomes Live (read per call)."""
+        if self.plain:
+            args = tuple(self._unpinned(a) for a in args)
+            if any(self._holds(v) for v in kwargs.values()):
+                self._pin()
         step = Launch(kernel, grid, args, kwargs, self.tensors)
         self.graphable &= not step.live        # a graph would freeze a Live tensor's address
         self.steps.append(step)
@@ -87,7 +98,12 @@ class Plan:
         """Freeze the steps. graphs="multi" (or "all"): a plan of several steps (or any
         plan) becomes one CUDA graph, whose replay costs one launch on the host, when it
         runs again (`_until_graph`)."""
-        self.tensors = ()
+        self.settle()
+        if self.plain:
+            # keyed without the plain tensors' addresses: a graph would bake in the build
+            # call's, and the next call's tensor lies elsewhere
+            self.graphable = False
+        self.tensors, self._plain_storages = (), {}
         self.steps = tuple(self.steps)
         if graphs != "off" and self.graphable and len(self.steps) >= (1 if graphs == "all" else 2):
             self.run = self._until_graph
@@ -119,6 +135,60 @@ class Plan:
         """Run every step (what `run` is for a plan of several steps and no graph)."""
         for step in self.steps:
             step(tensors)
+
+    # ---------------------------------------------------------------- plain tensors
+    def settle(self) -> None:
+        """Pin the plan (`_pin`) if a host step or debug check of it holds a plain tensor
+        (finish() does this; plan_for before it chooses the key)."""
+        if self.plain and any(self._holds(s) for s in
+                              (*self.steps, self.debug_before, self.debug_after)):
+            self._pin()
+
+    def _pin(self) -> None:
+        """Something in the plan holds a plain tensor's address: the plan is right for that
+        address only, and goes under the call's address key (plan_for's `pinned`)."""
+        self.plain, self._plain_storages = (), {}
+
+    def _unpinned(self, arg):
+        """`arg` as a launch argument of a plan of plain tensors: Live for a contiguous view
+        of one of them at its address (e.g. its flat or word view), `arg` itself otherwise
+        (pinning the plan when it still shares a plain tensor's storage)."""
+        if not isinstance(arg, torch.Tensor) or not arg.numel():
+            return arg
+        index = self._plain_storages.get(arg.untyped_storage().data_ptr())
+        if index is None:
+            return arg
+        if arg.data_ptr() == self.tensors[index].data_ptr() and arg.is_contiguous():
+            return Live(index, arg.dtype)
+        self._pin()
+        return arg
+
+    def _holds(self, obj, depth: int = 0) -> bool:
+        """Whether `obj` -- a host step, a closure's contents, a partial's arguments --
+        holds a tensor of a plain tensor's storage (a Launch checked its own in launch())."""
+        storages = self._plain_storages
+        if not storages or obj is None or isinstance(obj, Launch) or depth > 4:
+            return False
+        if isinstance(obj, torch.Tensor):
+            return bool(obj.numel()) and obj.untyped_storage().data_ptr() in storages
+        if isinstance(obj, (tuple, list)):
+            return any(self._holds(o, depth + 1) for o in obj)
+        if isinstance(obj, partial):
+            return self._holds((obj.func, obj.args, tuple(obj.keywords.values())), depth + 1)
+        owner = getattr(obj, "__self__", None)          # a bound method, e.g. t.copy_
+        if isinstance(owner, torch.Tensor):
+            return self._holds(owner, depth + 1)
+        cells = getattr(obj, "__closure__", None) or ()
+        return any(self._holds(c.cell_contents, depth + 1) for c in cells
+                   if _filled(c))
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:               # a cell not yet bound
+        return False
+    return True
 
 
 def _capture(steps, tensors):
@@ -158,6 +228,16 @@ def live_key(t) -> tuple:
     if t.__class__ is _Tensor or isinstance(t, _Tensor):
         return (t.shape, t.stride(), t.dtype, t.device)
     return (type(t), id(t))
+
+
+def plain_key(t) -> tuple:
+    """What a plan keyed without the address depends on of a plain tensor (one not on the
+    heap, read by the plan at every call: Plan.plain): shape, strides, dtype, device, and
+    the address and storage offset modulo 16 -- what the launch depends on of where it
+    lies (Triton specialises a pointer on its 16-byte alignment; ccl/common.as_words copies
+    a tensor that is not on a whole word)."""
+    return (None, t.shape, t.stride(), t.dtype, t.data_ptr() & 15, t.storage_offset() & 15,
+            t.get_device())
 
 
 class PlanCache:
@@ -280,7 +360,7 @@ _LOOK = object()
 
 
 def plan_for(ctx, key, build, signature=None, first=None, twin: bool = True,
-             found=_LOOK) -> Plan:
+             found=_LOOK, pinned=None) -> Plan:
     """The plan of `key` in `ctx.plans`, built first if the key is new.
 
     key: the call's signature; key[0] names the op (in errors), and where `twin` is on,
@@ -294,6 +374,9 @@ def plan_for(ctx, key, build, signature=None, first=None, twin: bool = True,
       build would create a workspace -- a host barrier, which a capture cannot contain.
     found: what the caller's own `ctx.plans.get(key)` returned (the entries look up
       first, for the warm path), so that the key is not looked up twice.
+    pinned: where `key` leaves out the addresses of plain tensors (plain_key), the call's
+      key with them: a plan built that came out holding one of those addresses
+      (Plan.plain is then ()) goes there instead, right for this address only.
 
     A build runs inside ctx.building(key[0]): its host collectives name the op, and an
     error it raises is published to the peers (trident/api/context_ops.py)."""
@@ -307,22 +390,33 @@ def plan_for(ctx, key, build, signature=None, first=None, twin: bool = True,
     if plan is None:
         with ctx.building(key[0]):
             capture = ctx.capturing()
-            plan = plans.put(key, build(capture), for_capture=capture)
+            plan = build(capture)
+            plan = plans.put(_where(plan, key, pinned), plan, for_capture=capture)
             if twin and not capture and ctx.backend == "cuda":
-                build_twin(ctx, key, build)
+                build_twin(ctx, key, build, pinned)
     return plan
 
 
-def build_twin(ctx, key, build) -> None:
+def _where(plan: Plan, key, pinned):
+    """The key a plan built for `key` goes under (plan_for's `pinned`)."""
+    plan.settle()
+    return key if pinned is None or plan.plain else pinned
+
+
+def build_twin(ctx, key, build, pinned=None) -> None:
     """Build and keep the plan that a CUDA-graph capture of `key`'s call uses (key[:-1] +
-    (True,), by build(True)), unless it exists (plan_for does this on GPUs)."""
+    (True,), by build(True)), unless it exists (plan_for does this on GPUs; `pinned` as
+    there)."""
     other = key[:-1] + (True,)
     if other not in ctx.plans:
-        ctx.plans.put(other, build(True), for_capture=True)
+        plan = build(True)
+        where = _where(plan, other, None if pinned is None else pinned[:-1] + (True,))
+        if where not in ctx.plans:
+            ctx.plans.put(where, plan, for_capture=True)
 
 
 def call(ctx, key, build, tensors: tuple, signature=None, first=None, twin: bool = True,
-         found=_LOOK):
+         found=_LOOK, pinned=None):
     """Run the plan of `key` (`plan_for` gets or builds it) on `tensors`, the call's own
     tensors in the op's order; returns them. A plan that makes its output per call
     (Plan.set_output) gets a fresh one in place of a last tensor of None (or, where its
@@ -331,7 +425,7 @@ def call(ctx, key, build, tensors: tuple, signature=None, first=None, twin: bool
     Debug mode, outside a CUDA-graph capture (which cannot contain a host sync): the
     plan's debug_before(ctx, tensors) check, then after the run ctx.after_op() (every
     rank's errors, raised on every rank at this call) and debug_after(ctx, tensors)."""
-    plan = plan_for(ctx, key, build, signature, first, twin, found)
+    plan = plan_for(ctx, key, build, signature, first, twin, found, pinned)
     made = False
     if plan.new_out is not None and tensors[-1] is None:
         out = plan.new_out()              # a fresh tensor: the caller keeps it

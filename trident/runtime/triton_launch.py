@@ -35,13 +35,22 @@ from .graph_pools import outside_graph_pools
 class Live:
     """A kernel argument that is one of the call's own tensors, read at every launch.
 
-    For tensors a plan must not keep (a fresh output allocated per call); everything else
-    is fixed when the plan is built.
+    For tensors a plan must not keep (a fresh output allocated per call, a plain tensor of
+    a plan keyed without its address: plans.plain_key); everything else is fixed when the
+    plan is built. `dtype`: the argument is the tensor's flat view as `dtype` (the word
+    views of ccl/common.as_words), at the tensor's own address.
     """
-    __slots__ = ("index",)
+    __slots__ = ("index", "dtype")
 
-    def __init__(self, index: int):
-        self.index = index
+    def __init__(self, index: int, dtype=None):
+        self.index, self.dtype = index, dtype
+
+    def value(self, tensors: tuple):
+        """The argument for the call's `tensors`."""
+        t = tensors[self.index]
+        if self.dtype is None or self.dtype == t.dtype:
+            return t
+        return t.view(-1).view(torch.uint8).view(self.dtype)
 
 
 def _squash(src: str) -> str:
@@ -117,12 +126,13 @@ class Launch:
     """
     __slots__ = ("kernel", "grid", "args", "kwargs", "live", "fast", "direct", "compiled",
                  "prefix", "packed", "tail", "stream", "device", "hooks", "scratch",
-                 "capturing", "one_live", "head", "rest", "torch_device", "keep")
+                 "capturing", "one_live", "head", "rest", "torch_device", "keep", "views")
 
     def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, tensors: tuple = ()):
         self.kernel, self.grid = kernel, tuple(grid) + (1,) * (3 - len(grid))
         self.args, self.kwargs = tuple(args), kwargs
         self.live = [(i, a.index) for i, a in enumerate(args) if isinstance(a, Live)]
+        self.views = {i: a for i, a in enumerate(args) if isinstance(a, Live) and a.dtype}
         self.fast = None
         self.direct = False          # the hot path: one C call, nothing read per call
         self.one_live = None         # or: the one Live argument's index among the tensors
@@ -132,7 +142,8 @@ class Launch:
     def _resolve(self, tensors) -> list:
         args = list(self.args)
         for pos, index in self.live:
-            args[pos] = tensors[index]
+            view = self.views.get(pos)
+            args[pos] = tensors[index] if view is None else view.value(tensors)
         return args
 
     def _build_fast(self, tensors) -> None:
