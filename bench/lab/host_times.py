@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import statistics
 import sys
@@ -210,6 +211,18 @@ def _all_reduce(ctx, timer: Timer, stand_ins, cpu: bool) -> dict:
                                                          in enumerate(plan.steps)],
                        "graph": plan.graph is not None}
             timer(f"{p} ctx.all_reduce(t)", lambda: ctx.all_reduce(t, **opts))
+            if memory == "plain":
+                # a plain tensor at another address each call (64 in turn, apart from the
+                # build call's): the plan of its plain key (ccl._plain_key), no build
+                fresh = [t.clone() for _ in range(64)]
+                for f in fresh:
+                    ctx.all_reduce(f, **opts)
+                ctx.sync()
+                if stand_ins is not None:
+                    stand_ins.plans(ctx)
+                turn = itertools.cycle(fresh).__next__
+                timer(f"{p} ctx.all_reduce(t), t at a new address", lambda: ctx.all_reduce(
+                    turn(), **opts))
             timer(f"{p} . ccl.all_reduce(ctx, t)", lambda: ccl.all_reduce(ctx, t, **opts))
             timer(f"{p} . ccl._collective(ctx, key, (t,))", ccl._collective, ctx, key, (t,))
             timer(f"{p} . tensor_key(t)", tensor_key, t)

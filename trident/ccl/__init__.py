@@ -147,7 +147,13 @@ def _plain_key(ctx, key: tuple, tensors: tuple):
     where there is none -- or where two plain tensors overlap, which a plan built for
     tensors apart would not know (all_to_all refuses it; an all_gather may be given
     its input inside its output)."""
-    parts, plain = list(key[1:len(tensors) + 1]), []
+    n = len(tensors)
+    if n == 1:                                  # all_reduce, broadcast: the common case
+        p = key[1][0]
+        if p.__class__ is int and p and not ctx.in_heap(p):
+            return (key[0], plain_key(tensors[0]), *key[2:])
+        return None
+    parts, plain = list(key[1:n + 1]), []
     for i, t in enumerate(tensors):
         p = parts[i][0]
         if p.__class__ is int and p and not ctx.in_heap(p):
@@ -159,7 +165,7 @@ def _plain_key(ctx, key: tuple, tensors: tuple):
         (a, b), (na, nb) = plain, (_nbytes(t) for t in plain)
         if a.data_ptr() < b.data_ptr() + nb and b.data_ptr() < a.data_ptr() + na:
             return None
-    return (key[0], *parts, *key[len(tensors) + 1:])
+    return (key[0], *parts, *key[n + 1:])
 
 
 class _Op:
@@ -399,12 +405,19 @@ def broadcast(ctx, t, src: int = 0, algorithm: str = "auto", block=None, program
     return t
 
 
-def all_reduce_plan(ctx, t, op: str = "sum"):
-    """The plan a warm `all_reduce(ctx, t, op)` with the default options runs now, or None
-    (not built, or dropped): for a layer above that keeps a shortcut to it
-    (PlanCache.shortcuts; the torch.distributed backend). The same key as all_reduce's."""
-    return ctx.plans._get(("all_reduce", tensor_key(t), op, "auto", None, None, (),
-                           ctx.capturing()))
+def all_reduce_plan(ctx, t, op: str = "sum") -> tuple:
+    """(plan, plain): the plan a warm `all_reduce(ctx, t, op)` with the default options
+    runs now, or None (not built, or dropped), for a layer above that keeps a shortcut to
+    it (PlanCache.shortcuts; the torch.distributed backend); plain: it is the plan of t's
+    plain key (`_plain_key`: right for a plain tensor of t's plans.plain_key at any
+    address), not of t's address. The keys are all_reduce's."""
+    key = ("all_reduce", tensor_key(t), op, "auto", None, None, (), ctx.capturing())
+    plan = ctx.plans._get(key)
+    if plan is None:
+        plain = _plain_key(ctx, key, (t,))
+        if plain is not None:
+            return ctx.plans._get(plain), True
+    return plan, False
 
 
 from .add_rmsnorm import all_reduce_add_rmsnorm  # noqa: E402  (it uses _run above)

@@ -322,6 +322,17 @@ class PlanCache:
             self.drop_shortcuts()
         return plan
 
+    def alias(self, key, plan: Plan) -> None:
+        """Store `plan`, already put under another key, under `key` too (not a build):
+        plan_for keeps a plan of plain tensors under its build call's address key as well,
+        so that a plain tensor that comes back at that address finds it at the first
+        lookup, as a heap tensor does."""
+        self._plans.pop(key, None)
+        self._plans[key] = plan
+        if len(self._plans) > self.capacity:
+            self._evict()
+            self.drop_shortcuts()
+
     def _evict(self) -> None:
         """Drop the least recently used plan (class docstring): the first in the order
         placed, once the order is rebuilt from the stamps if that one was used since."""
@@ -376,7 +387,8 @@ def plan_for(ctx, key, build, signature=None, first=None, twin: bool = True,
       first, for the warm path), so that the key is not looked up twice.
     pinned: where `key` leaves out the addresses of plain tensors (plain_key), the call's
       key with them: a plan built that came out holding one of those addresses
-      (Plan.plain is then ()) goes there instead, right for this address only.
+      (Plan.plain is then ()) goes there instead, right for this address only; one that
+      holds none goes under both (PlanCache.alias).
 
     A build runs inside ctx.building(key[0]): its host collectives name the op, and an
     error it raises is published to the peers (trident/api/context_ops.py)."""
@@ -391,7 +403,10 @@ def plan_for(ctx, key, build, signature=None, first=None, twin: bool = True,
         with ctx.building(key[0]):
             capture = ctx.capturing()
             plan = build(capture)
-            plan = plans.put(_where(plan, key, pinned), plan, for_capture=capture)
+            where = _where(plan, key, pinned)
+            plan = plans.put(where, plan, for_capture=capture)
+            if where is not pinned and pinned is not None:
+                plans.alias(pinned, plan)
             if twin and not capture and ctx.backend == "cuda":
                 build_twin(ctx, key, build, pinned)
     return plan

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from ...runtime import _env
+from ...runtime.plans import plain_key
 from . import inner
 from .work import DONE, TridentWork, issued
 
@@ -198,12 +199,17 @@ class TridentProcessGroup(dist.ProcessGroup):
         # (ctx.all_reduce's key less its defaults), skipping trident's call layers. The
         # shortcut is taken only where ctx.all_reduce would run that plan: no device error
         # pending (it raises on the slow path), not in debug mode (which checks every call).
+        # A plain tensor at an address the shortcuts have not seen takes its plain key's
+        # (trident's plan of plain tensors: ccl._plain_key), where its address is not on
+        # the heap (a heap tensor's plan is its address's).
         red = opts.reduceOp
         if red == _SUM:
             if len(tensors) == 1:
                 t = tensors[0]
-                run = self._hot_get((t.data_ptr(), t.shape, t.stride(), t.dtype,
-                                     self._capturing()))
+                p = t.data_ptr()
+                run = self._hot_get((p, t.shape, t.stride(), t.dtype, self._capturing()))
+                if run is None and self._hot and not self._ctx.in_heap(p):
+                    run = self._hot_get((*plain_key(t), self._capturing()))
                 if run is not None and not self._error[0] and not self._ctx.debug:
                     if self._on_gpu and _raw_stream(self._device_index) != self._stream:
                         self._in_order()
@@ -228,9 +234,10 @@ class TridentProcessGroup(dist.ProcessGroup):
     def _shortcut(self, ctx, t) -> None:
         """Keep a shortcut to the plan ctx.all_reduce(t) just ran (allreduce's hot path)."""
         from ...ccl import all_reduce_plan
-        plan = all_reduce_plan(ctx, t)
+        plan, plain = all_reduce_plan(ctx, t)
         if plan is not None:
-            self._hot[(t.data_ptr(), t.shape, t.stride(), t.dtype, ctx.capturing())] = plan.run
+            key = plain_key(t) if plain else (t.data_ptr(), t.shape, t.stride(), t.dtype)
+            self._hot[(*key, ctx.capturing())] = plan.run
 
     def allreduce_coalesced(self, tensors, opts):
         op = _op_of(opts)
