@@ -179,3 +179,29 @@ def _redistribute(ctx):
 
 def test_dtensor_redistribute(tpool):
     assert all(tpool.run(_redistribute))
+
+
+def _tp_builds_per_step(ctx):
+    """RowwiseParallel's all_reduce goes through functional collectives, which hand the
+    backend a fresh tensor each step: after the first steps, no step builds a plan
+    (trident's plan of plain tensors, ccl._plain_key), and the losses stay right."""
+    (trident_mesh, device), _ = _meshes(ctx)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    torch.manual_seed(0)
+    model = MLP().to(device)
+    parallelize_module(model, trident_mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    _sgd_steps(model, device, steps=2)
+    builds = ctx.plans.builds
+    got, _ = _sgd_steps(model, device, steps=4)
+    built = ctx.plans.builds - builds
+    torch.manual_seed(0)
+    ref, cpu = MLP(), torch.device("cpu")     # the same steps in one process, unsharded
+    _sgd_steps(ref, cpu, steps=2)
+    return built, got, _sgd_steps(ref, cpu, steps=4)[0]
+
+
+def test_tp_steps_build_no_plan(tpool):
+    for built, got, want in tpool.run(_tp_builds_per_step):
+        assert built == 0, f"{built} plan builds in 4 TP steps"
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
