@@ -20,7 +20,9 @@ It keeps the addresses of the call's tensors, not the tensors (on GPUs); a tenso
 is freed and replaced by another of the same shape at the same address is the same
 signature, and the plan is right for it too. For the same reason a plan of several
 steps (a kernel and the copies that stage a tensor) can be one CUDA graph, replayed at
-the cost of one launch, from its second call (see PlanCache).
+the cost of one launch, from its second call (see PlanCache). The collectives key a plan
+of plain tensors (not on the heap) without their addresses (`plain_key`, Plan.plain): it
+reads them at every call, holds none of them and is never a graph of its own.
 
 Every op family -- the collectives (trident/ccl), the fused ops (trident/ops) and MoE
 (trident/moe) -- goes through one driver: `call` (get-or-build, the capture twin, debug
@@ -114,10 +116,11 @@ class Plan:
     def _until_graph(self, tensors: tuple = ()) -> None:
         """`run` of a plan that may become a CUDA graph: its first GRAPH_AFTER runs run the
         steps, the next captures them and replays from then on. A key holds the addresses
-        of the call's tensors, so a caller that stages a fresh tensor per call (a plain
-        tensor at a new address every time: the torch backend under a model's allocator)
-        builds a plan per call, and must not also pay a capture per call (hundreds of µs
-        against a few); a plan that comes back is replayed from its second call. A caller
+        of the call's tensors, so a caller whose tensor is at a new address every call
+        builds a plan per call (plain tensors take a plan keyed without their address
+        instead, which is never a graph: Plan.plain), and must not also pay a capture per
+        call (hundreds of µs against a few); a plan that comes back is replayed from its
+        second call. A caller
         that kept this method (a shortcut) replays the graph once it exists. Never while
         the current stream is being captured: the steps then go into the caller's graph."""
         if self.graph is not None:
