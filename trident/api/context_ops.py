@@ -139,7 +139,7 @@ class OpMethods:
         Like every op, it raises at once after a failed call (no launch plan checks it)."""
         from ..ccl.barrier import device_barrier
         if self._error_view[0]:
-            self._raise_failure()
+            self._on_error(("device_barrier",))
         device_barrier(self)
         self.after_op()
 

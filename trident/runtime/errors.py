@@ -46,6 +46,10 @@ HOST_CALL_CODES = {name: code for code, name in HOST_CALLS.items()}
 # what the host stores in its error word when the rank failed outside a kernel (a heap that
 # reset found different): the rank's waits then return at once
 ERROR_MARK = ERROR_FLAG | (0xFF << 48)
+# what the host stores in its error word's mirror alone (never the device's word) after it
+# published an error its peers may not share: the next call first meets them
+# (context_sync.py `_meet_peers`); a device error that follows overwrites it
+ERROR_PUBLISHED = ERROR_FLAG | (0xFE << 48)
 
 
 def device_error(word: int, timeout_s: float, message_of=None) -> "CommTimeout":
