@@ -266,13 +266,16 @@ class ExpertParallel(metaclass=_NamedByContext):
         pushed to the expert ranks, and the expert side waits for a peer's weights before
         its first token from that peer (a wait as long as the ranks' skew).
         """
+        # checked before any plan's build: fail_call hands the error to the peers, whose
+        # combine then stops at once naming it instead of waiting for this rank
         if not isinstance(d, Dispatched):
-            raise TypeError(f"combine: d must be what dispatch returned (a Dispatched; call "
-                            f".wait() on a PendingDispatch), got {type(d).__name__}")
+            raise self.ctx.fail_call("moe_combine", TypeError(
+                f"combine: d must be what dispatch returned (a Dispatched; call .wait() on a "
+                f"PendingDispatch), got {type(d).__name__}"))
         if d._seq != self._seq:
-            raise ValueError("combine: d is from an earlier dispatch; its buffers have been "
-                             "reused since. Combine the latest dispatch (one round in flight "
-                             "per ExpertParallel)")
+            raise self.ctx.fail_call("moe_combine", ValueError(
+                "combine: d is from an earlier dispatch; its buffers have been reused since. "
+                "Combine the latest dispatch (one round in flight per ExpertParallel)"))
         ctx, T = self.ctx, d.num_tokens
         key = ("moe_combine", self._id, tensor_key(expert_y),
                None if topk_weights is None else tensor_key(topk_weights), T, d.has_weights,
