@@ -1,8 +1,9 @@
 """A fused op's arguments that its entry checks before any plan's build (the schedule's
-name, eps, the options under "auto"). Bad on one rank: its peers stop at once with
-PeerFailed naming it -- an unknown schedule on one rank as a context's first call left
-the others in a host exchange until HostTimeout (15 s), after which the process group was
-unusable. A misspelt option under "auto" raised nothing (it was dropped)."""
+name, eps, the options under "auto"; also in trident.torch.ops' functional forms). Bad on
+one rank: its peers stop at once with PeerFailed naming it -- an unknown schedule on one
+rank as a context's first call left the others in a host exchange until HostTimeout
+(15 s), after which the process group was unusable. A misspelt option under "auto"
+raised nothing (it was dropped)."""
 import time
 
 import pytest
@@ -27,6 +28,9 @@ def _first_call_bad_on_one_rank(ctx, what):
         def call(bad):
             if what == "schedule":
                 return sub.matmul_all_reduce(a, w, schedule="fastest" if bad else "auto")
+            if what == "functional":            # torch.ops.trident's Python API
+                from trident.torch import ops
+                return ops.matmul_all_reduce(sub, a, w, schedule="fastest" if bad else "auto")
             return sub.matmul_all_reduce_add_rmsnorm(a, w, res, nw, "1e-6" if bad else 1e-6)[0]
         t0 = time.perf_counter()
         try:
@@ -42,7 +46,7 @@ def _first_call_bad_on_one_rank(ctx, what):
         return (*got, took, bool(out.isnan().any()))
 
 
-@pytest.mark.parametrize("what", ["schedule", "eps"])
+@pytest.mark.parametrize("what", ["schedule", "functional", "eps"])
 def test_a_bad_argument_on_one_rank_stops_the_others_at_once(pool, what):
     if pool.world_size == 1:
         pytest.skip("needs two ranks")
@@ -54,7 +58,7 @@ def test_a_bad_argument_on_one_rank_stops_the_others_at_once(pool, what):
         assert not nan_after_reset, every
         if rank == last:
             assert kind == "ValueError", every
-            assert ("unknown schedule 'fastest'" if what == "schedule"
+            assert ("unknown schedule 'fastest'" if what != "eps"
                     else "eps must be a non-negative number, got '1e-6'") in text, every
         else:
             assert kind == "PeerFailed" and f"rank {last}" in text, every
