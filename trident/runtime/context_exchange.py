@@ -252,7 +252,7 @@ class ExchangeMethods:
         except RuntimeError as e:
             mark_failed(self.group, describe())
             raise HostTimeout(describe(), self.rank, self.host_timeout_s,
-                              str(e).strip()[:200]) from None
+                              str(e).strip()[:200], _missing(store, keys)) from None
 
     def _gather_objects(self, tag: str, obj, describe) -> list:
         """Every rank's `obj` (pickled) through the store: the calls and details of a
@@ -282,6 +282,15 @@ class ExchangeMethods:
         self._posted.append((start - 1, mine[1]))   # gone after the next exchange
         self._exchanges, self._host_step = start, 0
         return [row[1:] for row in rows]
+
+
+def _missing(store, keys) -> tuple:
+    """The ranks whose key of `keys` (one per rank, in rank order) is not in `store`: those
+    that did not come to an exchange (an error path; () where the store cannot say)."""
+    try:
+        return tuple(r for r, key in enumerate(keys) if not store.check([key]))
+    except Exception:        # noqa: BLE001 -- naming them is a courtesy
+        return ()
 
 
 def _exchange_store(group):
