@@ -7,17 +7,12 @@ plausible data, and reset() makes the context right again; ranks that all make t
 mistake stay in step and need no reset."""
 import torch
 
-import trident as td
+from .mismatch import attempt
 
 
-def _attempt(fn):
-    try:
-        fn()
-        return "ok"
-    except td.CommTimeout as exc:         # PeerFailed and CallMismatch among them
-        return type(exc).__name__ + ": " + str(exc)
-    except (TypeError, ValueError) as exc:
-        return type(exc).__name__ + ": " + str(exc)
+def _attempt(fn) -> str:
+    kind, text, _ = attempt(fn)
+    return "ok" if kind == "no error" else f"{kind}: {text}"
 
 
 def _lone_error_then_next_call(ctx):

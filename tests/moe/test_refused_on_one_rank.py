@@ -4,12 +4,12 @@ combine's check of `d`. The peers stop at once naming a mismatch or the refusal,
 their timeout (the constructor's peers waited in the barrier until HostTimeout, after
 which the process group was unusable, and kept buffers that no object owned, so that
 reset() found the heaps different), and after reset() on every rank a round is right."""
-import time
-
 import pytest
 import torch
 
 import trident as td
+
+from ..faults.mismatch import assert_refused_on_the_last_rank, attempt
 
 TIMEOUT = 10.0
 
@@ -28,21 +28,12 @@ def _round(ctx, ep):
     return d, w
 
 
-def _attempt(fn):
-    t0 = time.perf_counter()
-    try:
-        fn()
-        return "no error", "", time.perf_counter() - t0
-    except Exception as exc:             # noqa: BLE001 -- the test inspects what came
-        return type(exc).__name__, str(exc), time.perf_counter() - t0
-
-
 def _refused_on_one_rank(ctx, what):
     last = ctx.world_size - 1
     E = 2 * ctx.world_size
     with td.init(heap_size=8 << 20, group=ctx.group, timeout=TIMEOUT) as sub:
         if what == "constructor":
-            got = _attempt(lambda: td.ExpertParallel(
+            got = attempt(lambda: td.ExpertParallel(
                 sub, num_experts=E + (1 if sub.rank == last else 0), experts_per_token=2,
                 hidden_dim=32, max_num_tokens=8))
             sub.reset()
@@ -51,7 +42,7 @@ def _refused_on_one_rank(ctx, what):
             ep = td.ExpertParallel(sub, E, 2, 32, 8)
             old, w = _round(sub, ep)
             d = ep.dispatch(*_inputs(sub, ep))
-            got = _attempt(lambda: (ep.combine(d.expert_x, old if sub.rank == last else d, w),
+            got = attempt(lambda: (ep.combine(d.expert_x, old if sub.rank == last else d, w),
                                     sub.sync()))          # the peers' error comes here
             sub.reset()
         _round(sub, ep)                  # right again
@@ -71,15 +62,7 @@ def _inputs(ctx, ep):
 def test_refused_on_one_rank_stops_the_others_at_once(pool, what):
     if pool.world_size == 1:
         pytest.skip("needs two ranks")
-    last = pool.world_size - 1
-    results = pool.run(_refused_on_one_rank, what)
-    every = "\n".join(f"rank {r}: {x}" for r, x in enumerate(results))
-    for rank, (kind, text, took) in enumerate(results):
-        assert took < TIMEOUT / 2, every
-        if rank == last:
-            assert kind == "ValueError", every
-            assert ("must be a multiple of the world size" if what == "constructor"
-                    else "d is from an earlier dispatch") in text, every
-        else:
-            assert kind in ("CallMismatch", "PeerFailed"), every
-            assert f"rank {last}" in text and "reset()" in text, every
+    assert_refused_on_the_last_rank(
+        pool.run(_refused_on_one_rank, what),
+        "must be a multiple of the world size" if what == "constructor"
+        else "d is from an earlier dispatch", TIMEOUT / 2)
