@@ -53,7 +53,8 @@ class _Building:
 
     def __exit__(self, kind, exc, tb):
         self.ctx._calling = self.prev
-        if exc is not None and not isinstance(exc, KeyboardInterrupt):
+        if exc is not None and not isinstance(exc, KeyboardInterrupt) \
+                and not self.ctx.handed_over(exc):
             # this rank will not launch the call: peers already waiting in it for this
             # rank stop at once and name this error (trident/context_sync.py)
             self.ctx._publish(exc)

@@ -188,10 +188,25 @@ class ExchangeMethods:
     def fail_call(self, op: str, exc: BaseException) -> BaseException:
         """This rank will not make call `op`, which raised `exc` before any host exchange
         (an input check outside a plan's build: the torch backend's): its peers' waits for
-        it, in the call's kernels or host exchanges, stop at once naming it. Returns exc."""
-        self._publish(exc)
-        self.post_failure(op, exc)
+        it, in the call's kernels or host exchanges, stop at once naming it. Returns exc.
+        An error already handed over (`handed_over`: a layer below did) is not again."""
+        if not self.handed_over(exc):
+            self._publish(exc)
+            self.post_failure(op, exc)
         return exc
+
+    def handed_over(self, exc: BaseException) -> bool:
+        """Whether `exc` was handed to the peers already (fail_call, or a plan's build:
+        trident/api/context_ops.py); marks it handed over from now on. Each error counts
+        once in what the peers compare (context_sync.py `_publish`), whatever layers of
+        checks it passes through."""
+        if getattr(exc, "_trident_handed_over", None) is self:
+            return True
+        try:
+            exc._trident_handed_over = self
+        except AttributeError:          # an exception type without a __dict__
+            pass
+        return False
 
     def _read_calls(self, ranks) -> list:
         """The descriptions that `ranks` posted with their headers of the last exchange."""

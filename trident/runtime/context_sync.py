@@ -104,7 +104,8 @@ class SyncMethods:
                     self._fail_sticky(PeerFailed(
                         f"{op} (the call after the error this rank raised)", self.rank, peer,
                         self._peer_message(peer)))
-                    self._publish(self._failure)
+                    if not self.handed_over(self._failure):     # raised again, it counts once
+                        self._publish(self._failure)
                     raise self._failure
                 if int(self._heap.peer_view(peer, self.ctrl, CTRL_FAILED, 1).item()) \
                         < self._published:
@@ -123,7 +124,8 @@ class SyncMethods:
             word = int(self._error_view[CTRL_ERROR]) if word is None else word
             self._failure = (self._join_host_call(word)
                              or device_error(word, self.timeout_s, self._peer_message))
-            self._publish(self._failure)
+            if not self.handed_over(self._failure):     # raised again, it counts once
+                self._publish(self._failure)
         raise self._failure
 
     # ------------------------------------------------------------ a peer in a host call
