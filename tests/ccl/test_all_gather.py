@@ -86,6 +86,8 @@ def _bad_inputs(ctx):
         ctx.all_gather(torch.empty(4 * ctx.world_size + 1, device=ctx.device), inp)
     with pytest.raises(TypeError, match="same dtype"):
         ctx.all_gather(torch.empty(4 * ctx.world_size, dtype=torch.float16, device=ctx.device), inp)
+    with pytest.raises(ValueError, match="inp must be at least 1-D"):
+        ctx.all_gather(torch.empty(ctx.world_size, device=ctx.device), inp[0])
     if ctx.world_size == 1:     # one rank cannot differ from itself
         return
     with pytest.raises(ValueError, match="'lamport' takes a block of at most"):

@@ -109,7 +109,7 @@ def test_lamport_rounds_and_special_values(pool):
 def _bad_inputs(ctx):
     with pytest.raises(TypeError, match="float32, int8, uint8, int32 and int64, got torch.int16"):
         ctx.all_reduce(torch.ones(4, dtype=torch.int16, device=ctx.device))
-    with pytest.raises(ValueError, match="op must be one of"):
+    with pytest.raises(ValueError, match="all_reduce: op must be one of"):
         ctx.all_reduce(torch.ones(4, device=ctx.device), op="prod")
     with pytest.raises(ValueError, match="contiguous"):
         ctx.all_reduce(torch.ones(4, 4, device=ctx.device).t())

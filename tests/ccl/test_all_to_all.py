@@ -297,6 +297,9 @@ def _bad_inputs(ctx, algorithm):
             ctx.all_to_all(torch.empty(w + 1, device=ctx.device), torch.ones(w + 1, device=ctx.device))
     with pytest.raises(ValueError, match="in_splits must be"):
         ctx.all_to_all(torch.empty(w, device=ctx.device), torch.ones(w, device=ctx.device), out_splits=[1] * w, in_splits=[2] * w)
+    with pytest.raises(TypeError, match=r"in_splits must be a sequence of ints .*got \[1.5"):
+        ctx.all_to_all(torch.empty(w, device=ctx.device), torch.ones(w, device=ctx.device),
+                       out_splits=[1] * w, in_splits=[1.5] + [1] * (w - 1))   # not truncated
     with pytest.raises(ValueError, match="same shape after dim 0"):
         ctx.all_to_all(torch.empty(w, 2, device=ctx.device), torch.ones(w, 3, device=ctx.device))
     # the rows a rank sends itself are checked on the host, on every rank that gets them

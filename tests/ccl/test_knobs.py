@@ -133,7 +133,7 @@ def _bad_knobs(ctx):
         ctx.all_reduce(empty, algorithm="two_shot", warps=3)
     with pytest.raises(ValueError, match="chunk must be a positive multiple of the block"):
         ctx.broadcast(empty, 0, algorithm="relay", chunk=5)
-    with pytest.raises(ValueError, match="block must be a power of two"):
+    with pytest.raises(ValueError, match="all_to_all: block must be a power of two"):
         ctx.all_to_all(empty, empty.clone(), algorithm="push", block=48)
     ctx.barrier()
 

@@ -1,5 +1,7 @@
 """What the cases of a call that differs between ranks share (sizes, algorithms): how long
-they let a wait run, and the verdict on what every rank saw."""
+they let a wait run, what a rank saw (`attempt`), and the verdict on what every rank saw."""
+import time
+
 from trident.runtime.errors import CallMismatch, PeerFailed
 
 # the cases whose ranks do meet: long enough for a slow peer (4 ranks sharing one GPU's
@@ -24,3 +26,29 @@ def assert_found_when_ranks_meet(results, op: str) -> None:
         assert f"rank {rank}: {op}" in text, every
         assert "different call" in text, every    # PeerFailed quotes the peer's CallMismatch
         assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise\n{every}"
+
+
+def attempt(fn) -> tuple[str, str, float]:
+    """Run fn() on this rank: (the name of what it raised or "no error", its message, the
+    seconds it took), for a test that compares what every rank saw."""
+    t0 = time.perf_counter()
+    try:
+        fn()
+        return "no error", "", time.perf_counter() - t0
+    except Exception as exc:             # noqa: BLE001 -- the test inspects what came
+        return type(exc).__name__, str(exc), time.perf_counter() - t0
+
+
+def assert_refused_on_the_last_rank(results, refused: str, limit: float,
+                                    peers=(CallMismatch.__name__, PeerFailed.__name__)) -> None:
+    """`results`: every rank's (kind, text, seconds, ...) of a call that the last rank
+    alone refused (ValueError with `refused` in its message). Every rank raised within
+    `limit` seconds, the others one of `peers` naming the last rank and ctx.reset()."""
+    last = len(results) - 1
+    every = "\n".join(f"rank {r}: {x}" for r, x in enumerate(results))
+    for rank, (kind, text, took, *_) in enumerate(results):
+        assert took < limit, every
+        if rank == last:
+            assert kind == "ValueError" and refused in text, every
+        else:
+            assert kind in peers and f"rank {last}" in text and "reset()" in text, every

@@ -168,6 +168,8 @@ def test_one_rank_skips_barrier(debug):
     exc, text = _fault(_one_rank_skips_barrier, debug=debug)
     assert isinstance(exc, HostTimeout), text
     assert "rank 0: ctx.barrier()" in text and f"within {TIMEOUT + 5:g} s" in text, text
+    # the rank that never came is named (its key is missing from the exchange)
+    assert "rank 1 did not join it" in text and exc.missing == (1,), text
 
 
 def test_one_rank_skips_the_first_call_of_an_op():

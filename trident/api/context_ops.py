@@ -53,7 +53,8 @@ class _Building:
 
     def __exit__(self, kind, exc, tb):
         self.ctx._calling = self.prev
-        if exc is not None and not isinstance(exc, KeyboardInterrupt):
+        if exc is not None and not isinstance(exc, KeyboardInterrupt) \
+                and not self.ctx.handed_over(exc):
             # this rank will not launch the call: peers already waiting in it for this
             # rank stop at once and name this error (trident/context_sync.py)
             self.ctx._publish(exc)
@@ -139,7 +140,7 @@ class OpMethods:
         Like every op, it raises at once after a failed call (no launch plan checks it)."""
         from ..ccl.barrier import device_barrier
         if self._error_view[0]:
-            self._raise_failure()
+            self._on_error(("device_barrier",))
         device_barrier(self)
         self.after_op()
 

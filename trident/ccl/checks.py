@@ -3,6 +3,8 @@ and the ones across nodes (trident/nodes/hierarchical): the same call is refused
 message on either. `ctx.world_size` is the world the call spans."""
 from __future__ import annotations
 
+import operator
+
 from . import common
 from .all_to_all.rows import check_no_overlap
 
@@ -17,10 +19,13 @@ def all_gather(ctx, out, inp) -> None:
     common.check_tensor(ctx, out, "all_gather: out")
     common.check_tensor(ctx, inp, "all_gather: inp")
     common.check_same_dtype(out, inp, "all_gather: out and inp")
-    if inp.dim() == 0 or tuple(out.shape) != (ctx.world_size * inp.shape[0], *inp.shape[1:]):
+    if inp.dim() == 0:
+        raise ValueError("all_gather: inp must be at least 1-D (its rows are gathered), got "
+                         "a 0-d tensor; pass inp.view(1)")
+    if tuple(out.shape) != (ctx.world_size * inp.shape[0], *inp.shape[1:]):
         raise ValueError(f"all_gather: out must have shape [world_size * n, ...] = "
-                         f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]] if inp.dim() else '?'}"
-                         f" for inp of shape {list(inp.shape)}, got {list(out.shape)}")
+                         f"{[ctx.world_size * inp.shape[0], *inp.shape[1:]]} for inp of shape "
+                         f"{list(inp.shape)}, got {list(out.shape)}")
 
 
 def reduce_scatter(ctx, out, inp, op: str) -> int:
@@ -49,7 +54,11 @@ def splits(ctx, t, splits, name: str) -> list[int]:
             raise ValueError(f"all_to_all: {name} has {rows} rows, not a multiple of world size "
                              f"{ctx.world_size}; pass {name}_splits for uneven splits")
         return [rows // ctx.world_size] * ctx.world_size
-    splits = [int(s) for s in splits]
+    try:
+        splits = [operator.index(s) for s in splits]     # ints, never a float truncated
+    except TypeError:
+        raise TypeError(f"all_to_all: {name}_splits must be a sequence of ints (row counts), "
+                        f"got {list(splits)!r}") from None
     if len(splits) != ctx.world_size or min(splits) < 0 or sum(splits) != rows:
         raise ValueError(f"all_to_all: {name}_splits must be {ctx.world_size} non-negative "
                          f"row counts summing to {name}.shape[0] = {rows}, got {splits}")

@@ -224,7 +224,8 @@ def check_reduce(t: torch.Tensor, name: str, op: str) -> int:
         raise TypeError(f"{name}: reductions support bfloat16, float16, float32, int8, uint8, "
                         f"int32 and int64, got {t.dtype}")
     if op not in REDUCE_OPS:
-        raise ValueError(f"op must be one of {sorted(REDUCE_OPS)}, got {op!r}")
+        raise ValueError(f"{name.partition(':')[0]}: op must be one of {sorted(REDUCE_OPS)}, "
+                         f"got {op!r}")
     return REDUCE_OPS[op]
 
 
@@ -325,14 +326,15 @@ def block_size(ctx, elem_size: int, block=None) -> int:
     return block
 
 
-def check_launch(block=None, programs=None) -> None:
+def check_launch(block=None, programs=None, op: str = "") -> None:
     """The launch-size overrides' checks: launch_size makes them, and so does a collective
     that launches no kernel (one rank, empty tensors), so that a bad override is rejected
-    the same way whether or not a kernel runs."""
+    the same way whether or not a kernel runs. `op` names the call in the message."""
+    where = f"{op}: " if op else ""
     if block is not None and (block < 1 or block & (block - 1)):
-        raise ValueError(f"block must be a power of two, got {block}")
+        raise ValueError(f"{where}block must be a power of two, got {block}")
     if programs and not 1 <= programs <= device.MAX_PROGRAMS:
-        raise ValueError(f"programs must be in 1..{device.MAX_PROGRAMS}, got {programs}")
+        raise ValueError(f"{where}programs must be in 1..{device.MAX_PROGRAMS}, got {programs}")
 
 
 WARPS = (1, 2, 4, 8, 16, 32)

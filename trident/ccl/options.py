@@ -31,7 +31,7 @@ def knobs(ctx, op: str, name: str, options: tuple, block=None, programs=None,
         if bad:
             raise ValueError(f"{op} {name}: unknown option(s) {bad}; it takes "
                              f"{list(algorithm.knobs)}")
-    common.check_launch(block, programs)
+    common.check_launch(block, programs, op)
     common.check_warps(kw.get("warps"))
     algorithm.check_options(ctx, word, block, kw)
     return kw

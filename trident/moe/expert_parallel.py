@@ -147,8 +147,13 @@ class ExpertParallel(metaclass=_NamedByContext):
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
                  validate: bool = True, high_throughput: bool | None = None,
                  allow_minus_one: bool = False):
-        check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
-                   max_num_tokens, dtype)
+        try:
+            check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
+                       max_num_tokens, dtype)
+        except (TypeError, ValueError) as exc:
+            # a rank that raises alone here never makes the allocations and the barrier
+            # below: its peers' barrier then stops naming this error instead of timing out
+            raise ctx.fail_call("ExpertParallel", exc) from None
         world = ctx.world_size
         self.ctx = ctx
         self.num_experts, self.experts_per_token = num_experts, experts_per_token
@@ -170,7 +175,6 @@ class ExpertParallel(metaclass=_NamedByContext):
         self.buf = B.Buffers(ctx, self.num_local_experts, experts_per_token, hidden_dim,
                              max_num_tokens, dtype)
         self.capacity = self.buf.cap
-        ctx.register_reset(self)
         self.block_h = B.block_h(hidden_dim)
         if ctx.backend == "cuda":
             # two programs per SM of the rank's share (all ranks' programs resident at once)
@@ -179,7 +183,15 @@ class ExpertParallel(metaclass=_NamedByContext):
             self.max_programs, self.num_warps = 3, 1   # emulation: few programs, still > 1
         self._seq = 0
         self._result: Dispatched | None = None
-        ctx.barrier()      # every rank's flags are zero before anyone signals
+        try:
+            ctx.barrier()      # every rank's flags are zero before anyone signals
+        except BaseException:
+            # a peer did not make this object (its arguments were refused there): hand
+            # back what this rank allocated, so that the heaps agree and ctx.reset() works
+            self.buf.free(ctx)
+            self.buf = None
+            raise
+        ctx.register_reset(self)
 
     @staticmethod
     def heap_bytes(world_size: int, experts_per_token: int, hidden_dim: int,
@@ -266,13 +278,16 @@ class ExpertParallel(metaclass=_NamedByContext):
         pushed to the expert ranks, and the expert side waits for a peer's weights before
         its first token from that peer (a wait as long as the ranks' skew).
         """
+        # checked before any plan's build: fail_call hands the error to the peers, whose
+        # combine then stops at once naming it instead of waiting for this rank
         if not isinstance(d, Dispatched):
-            raise TypeError(f"combine: d must be what dispatch returned (a Dispatched; call "
-                            f".wait() on a PendingDispatch), got {type(d).__name__}")
+            raise self.ctx.fail_call("moe_combine", TypeError(
+                f"combine: d must be what dispatch returned (a Dispatched; call .wait() on a "
+                f"PendingDispatch), got {type(d).__name__}"))
         if d._seq != self._seq:
-            raise ValueError("combine: d is from an earlier dispatch; its buffers have been "
-                             "reused since. Combine the latest dispatch (one round in flight "
-                             "per ExpertParallel)")
+            raise self.ctx.fail_call("moe_combine", ValueError(
+                "combine: d is from an earlier dispatch; its buffers have been reused since. "
+                "Combine the latest dispatch (one round in flight per ExpertParallel)"))
         ctx, T = self.ctx, d.num_tokens
         key = ("moe_combine", self._id, tensor_key(expert_y),
                None if topk_weights is None else tensor_key(topk_weights), T, d.has_weights,

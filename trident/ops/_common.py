@@ -167,7 +167,7 @@ def schedule_plan(ctx, op: str, a, w, bias, out, out_shape, name: str, options: 
     from . import auto, schedules
     chosen = auto.resolve(ctx, op, name, M, N, K)
     if name == "auto":
-        options = schedules.options_for(chosen, options)
+        options = schedules.options_for(chosen, options, op)
     plan = new_plan(ctx, a, w, bias, out, out_shape, chosen)
     schedules.build(ctx, plan, op, chosen, a, w, bias, plan.tensors[3], options)
     return plan

@@ -222,7 +222,7 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, schedule: str = "auto",
     """
     if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
         return STANDINS["all_gather_matmul"](ctx, a, w, bias, out, schedule, algorithm, **options)
-    name = schedules.normalize("all_gather_matmul", schedule, algorithm)
+    name = schedules.normalize("all_gather_matmul", schedule, algorithm, ctx)
     return run(ctx, "all_gather_matmul", _plan, a, w, bias, out, name, options)
 
 

@@ -35,7 +35,7 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None, schedule: str = "auto",
     """
     if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
         return STANDINS["matmul_all_reduce"](ctx, a, w, bias, out, schedule, algorithm, **options)
-    name = schedules.normalize("matmul_all_reduce", schedule, algorithm)
+    name = schedules.normalize("matmul_all_reduce", schedule, algorithm, ctx)
     return run(ctx, "matmul_all_reduce", _plan, a, w, bias, out, name, options)
 
 

@@ -61,7 +61,10 @@ def matmul_all_reduce_add_rmsnorm(ctx, a, w, residual, norm_weight, eps: float =
         return STANDINS["matmul_all_reduce_add_rmsnorm"](
             ctx, a, w, residual, norm_weight, eps, bias, out, residual_out, schedule, **options)
     if eps.__class__ is not float:
-        eps = _eps(eps)
+        try:
+            eps = _eps(eps)
+        except ValueError as exc:       # before any build: the peers must hear of it
+            raise ctx.fail_call(NAME, exc) from None
     key = (NAME, tensor_key(a), tensor_key(w), None if bias is None else tensor_key(bias),
            None if out is None else tensor_key(out), tensor_key(residual),
            tensor_key(norm_weight), None if residual_out is None else tensor_key(residual_out),

@@ -250,7 +250,7 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, schedule: str = "auto"
     if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
         return STANDINS["matmul_reduce_scatter"](ctx, a, w, bias, out, schedule, algorithm,
                                                  **options)
-    name = schedules.normalize("matmul_reduce_scatter", schedule, algorithm)
+    name = schedules.normalize("matmul_reduce_scatter", schedule, algorithm, ctx)
     return run(ctx, "matmul_reduce_scatter", _plan, a, w, bias, out, name, options)
 
 

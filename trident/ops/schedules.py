@@ -109,10 +109,24 @@ def registered(op: str | None = None) -> dict[str, Schedule]:
             and (op is None or op in _registry[n].ops)}
 
 
-def normalize(op: str, schedule, algorithm=None) -> str:
+def normalize(op: str, schedule, algorithm=None, ctx=None) -> str:
     """The schedule a call asked for: `schedule`, or the older `algorithm=` keyword (an
     alias; both given must agree), "nccl" read as "plain". Raises ValueError listing the
-    valid names for an unknown one, NotImplementedError for a known one not built."""
+    valid names for an unknown one, NotImplementedError for a known one not built.
+
+    ctx: an op's entry checks this before any plan's build, so its error is also handed to
+    the peers (ctx.fail_call): where this rank alone asked for a bad schedule, theirs stop
+    at once naming it instead of waiting for this rank until their timeout (the first call
+    of a context: in a host exchange, which then leaves the process group unusable)."""
+    try:
+        return _normalize(op, schedule, algorithm)
+    except (TypeError, ValueError, NotImplementedError) as exc:
+        if ctx is not None:
+            ctx.fail_call(op, exc)
+        raise
+
+
+def _normalize(op: str, schedule, algorithm) -> str:
     if algorithm is not None:
         if schedule not in (None, "auto") and ALIASES.get(schedule, schedule) != \
                 ALIASES.get(algorithm, algorithm):
@@ -179,8 +193,15 @@ def build(ctx, plan, op: str, name: str, a, w, bias, out, options: dict) -> None
     s.build(ctx, plan, op, a, w, bias, out, **options)
 
 
-def options_for(name: str, options: dict) -> dict:
+def options_for(name: str, options: dict, op: str | None = None) -> dict:
     """The options of a call that schedule `name` takes: under "auto" a call's options go
-    to whichever schedule is picked, and those it does not take are left out."""
+    to whichever schedule is picked, and those it does not take are left out. One that no
+    schedule of `op` takes (a misspelt name) raises TypeError naming those they take."""
+    if op is not None:
+        known = {o for s in registered(op).values() for o in s.options}
+        extra = set(options) - known
+        if extra:
+            raise TypeError(f"{op}: schedule 'auto' passes options to the schedule it picks, "
+                            f"which take {sorted(known)}; got {sorted(extra)}")
     s = get(name)
     return {k: v for k, v in options.items() if k in s.options}

@@ -188,10 +188,25 @@ class ExchangeMethods:
     def fail_call(self, op: str, exc: BaseException) -> BaseException:
         """This rank will not make call `op`, which raised `exc` before any host exchange
         (an input check outside a plan's build: the torch backend's): its peers' waits for
-        it, in the call's kernels or host exchanges, stop at once naming it. Returns exc."""
-        self._publish(exc)
-        self.post_failure(op, exc)
+        it, in the call's kernels or host exchanges, stop at once naming it. Returns exc.
+        An error already handed over (`handed_over`: a layer below did) is not again."""
+        if not self.handed_over(exc):
+            self._publish(exc)
+            self.post_failure(op, exc)
         return exc
+
+    def handed_over(self, exc: BaseException) -> bool:
+        """Whether `exc` was handed to the peers already (fail_call, or a plan's build:
+        trident/api/context_ops.py); marks it handed over from now on. Each error counts
+        once in what the peers compare (context_sync.py `_publish`), whatever layers of
+        checks it passes through."""
+        if getattr(exc, "_trident_handed_over", None) is self:
+            return True
+        try:
+            exc._trident_handed_over = self
+        except AttributeError:          # an exception type without a __dict__
+            pass
+        return False
 
     def _read_calls(self, ranks) -> list:
         """The descriptions that `ranks` posted with their headers of the last exchange."""
@@ -252,7 +267,7 @@ class ExchangeMethods:
         except RuntimeError as e:
             mark_failed(self.group, describe())
             raise HostTimeout(describe(), self.rank, self.host_timeout_s,
-                              str(e).strip()[:200]) from None
+                              str(e).strip()[:200], _missing(store, keys)) from None
 
     def _gather_objects(self, tag: str, obj, describe) -> list:
         """Every rank's `obj` (pickled) through the store: the calls and details of a
@@ -282,6 +297,15 @@ class ExchangeMethods:
         self._posted.append((start - 1, mine[1]))   # gone after the next exchange
         self._exchanges, self._host_step = start, 0
         return [row[1:] for row in rows]
+
+
+def _missing(store, keys) -> tuple:
+    """The ranks whose key of `keys` (one per rank, in rank order) is not in `store`: those
+    that did not come to an exchange (an error path; () where the store cannot say)."""
+    try:
+        return tuple(r for r, key in enumerate(keys) if not store.check([key]))
+    except Exception:        # noqa: BLE001 -- naming them is a courtesy
+        return ()
 
 
 def _exchange_store(group):

@@ -6,13 +6,14 @@ Part of the runtime's Context (context.py), which inherits SyncMethods; this mod
 import context.py."""
 from __future__ import annotations
 
+import time
 import weakref
 
 import torch
 import torch.distributed as dist
 
 from .context_exchange import _Joined, _digest
-from .errors import (ERROR_MARK, HOST_CALL_CODES, KIND_HOST_CALL, KIND_PEER_FAILED,
+from .errors import (ERROR_MARK, ERROR_PUBLISHED, HOST_CALL_CODES, KIND_HOST_CALL, KIND_PEER_FAILED,
                      CallMismatch, HeapMismatchError, HostTimeout, PeerFailed, decode_timeout,
                      device_error, value_error_message)
 from .control import (CTRL_BASES, CTRL_ERROR, CTRL_FAILED, CTRL_HOST_CALL, CTRL_HOST_DONE,
@@ -40,6 +41,8 @@ class SyncMethods:
       values a kernel dropped are not: that rank went on in step), so that a peer whose
       kernel waits for this rank stops at once with PeerFailed naming the cause, instead
       of timing out. Ranks that fail alike keep equal counts and do not stop each other.
+      The rank that published meets its peers before its next launch (`_meet_peers`), so
+      that its next call never pairs with the call it skipped on theirs.
     """
 
     def _init_errors(self) -> None:
@@ -57,10 +60,11 @@ class SyncMethods:
         # a memoryview of int64: an element read costs ~50 ns (a numpy element ~300)
         self._error_view = memoryview(words).cast("B").cast("q")
         self._failure = None
+        self._published = 0          # errors this rank published since reset (CTRL_FAILED)
         self._barrier_met = False    # the last _barrier's exchange met every rank
         self._init_exchanges()
         self._link_ctrl()
-        self.plans.watch(self._error_view, self._raise_failure)
+        self.plans.watch(self._error_view, self._on_error)
 
     def _link_ctrl(self) -> None:
         """Write what waits read besides the error words into the control block (at init
@@ -70,6 +74,49 @@ class SyncMethods:
         self.ctrl[CTRL_HOST_WORD] = self._host_error.data_ptr()
         self.ctrl[CTRL_HOST_DONE] = self._exchanges
 
+    def _on_error(self, key=("the call",)) -> None:
+        """What a call does when the host mirror of the error word is set (PlanCache.get,
+        before every lookup of `key`): raise this rank's failure, unless the word only says
+        that this rank published an error of its own (ERROR_PUBLISHED): then it meets its
+        peers first (`_meet_peers`) and, where they are in step, the call goes on."""
+        if self._failure is None and self._error_view[CTRL_ERROR] == ERROR_PUBLISHED:
+            self._meet_peers(key[0] if key and isinstance(key[0], str) else "the call")
+            return
+        self._raise_failure()
+
+    def _meet_peers(self, op: str) -> None:
+        """The first call `op` after this rank published an error (`_publish`) that its peers
+        may not share: a build that raised on this rank only, which never launched the call
+        its peers did. Their kernels of that call wait for this rank, and this call's
+        signals would satisfy them: both calls would then end with the other's data, and no
+        error on either rank. So, before anything is launched, wait (within the context's
+        timeout) until every peer has published as many errors (it made the same mistake:
+        the ranks are in step and the call goes on) or has stopped (its error word is set:
+        raise PeerFailed naming it, here and at every call until ctx.reset()). A peer that
+        does neither within the timeout does not wait for this rank (its own wait would
+        have ended by then): the call goes on."""
+        deadline = time.monotonic() + self.timeout_s
+        peers = [p for p in range(self.world_size) if p != self.rank]
+        while peers:
+            behind = []
+            for peer in peers:
+                if int(self._heap.peer_view(peer, self.ctrl, CTRL_ERROR, 1).item()):
+                    self._fail_sticky(PeerFailed(
+                        f"{op} (the call after the error this rank raised)", self.rank, peer,
+                        self._peer_message(peer)))
+                    if not self.handed_over(self._failure):     # raised again, it counts once
+                        self._publish(self._failure)
+                    raise self._failure
+                if int(self._heap.peer_view(peer, self.ctrl, CTRL_FAILED, 1).item()) \
+                        < self._published:
+                    behind.append(peer)
+            if not behind or time.monotonic() > deadline:
+                break
+            peers = behind
+            time.sleep(0.0005)
+        if self._error_view[CTRL_ERROR] == ERROR_PUBLISHED:
+            self._error_view[CTRL_ERROR] = 0
+
     def _raise_failure(self, word: int | None = None):
         """Raise this rank's device failure: the first one (sticky until reset) or the one
         the error word records now (`word`, else the host-visible word)."""
@@ -77,7 +124,8 @@ class SyncMethods:
             word = int(self._error_view[CTRL_ERROR]) if word is None else word
             self._failure = (self._join_host_call(word)
                              or device_error(word, self.timeout_s, self._peer_message))
-            self._publish(self._failure)
+            if not self.handed_over(self._failure):     # raised again, it counts once
+                self._publish(self._failure)
         raise self._failure
 
     # ------------------------------------------------------------ a peer in a host call
@@ -145,6 +193,9 @@ class SyncMethods:
                                  dtype=torch.int64)
         self.ctrl[CTRL_TEXT:CTRL_TEXT + CTRL_TEXT_WORDS].copy_(words)
         self.ctrl[CTRL_FAILED:CTRL_FAILED + 1].add_(1)     # after the text, in stream order
+        self._published += 1
+        if not self._error_view[CTRL_ERROR]:      # the next call meets the peers first
+            self._error_view[CTRL_ERROR] = ERROR_PUBLISHED
 
     def _peer_message(self, peer: int) -> str:
         """Why rank `peer` failed: the message of the last error it published (read from
@@ -270,6 +321,8 @@ class SyncMethods:
         if self._went_past:         # a peer failed a call that this rank made
             peer, cause = self._went_past[0]
             raise PeerFailed(self._describe_call(what, detail), self.rank, peer, cause)
+        if self._error_view[CTRL_ERROR] == ERROR_PUBLISHED:
+            self._error_view[CTRL_ERROR] = 0      # every rank is here, none failed: in step
         return failed, details
 
     def agree(self, op: str, *signature) -> None:
@@ -325,6 +378,7 @@ class SyncMethods:
         self.ctrl.zero_()
         self._error_view[CTRL_ERROR] = 0        # the host's mirror of the error word
         self._failure = None
+        self._published = 0
         self._link_ctrl()
         self.allocator.restart_log()      # the heaps agree: compare from here on
         for ws in list(self._workspaces.values()) + [r() for r in self._resettable]:

@@ -46,6 +46,10 @@ HOST_CALL_CODES = {name: code for code, name in HOST_CALLS.items()}
 # what the host stores in its error word when the rank failed outside a kernel (a heap that
 # reset found different): the rank's waits then return at once
 ERROR_MARK = ERROR_FLAG | (0xFF << 48)
+# what the host stores in its error word's mirror alone (never the device's word) after it
+# published an error its peers may not share: the next call first meets them
+# (context_sync.py `_meet_peers`); a device error that follows overwrites it
+ERROR_PUBLISHED = ERROR_FLAG | (0xFE << 48)
 
 
 def device_error(word: int, timeout_s: float, message_of=None) -> "CommTimeout":
@@ -104,17 +108,24 @@ class HeapMismatchError(RuntimeError):
 class HostTimeout(CommTimeout):
     """A host-side collective (barrier, workspace creation, debug check) did not hear from
     every rank within the context's timeout: a rank skipped the call, failed before it or
-    died. The process group cannot be used afterwards."""
+    died. The process group cannot be used afterwards. `missing`: the ranks that did not
+    come, where they are known (`peer` stays None: no device wait named one, and the
+    launcher ranks such an error as a consequence, runtime/launch.py _pack_error)."""
 
-    def __init__(self, op: str, rank: int, timeout_s: float, detail: str = ""):
+    def __init__(self, op: str, rank: int, timeout_s: float, detail: str = "",
+                 missing: tuple = ()):
         self.op, self.rank, self.peer, self.timeout_s, self.detail = op, rank, None, timeout_s, detail
+        self.missing = tuple(missing)
+        who = (f"rank{'s' if len(self.missing) > 1 else ''} "
+               f"{', '.join(map(str, self.missing))} did not join it"
+               if self.missing else "another rank did not join it")
         RuntimeError.__init__(
-            self, f"rank {rank}: {op} (a host-side collective) failed: another rank did not "
-                  f"join it within {timeout_s:g} s (it skipped this call, failed before it or "
-                  f"died)" + (f" [transport: {detail}]" if detail else ""))
+            self, f"rank {rank}: {op} (a host-side collective) failed: {who} within "
+                  f"{timeout_s:g} s (it skipped this call, failed before it or died)"
+                  + (f" [transport: {detail}]" if detail else ""))
 
     def __reduce__(self):
-        return HostTimeout, (self.op, self.rank, self.timeout_s, self.detail)
+        return HostTimeout, (self.op, self.rank, self.timeout_s, self.detail, self.missing)
 
 
 class GroupUnusable(CommTimeout):

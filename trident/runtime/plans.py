@@ -276,9 +276,10 @@ class PlanCache:
 
     def watch(self, error_word, raise_error) -> None:
         """Before every lookup, check `error_word[0]` (host memory the device writes when a
-        wait gives up: no sync) and call `raise_error()` when it is set, so that a call made
-        after a failed one raises at once instead of running on state that is out of step
-        (trident/runtime/context_sync.py). A memoryview element read: about 50 ns."""
+        wait gives up: no sync) and call `raise_error(key)` when it is set, so that a call
+        made after a failed one raises at once instead of running on state that is out of
+        step (trident/runtime/context_sync.py `_on_error`: it may also return, and the
+        lookup goes on). A memoryview element read: about 50 ns."""
         self._error, self._raise = error_word, raise_error
 
     @property
@@ -304,7 +305,7 @@ class PlanCache:
 
     def get(self, key):
         if self._error[0]:
-            self._raise()
+            self._raise(key)
         plan = self._get(key)
         if plan is not None:
             plan.used = self.hits = self.hits + 1

@@ -115,6 +115,7 @@ class Buffer(LowLatencyMethods, NormalMethods):
             _OWNERS.setdefault(id(self.ctx), set()).add(id(self))
         self._cuda = self.ctx.backend == "cuda"
         self._ll: dict = {}           # (M, num_experts) -> [ExpertParallel x2, turn]
+        self.ctx.register_reset(self)     # the turns (LowLatencyMethods.reset)
         self._zero_copy: dict = {}    # ExpertParallel -> zero_copy's combine buffer
         self._stage = None            # normal mode: the two heap buffers of all_to_all
         self._gather_bufs: dict = {}  # normal mode: the layout all_gather's buffers

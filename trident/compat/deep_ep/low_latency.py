@@ -75,6 +75,13 @@ class LowLatencyMethods:
     """Buffer's low-latency calls (a mixin of buffer.Buffer, which sets ctx, _ll,
     _zero_copy, _cuda)."""
 
+    def reset(self) -> None:
+        """ctx.reset() calls this (the Buffer registers with its context): every pair of
+        low-latency buffers takes its turns from the first again, alike on every rank (a
+        call refused on some ranks only left the ranks' turns apart). Not DeepEP's."""
+        for pair in self._ll.values():
+            pair[2] = 1
+
     def _ll_pair(self, x, topk_idx, m: int, num_experts: int):
         """The two ExpertParallel objects of (m, num_experts), for x's hidden size and
         topk_idx's top-k (made now, on first use: collective)."""
@@ -106,17 +113,20 @@ class LowLatencyMethods:
         expert). Returns (recv_x, recv_count, handle, event, hook): recv_x
         [L, M * R, H] (use_fp8: (e4m3 tensor, fp32 scales [L, M * R, H / 128],
         column-major)), recv_count [L] int32, hook None unless return_recv_hook."""
-        if round_scale or use_ue8m0 or dispatch_wait_recv_cost_stats is not None \
-                or (async_finish and return_recv_hook):
-            _refuse_dispatch(round_scale, use_ue8m0, dispatch_wait_recv_cost_stats)
-        pair = self._ll.get((num_max_dispatch_tokens_per_rank, num_experts))
-        if pair is None:
-            pair = self._ll_pair(x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts)
+        try:      # refused on this rank: its peers stop at once naming it (fail_call)
+            if round_scale or use_ue8m0 or dispatch_wait_recv_cost_stats is not None \
+                    or (async_finish and return_recv_hook):
+                _refuse_dispatch(round_scale, use_ue8m0, dispatch_wait_recv_cost_stats)
+            pair = self._ll.get((num_max_dispatch_tokens_per_rank, num_experts))
+            if pair is None:
+                pair = self._ll_pair(x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts)
+            stats = cumulative_local_expert_recv_stats
+            if stats is not None:
+                _check_stats(stats, pair[0].num_local_experts)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            raise self.ctx.fail_call("low_latency_dispatch", exc) from None
         i = pair[2] = 1 - pair[2]
         ep = pair[i]
-        stats = cumulative_local_expert_recv_stats
-        if stats is not None:
-            _check_stats(stats, ep.num_local_experts)
         if return_recv_hook:
             pending = ep.dispatch(x, topk_idx, wait=False, fp8=use_fp8)
             d = pending.result
@@ -141,15 +151,18 @@ class LowLatencyMethods:
         [T, H] = sum_k topk_weights[t, k] * x[row of (t, k)], event, hook). The rows of
         (t, k) are the ones its dispatch recorded: topk_idx must be the dispatch's (as in
         DeepEP, whose kernels read it), and is not read again here."""
-        if use_logfmt or combine_wait_recv_cost_stats is not None \
-                or (async_finish and return_recv_hook):
-            _refuse_combine(use_logfmt, combine_wait_recv_cost_stats)
-        if handle.__class__ is not LowLatencyHandle:
-            raise TypeError(f"low_latency_combine: handle must be what low_latency_dispatch "
-                            f"returned, got {type(handle).__name__}")
-        if handle.pending is not None:
-            raise ValueError("low_latency_combine: the dispatch was made with "
-                             "return_recv_hook=True and its hook() was not called yet")
+        try:      # refused on this rank: its peers stop at once naming it (fail_call)
+            if use_logfmt or combine_wait_recv_cost_stats is not None \
+                    or (async_finish and return_recv_hook):
+                _refuse_combine(use_logfmt, combine_wait_recv_cost_stats)
+            if handle.__class__ is not LowLatencyHandle:
+                raise TypeError(f"low_latency_combine: handle must be what "
+                                f"low_latency_dispatch returned, got {type(handle).__name__}")
+            if handle.pending is not None:
+                raise ValueError("low_latency_combine: the dispatch was made with "
+                                 "return_recv_hook=True and its hook() was not called yet")
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            raise self.ctx.fail_call("low_latency_combine", exc) from None
         ep, d = handle.ep, handle.dispatched
         if zero_copy:
             x = self._combine_buffer(ep)

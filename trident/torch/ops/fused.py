@@ -212,14 +212,16 @@ for _name, _bwd in (("all_gather_matmul", _all_gather_matmul_bwd),
 
 
 # ---------------------------------------------------------------------------- Python API
-_schedule = _ops.schedules.normalize     # schedule= (or its older alias algorithm=) by name
+# schedule= (or its older alias algorithm=) by name; given the context, a bad one is handed
+# to the peers too (ctx.fail_call), as the eager entries do
+_schedule = _ops.schedules.normalize
 
 
 def all_gather_matmul(ctx, a, w, bias=None, schedule: str = "auto",
                       algorithm: str | None = None, **options) -> torch.Tensor:
     """Functional, differentiable all_gather(a) @ w.T + bias (see ctx.all_gather_matmul)."""
     return torch.ops.trident.all_gather_matmul(
-        a, w, bias, ctx.name, _schedule("all_gather_matmul", schedule, algorithm),
+        a, w, bias, ctx.name, _schedule("all_gather_matmul", schedule, algorithm, ctx),
         _encode_options("all_gather_matmul", options))
 
 
@@ -227,7 +229,7 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, schedule: str = "auto",
                           algorithm: str | None = None, **options) -> torch.Tensor:
     """Functional, differentiable reduce_scatter(a @ w.T) + bias."""
     return torch.ops.trident.matmul_reduce_scatter(
-        a, w, bias, ctx.name, _schedule("matmul_reduce_scatter", schedule, algorithm),
+        a, w, bias, ctx.name, _schedule("matmul_reduce_scatter", schedule, algorithm, ctx),
         _encode_options("matmul_reduce_scatter", options))
 
 
@@ -235,7 +237,7 @@ def matmul_all_reduce(ctx, a, w, bias=None, schedule: str = "auto",
                       algorithm: str | None = None, **options) -> torch.Tensor:
     """Functional, differentiable all_reduce(a @ w.T) + bias."""
     return torch.ops.trident.matmul_all_reduce(
-        a, w, bias, ctx.name, _schedule("matmul_all_reduce", schedule, algorithm),
+        a, w, bias, ctx.name, _schedule("matmul_all_reduce", schedule, algorithm, ctx),
         _encode_options("matmul_all_reduce", options))
 
 
