@@ -84,7 +84,7 @@ def test_tail_split_values_deterministic_and_rearmed(name, split):
     """A TAIL config on a shape of one full wave of tiles and a part of another (this
     GPU's SMs + 1/4 of them, M, N and K not multiples of the tile, N and K multiples of 8
     so that TMA takes the tensors): the full wave whole, the
-    rest in K slices (tail_slices' choice, or 3 forced), right values, the same bits
+    rest in K slices (split_k_for's choice, or 3 forced), right values, the same bits
     twice, the counters back at 0."""
     cfg = WS[name]
     sms = gemm.num_sms(torch.device(DEVICE))

@@ -138,7 +138,7 @@ def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str,
     `warps` consumer warps, one producer warp on top, `stages` TMA slots. TWIN: the
     candidate of gemm.py's kernel that runs instead where this one cannot (the CPU
     emulation, a GPU other than sm_90, tensors TMA cannot take, in-kernel descriptors,
-    the fused kernels). TAIL: split only the last wave's tiles (tail_slices), at most
+    the fused kernels). TAIL: split only the last wave's tiles (split_k_for), at most
     split_k slices each."""
     cfg = dict(_config(bm, bn, bk, stages, warps, split_k=split_k), GLUON=True, TWIN=twin)
     if tail:                           # only these carry the key (table files stay as they are)
@@ -167,7 +167,7 @@ WS_CANDIDATES = {
     # more stages and two consumer warp groups on 64-column tiles
     "ws128x128x64_s5_w8": _ws(128, 128, 64, 5, 8, "128x128x64_s4_w8"),
     "ws128x64x64_s8_w8": _ws(128, 64, 64, 8, 8, "128x64x64_s6_w4_sk8"),
-    # the last wave split in K (tail_slices), for shapes whose tiles fill a few waves and a
+    # the last wave split in K (split_k_for), for shapes whose tiles fill a few waves and a
     # part of one (N = 5120: 2.4 waves of 128x128 tiles at M = 1024, 1.2 of 64x128 at 256)
     "ws128x128x64_s6_w8_tail4": _ws(128, 128, 64, 6, 8, "128x128x64_s4_w8", 4, tail=True),
     "ws128x256x64_s4_w8_tail4": _ws(128, 256, 64, 4, 8, "128x256x64_s3_w8", 4, tail=True),
@@ -239,33 +239,18 @@ def stream_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     return programs if cost < 0.95 * waves else 0
 
 
-def tail_slices(tiles: int, K: int, cfg: dict, sms: int) -> int:
-    """K slices per tile of the last, partial wave of a TAIL config's launch (gemm_ws.py
-    runs the full waves' tiles whole): the s <= SPLIT_K that fills the SMs there (at most
-    one unit a program, at least 2 BK-steps a slice) at least cost, in full-tile times:
-    1 / s for the last wave plus s * partial / operands (the workspace traffic, as
-    split_for_tiles counts it); taken only if 5% under the plain launch's last wave. With
-    fewer tiles than SMs this is split_for_tiles's choice (no full wave)."""
-    rest = tiles % sms
-    if rest == 0:
-        return 1
-    most = min(int(cfg.get("SPLIT_K", 1)), triton.cdiv(K, cfg["BK"]) // 2, sms // rest)
-    if most <= 1:                  # no room, or K too short for two slices of two BK-steps
-        return 1
-    partial = cfg["BM"] * cfg["BN"] * 4 / (K * (cfg["BM"] + cfg["BN"]) * 2)
-    cost = {s: 1 / s + (s * partial if s > 1 else 0.0) for s in range(1, most + 1)}
-    best = min(cost, key=lambda s: (cost[s], s))
-    return best if cost[best] < 0.95 * cost[1] else 1
-
-
 def split_k_for(M: int, N: int, K: int, cfg: dict, sms: int) -> int:
     """How many K slices a launch of `cfg` uses (split_for_tiles over its output tiles;
-    a swap-AB config tiles N with BM and M with BN; a TAIL one splits only the tiles of
-    its last wave: tail_slices)."""
+    a swap-AB config tiles N with BM and M with BN). A TAIL config (gemm_ws.py) runs the
+    tiles of its full waves whole and splits only those of the partial last wave, so its
+    slices are split_for_tiles's over those (fewer than `sms` tiles: at most one unit a
+    program there)."""
     rows, cols = (N, M) if cfg.get("SWAP_AB") else (M, N)
     tiles = triton.cdiv(rows, cfg["BM"]) * triton.cdiv(cols, cfg["BN"])
     if cfg.get("TAIL"):
-        return tail_slices(tiles, K, cfg, sms)
+        tiles %= sms
+        if not tiles:                   # full waves only: nothing to split
+            return 1
     return split_for_tiles(tiles, K, cfg, sms)
 
 
