@@ -7,7 +7,7 @@ of one source at once. What that must keep, at worlds 2 and 4 on random data:
     repeated (weights with the tokens and with combine), split and fused calls mixed;
   - ranks whose programs would signal in different numbers (another program cap) raise
     CallMismatch or PeerFailed on every rank, with the outputs poisoned, never rows of a
-    half-signalled source; a correct round after ctx.reset() is right.
+    half-signalled source (then ctx.reset() on every rank).
 """
 import pytest
 import torch
