@@ -126,3 +126,15 @@ def test_bench_baseline_is_the_registry_s_nccl(monkeypatch):
         bench_ccl._nccl("ctx", op, bufs)()
         assert calls[-1] == (op, ("ctx", *bufs, *own)), op
     assert len(calls) == len(want)
+
+
+def test_launch_size_overrides_are_checked_not_defaulted():
+    """programs=0 (or a float, or True) is refused, not read as the default (None is)."""
+    class Ctx:
+        backend = "cpu"
+    for bad in (0, -1, 2.0, True, "4"):
+        with pytest.raises(ValueError, match=r"all_reduce: programs must be an int in 1\.\."):
+            options.knobs(Ctx(), "all_reduce", "one_shot", (), programs=bad)
+    with pytest.raises(ValueError, match="block must be a power of two, got 0"):
+        options.knobs(Ctx(), "all_reduce", "one_shot", (), block=0)
+    assert options.knobs(Ctx(), "all_reduce", "one_shot", (), block=64, programs=3) == {}

@@ -333,8 +333,11 @@ def check_launch(block=None, programs=None, op: str = "") -> None:
     where = f"{op}: " if op else ""
     if block is not None and (block < 1 or block & (block - 1)):
         raise ValueError(f"{where}block must be a power of two, got {block}")
-    if programs and not 1 <= programs <= device.MAX_PROGRAMS:
-        raise ValueError(f"{where}programs must be in 1..{device.MAX_PROGRAMS}, got {programs}")
+    if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int)
+                                 or not 1 <= programs <= device.MAX_PROGRAMS):
+        # 0 is refused, not read as "the default" (None is the default)
+        raise ValueError(f"{where}programs must be an int in 1..{device.MAX_PROGRAMS} (or None "
+                         f"for the default), got {programs!r}")
 
 
 WARPS = (1, 2, 4, 8, 16, 32)
