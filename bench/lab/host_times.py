@@ -22,8 +22,7 @@ Stages, on each rank:
     allocation, the Dispatched, ctx.after_op).
   baselines: an empty Python function call (the loop's cost), torch.empty(0), t.add_(1) on
     a tiny tensor of the device, and a trivial Triton kernel launched by kernel[grid](...),
-    through its compiled launcher's C entry directly, and through a trident Launch (with
-    its packed driver call, trident/runtime/cu_launch.py, and without it).
+    through its compiled launcher's C entry directly, and through a trident Launch.
 
 On the CPU emulation there is no C launch: each plan's Launch gets a stand-in for it (a
 builtin that ignores its arguments, ''.format) so that the Python around it is timed as on
@@ -33,7 +32,7 @@ collective need --world 2 (ranks share one GPU under MPS where there is one), an
 trivial kernel's rows give the launch's cost at any world size.
 
     PYTHONPATH=. python bench/lab/host_times.py [--world 1] [--calls 2000] [--rounds 7]
-        [--only all_reduce|moe|baseline] [--json out.json] [--backend cpu] [--no-cu-launch]
+        [--only all_reduce|moe|baseline] [--json out.json] [--backend cpu]
 """
 from __future__ import annotations
 
@@ -147,15 +146,6 @@ def _launch_stages(timer: Timer, prefix: str, launch, tensors: tuple, cpu: bool)
     timer(f"{prefix} . hooks.launch_enter_hook.calls",
           lambda: launch.hooks.launch_enter_hook.calls)
     grid = launch.grid
-    cu = getattr(launch, "cu", None)
-    if cu is not None:       # the packed driver call (trident/runtime/cu_launch.py) alone
-        stream = launch.stream(launch.device)
-        timer(f"{prefix} . driver call cu(stream) (cu_launch)", cu, stream)
-        launch.cu = None     # the Launch as it was before cu_launch: Triton's C launcher
-        try:
-            timer(f"{prefix} . the Launch without cu_launch", launch, tensors)
-        finally:
-            launch.cu = cu
     if launch.direct:
         name = f"{prefix} . C launch fast(*grid, stream, *tail)"
         if cpu:
@@ -341,12 +331,6 @@ def _baselines(ctx, timer: Timer, cpu: bool) -> dict:
         timer(names[1], lambda: launch.fast(*grid, stream, *tail))
         timer("baseline: triton get_current_stream(device)", launch.stream, launch.device)
     timer(names[2], launch, ())
-    if launch.cu is not None:
-        cu, launch.cu = launch.cu, None
-        timer(names[2] + " without cu_launch", launch, ())
-        launch.cu = cu
-        timer("baseline: cu_launch driver call alone (trivial kernel)", cu,
-              launch.stream(launch.device))
     return {}
 
 
@@ -354,14 +338,9 @@ def _baselines(ctx, timer: Timer, cpu: bool) -> dict:
 GROUPS = {"baseline": _baselines, "all_reduce": _all_reduce, "moe": _moe}
 
 
-def main(ctx, only=None, calls: int = 2000, rounds: int = 7, warmup: int = 200,
-         cu: bool = True) -> dict:
+def main(ctx, only=None, calls: int = 2000, rounds: int = 7, warmup: int = 200) -> dict:
     """Run on every rank (all ranks make the same calls: the collectives need them);
-    returns this rank's {"stages": name -> median us, "min_us", "info"}. cu=False: plans
-    built here keep Triton's C launcher (trident/runtime/cu_launch.py ENABLED)."""
-    from trident.runtime import cu_launch
-    cu_launch.ENABLED = cu
-    ctx.plans.clear()
+    returns this rank's {"stages": name -> median us, "min_us", "info"}."""
     cpu = ctx.backend != "cuda"
     timer = Timer(ctx, calls, rounds, warmup)
     stand_ins = StandIns() if cpu else None
@@ -403,8 +382,8 @@ def table(ranks: list) -> str:
 
 
 def run(world: int | None, only=None, calls: int = 2000, rounds: int = 7, warmup: int = 200,
-        backend: str | None = None, pool=None, cu: bool = True) -> dict:
-    args = (only, calls, rounds, warmup, cu)
+        backend: str | None = None, pool=None) -> dict:
+    args = (only, calls, rounds, warmup)
     ranks = pool.run(main, *args) if pool is not None else \
         td.launch(main, world, *args, backend=backend)
     return {"what": "host us per call of each stage: median over rounds (min_us: the "
@@ -424,11 +403,8 @@ if __name__ == "__main__":
     p.add_argument("--only", choices=tuple(GROUPS), default=None)
     p.add_argument("--backend", default=None)
     p.add_argument("--json", default=None, help="write the JSON here (else to stdout)")
-    p.add_argument("--no-cu-launch", action="store_true",
-                   help="plans keep Triton's C launcher (trident/runtime/cu_launch.py off)")
     a = p.parse_args()
-    result = run(a.world, a.only, a.calls, a.rounds, a.warmup, a.backend, cu=not a.no_cu_launch)
-    result["cu_launch"] = not a.no_cu_launch
+    result = run(a.world, a.only, a.calls, a.rounds, a.warmup, a.backend)
     print(table(result["ranks"]))
     if a.json:
         with open(a.json, "w") as f:

@@ -211,7 +211,7 @@ def _launch_python(calls: int, batch: int) -> list[float]:
         class launch_enter_hook:
             calls = []
     fields = dict(fast=fake_c, device=0, stream=lambda device: 0, hooks=Hooks,
-                  direct=True, one_live=None, cu=None)
+                  direct=True, one_live=None)
     for name, value in fields.items():       # (earlier versions lack some of these)
         if name in Launch.__slots__:
             setattr(launch, name, value)

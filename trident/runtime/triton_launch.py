@@ -6,13 +6,10 @@ metadata, and only then calls the launcher (about 19 us with 15 arguments on an 
 host). A launch plan (trident/runtime/plans.py) knows all of that after its first call, so a
 `Launch` compiles once and from then on calls the compiled kernel's C launcher with
 arguments packed when the plan was built; only the current stream is read per call.
-Where it can (cu_launch.py), the Launch packs them further, into the C values Triton's
-launcher would make of them, and queues the kernel with one driver call.
 Launch hooks (`triton.knobs.runtime.launch_enter_hook`, e.g. the proton profiler) still
 see every launch: with a hook set, a Launch goes through CompiledKernel's runner.
 
-This module and cu_launch.py are trident's two that depend on Triton's internals (triton 3.6;
-cu_launch.py's own, the compiled kernel's signature and metadata, in its docstring):
+This is the one module of trident that depends on Triton's internals (triton 3.6):
   - JITFunction.warmup(*args, grid=..., **kwargs) returns the CompiledKernel;
   - CompiledKernel.run (a CudaLauncher), .function and .packed_metadata;
   - CudaLauncher.launch, the C entry point, takes (gridX, gridY, gridZ, stream, function,
@@ -31,7 +28,6 @@ import warnings
 
 import torch
 
-from . import cu_launch
 from ._env import INTERPRET
 from .graph_pools import outside_graph_pools
 
@@ -130,8 +126,7 @@ class Launch:
     """
     __slots__ = ("kernel", "grid", "args", "kwargs", "live", "fast", "direct", "compiled",
                  "prefix", "packed", "tail", "stream", "device", "hooks", "scratch",
-                 "capturing", "one_live", "head", "rest", "torch_device", "keep", "views",
-                 "cu")
+                 "capturing", "one_live", "head", "rest", "torch_device", "keep", "views")
 
     def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, tensors: tuple = ()):
         self.kernel, self.grid = kernel, tuple(grid) + (1,) * (3 - len(grid))
@@ -139,7 +134,6 @@ class Launch:
         self.live = [(i, a.index) for i, a in enumerate(args) if isinstance(a, Live)]
         self.views = {i: a for i, a in enumerate(args) if isinstance(a, Live) and a.dtype}
         self.fast = None
-        self.cu = None               # the hot path's packed driver call (cu_launch.py)
         self.direct = False          # the hot path: one C call, nothing read per call
         self.one_live = None         # or: the one Live argument's index among the tensors
         if not INTERPRET and internals_problem() is None:
@@ -188,28 +182,12 @@ class Launch:
             # one Live argument (a fresh output): packed as head, the pointer, rest
             pos, self.one_live = self.live[0]
             self.head, self.rest = self.prefix + self.packed[:pos], self.packed[pos + 1:]
-        if cu_launch.ENABLED and self.fast is launcher.launch and (
-                self.direct or self.one_live is not None):
-            self.cu = cu_launch.build(compiled, launcher, self.grid, self.packed,
-                                      None if self.direct else self.live[0][0])
 
     def __call__(self, tensors: tuple = ()) -> None:
         if self.direct and not self.hooks.launch_enter_hook.calls:
-            # the hot path: one driver call with the arguments packed (cu_launch.py), or
-            # one call of Triton's C launcher
-            cu = self.cu
-            if cu is not None:
-                if not cu(self.stream(self.device)):
-                    return
-                self.cu = None          # the driver refused: Triton's launcher from now on
+            # the hot path: one C call
             self.fast(*self.grid, self.stream(self.device), *self.tail)
         elif self.one_live is not None and not self.hooks.launch_enter_hook.calls:
-            cu = self.cu
-            if cu is not None:
-                cu.live.value = tensors[self.one_live].data_ptr()
-                if not cu(self.stream(self.device)):
-                    return
-                self.cu = None
             self.fast(*self.grid, self.stream(self.device), *self.head,
                       tensors[self.one_live].data_ptr(), *self.rest)
         elif self.fast is None:
