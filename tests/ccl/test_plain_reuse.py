@@ -7,6 +7,7 @@ plain tensors (the address-keyed path), and no plain tensor kept alive by the pl
 import gc
 import weakref
 
+import pytest
 import torch
 
 from trident.runtime.plans import tensor_key
@@ -184,3 +185,42 @@ def _keeps_nothing(ctx):
 def test_plain_plans_keep_no_tensor(pool):
     for rank, dead in enumerate(pool.run(_keeps_nothing)):
         assert all(all(d) for d in dead), f"rank {rank}: kept alive: {dead}"
+
+
+def _repeated_address(ctx):
+    """GPUs: a staged algorithm on a plain tensor that stays at one address captures one
+    CUDA graph of that address (Plan._by_address) and replays it, right as its contents
+    change; a tensor elsewhere runs the steps, right too; the graph keeps no tensor."""
+    w, me, dev = ctx.world_size, ctx.rank, ctx.device
+    graphs = {}
+    for alg in ("one_shot", "two_shot"):
+        t = torch.empty(111, device=dev)
+        for i in range(4):
+            xs = rank_inputs(w, (111,), torch.float32, seed=70 + i)
+            t.copy_(xs[me])
+            ctx.all_reduce(t, algorithm=alg)
+            ctx.sync()
+            assert_equal(t, reduce_ref(xs, "sum"), f"{alg} at one address, call {i}")
+        other = torch.empty(111, device=dev)
+        xs = rank_inputs(w, (111,), torch.float32, seed=80)
+        other.copy_(xs[me])
+        ctx.all_reduce(other, algorithm=alg)
+        ctx.sync()
+        assert_equal(other, reduce_ref(xs, "sum"), f"{alg} at another address")
+        staged = [p for p in ctx.plans._plans.values()
+                  if p.name == alg and p.plain and len(p.steps) > 1]
+        graphs[alg] = [(len(p.at_graphs), p.captures) for p in staged]
+        ref = weakref.ref(t)
+        del t
+        gc.collect()
+        assert ref() is None, f"{alg}: the plan's graph keeps the tensor"
+    return graphs
+
+
+def test_a_repeated_plain_address_is_replayed_from_a_graph(pool):
+    if pool.backend != "cuda":
+        pytest.skip("CUDA graphs: GPUs only (tests/plans/test_plain_graphs.py checks the "
+                    "bookkeeping on the CPU)")
+    for rank, graphs in enumerate(pool.run(_repeated_address)):
+        for alg, found in graphs.items():
+            assert (1, 1) in found, (rank, alg, found)

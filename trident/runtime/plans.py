@@ -22,7 +22,8 @@ signature, and the plan is right for it too. For the same reason a plan of sever
 steps (a kernel and the copies that stage a tensor) can be one CUDA graph, replayed at
 the cost of one launch, from its second call (see PlanCache). The collectives key a plan
 of plain tensors (not on the heap) without their addresses (`plain_key`, Plan.plain): it
-reads them at every call, holds none of them and is never a graph of its own.
+reads them at every call and holds none of them; where it has several steps, it keeps a
+CUDA graph for each of a few addresses that came twice in a row (Plan._by_address).
 
 Every op family -- the collectives (trident/ccl), the fused ops (trident/ops) and MoE
 (trident/moe) -- goes through one driver: `call` (get-or-build, the capture twin, debug
@@ -43,6 +44,8 @@ __all__ = ["Plan", "PlanCache", "Live", "tensor_key", "live_key", "plain_key", "
            "plan_for", "build_twin"]
 
 GRAPH_AFTER = 1     # runs of a graphable plan before it becomes a CUDA graph (_until_graph)
+ADDRESS_GRAPHS = 4     # graphs a plan of plain tensors keeps, one per address (_by_address)
+ADDRESS_CAPTURES = 16  # captures such a plan makes at most, over its life
 
 
 class Plan:
@@ -55,7 +58,7 @@ class Plan:
     """
     __slots__ = ("steps", "name", "tensors", "debug_before", "debug_after", "out_shape",
                  "graphable", "graph", "run", "new_out", "runs", "used", "placed", "plain",
-                 "_plain_storages")
+                 "_plain_storages", "capturable", "at_graphs", "last_at", "captures")
 
     def __init__(self, tensors: tuple = (), name: str = "", plain: tuple = ()):
         self.steps: list = []
@@ -68,7 +71,10 @@ class Plan:
         self.out_shape = None        # for ops that allocate their output per call
         self.new_out = None          # () -> a fresh output of out_shape (set_output)
         self.graphable = True        # every step may be captured into a CUDA graph
+        self.capturable = True       # ... at the addresses of one call (Live ones included)
         self.graph = None
+        self.at_graphs: dict = {}    # a plan of plain tensors: address -> graph (_by_address)
+        self.last_at, self.captures = None, 0
         self.runs = 0                # runs before it became a graph (_until_graph)
         self.run = self.__call__     # after finish(): the cheapest callable that runs it
         self.used = self.placed = 0  # PlanCache's stamps: last use, and when it was placed
@@ -94,6 +100,7 @@ class Plan:
         """Add a host step: `step(tensors)` (a copy, or a call into torch.distributed,
         which is not graphable)."""
         self.graphable &= graphable
+        self.capturable &= graphable
         self.steps.append(step)
 
     def finish(self, graphs: str = "off") -> "Plan":
@@ -103,12 +110,17 @@ class Plan:
         self.settle()
         if self.plain:
             # keyed without the plain tensors' addresses: a graph would bake in the build
-            # call's, and the next call's tensor lies elsewhere
+            # call's, and the next call's tensor lies elsewhere (a graph per address
+            # instead: _by_address)
             self.graphable = False
         self.tensors, self._plain_storages = (), {}
         self.steps = tuple(self.steps)
-        if graphs != "off" and self.graphable and len(self.steps) >= (1 if graphs == "all" else 2):
+        several = len(self.steps) >= (1 if graphs == "all" else 2)
+        if graphs != "off" and self.graphable and several:
             self.run = self._until_graph
+        elif graphs != "off" and self.plain and self.capturable and several \
+                and self.new_out is None:
+            self.run = self._by_address
         elif len(self.steps) == 1:
             self.run = self.steps[0]          # one Python frame less per call
         return self
@@ -131,6 +143,32 @@ class Plan:
             replay = self.graph.replay
             self.run = lambda tensors=(): replay()
             return replay()
+        for step in self.steps:
+            step(tensors)
+
+    def _by_address(self, tensors: tuple) -> None:
+        """`run` of a plan of plain tensors with several steps (staging copies and a
+        kernel): a call at the plain tensors' addresses of the call just before it captures
+        the steps into a CUDA graph of those addresses, and a call at addresses with a
+        graph replays it (one launch on the host instead of each step's). A call at new
+        addresses runs the steps and captures nothing, so a caller whose tensors move
+        every call pays no capture. The graph holds addresses, no tensor: a tensor that
+        replaces another at the same address is the same call for it (module docstring).
+        At most ADDRESS_GRAPHS graphs are kept (the oldest goes) and ADDRESS_CAPTURES
+        made, so a caller cycling through more addresses stops capturing. Never while the
+        current stream is being captured: the steps then go into the caller's graph."""
+        at = tuple([tensors[i].data_ptr() for i in self.plain])
+        graph = self.at_graphs.get(at)
+        if graph is not None:
+            return graph.replay()
+        if at == self.last_at and self.captures < ADDRESS_CAPTURES \
+                and not torch.cuda.is_current_stream_capturing():
+            self.captures += 1
+            graph = self.at_graphs[at] = _capture(self.steps, tensors)
+            if len(self.at_graphs) > ADDRESS_GRAPHS:
+                del self.at_graphs[next(iter(self.at_graphs))]
+            return graph.replay()
+        self.last_at = at
         for step in self.steps:
             step(tensors)
 
