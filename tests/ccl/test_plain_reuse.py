@@ -188,32 +188,39 @@ def test_plain_plans_keep_no_tensor(pool):
 
 
 def _repeated_address(ctx):
-    """GPUs: a staged algorithm on a plain tensor that stays at one address captures one
-    CUDA graph of that address (Plan._by_address) and replays it, right as its contents
-    change; a tensor elsewhere runs the steps, right too; the graph keeps no tensor."""
+    """GPUs: a staged algorithm (one that pulls from its peers' heaps, so a plain input is
+    copied in first: all_reduce two_shot, all_gather pull) on plain tensors that stay at
+    one address captures one CUDA graph of that address (Plan._by_address) and replays it,
+    right as the contents change; tensors elsewhere run the steps, right too; the graph
+    keeps no tensor."""
     w, me, dev = ctx.world_size, ctx.rank, ctx.device
     graphs = {}
-    for alg in ("one_shot", "two_shot"):
-        t = torch.empty(111, device=dev)
-        for i in range(4):
-            xs = rank_inputs(w, (111,), torch.float32, seed=70 + i)
-            t.copy_(xs[me])
-            ctx.all_reduce(t, algorithm=alg)
+    cases = {"two_shot": lambda: (torch.empty(111, device=dev),),
+             "pull": lambda: (torch.empty(37 * w, device=dev), torch.empty(37, device=dev))}
+    for alg, make in cases.items():
+        def call(ts, seed):
+            xs = rank_inputs(w, (ts[-1].numel(),), torch.float32, seed=seed)
+            ts[-1].copy_(xs[me])
+            if alg == "two_shot":
+                ctx.all_reduce(ts[0], algorithm=alg)
+                want = reduce_ref(xs, "sum")
+            else:
+                ctx.all_gather(ts[0], ts[1], algorithm=alg)
+                want = torch.cat(xs)
             ctx.sync()
-            assert_equal(t, reduce_ref(xs, "sum"), f"{alg} at one address, call {i}")
-        other = torch.empty(111, device=dev)
-        xs = rank_inputs(w, (111,), torch.float32, seed=80)
-        other.copy_(xs[me])
-        ctx.all_reduce(other, algorithm=alg)
-        ctx.sync()
-        assert_equal(other, reduce_ref(xs, "sum"), f"{alg} at another address")
+            assert_equal(ts[0], want, f"{alg}, seed {seed}")
+        ts = make()
+        for i in range(4):
+            call(ts, 70 + i)
+        call(make(), 80)                     # another address: the steps
+        call(ts, 81)                         # back: its graph
         staged = [p for p in ctx.plans._plans.values()
                   if p.name == alg and p.plain and len(p.steps) > 1]
         graphs[alg] = [(len(p.at_graphs), p.captures) for p in staged]
-        ref = weakref.ref(t)
-        del t
+        refs = [weakref.ref(t) for t in ts]
+        del ts
         gc.collect()
-        assert ref() is None, f"{alg}: the plan's graph keeps the tensor"
+        assert all(r() is None for r in refs), f"{alg}: the plan's graph keeps a tensor"
     return graphs
 
 

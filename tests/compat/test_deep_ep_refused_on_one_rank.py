@@ -63,3 +63,52 @@ def test_refused_on_one_rank_stops_the_others_at_once(pool2, what):
         results = [("ValueError",) + tuple(r[1:]) if r[0] == "TypeError" else r
                    for r in results]
     assert_refused_on_the_last_rank(results, refused, TIMEOUT / 2, peers=("PeerFailed",))
+
+
+def _refused_normal(ctx, what):
+    """DeepEP's normal mode: the last rank's dispatch gets a 3-D x, or its combine float16
+    top-k weights; the check runs before any exchange (Buffer._dispatch_inputs, combine's
+    checks), so without the hand-over its peers waited in the layout's all_gather or the
+    move until their timeout."""
+    R, dev, last = ctx.world_size, ctx.device, ctx.world_size - 1
+    E = 2 * R
+    old = ctx.timeout_s
+    ctx.set_timeout(TIMEOUT)
+    buf = deep_ep.Buffer(ctx.group, deep_ep.Config(20, 6, 256).get_nvl_buffer_size_hint(H * 2, R), 0)
+    try:
+        g = torch.Generator().manual_seed(ctx.rank)
+        x = torch.randn(M, H, generator=g).to(torch.bfloat16).to(dev)
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]).to(dev)
+        w = torch.rand(M, K, generator=g).to(dev)
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+
+        def dispatch(x):
+            return buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                num_tokens_per_expert=per_expert, topk_idx=idx,
+                                topk_weights=w)
+        bad = ctx.rank == last
+        if what == "dispatch":
+            got = attempt(lambda: (dispatch(x[None] if bad else x), ctx.sync()))
+        else:
+            recv_x, _, recv_w, _, handle, _ = dispatch(x)
+            ww = recv_w.half() if bad else recv_w
+            got = attempt(lambda: (buf.combine(recv_x, handle, topk_weights=ww), ctx.sync()))
+        ctx.reset()
+        recv_x, _, _, _, handle, _ = dispatch(x)
+        out, _, _ = buf.combine(recv_x, handle)
+        ctx.sync()
+        times = in_rank.sum(1, keepdim=True).to(torch.float32)   # one copy back per rank
+        torch.testing.assert_close(out.float(), (x.float() * times).to(torch.bfloat16).float(),
+                                   rtol=2e-2, atol=2e-2)
+        return got
+    finally:
+        buf.destroy()
+        ctx.set_timeout(old)
+
+
+@pytest.mark.parametrize("what", ["dispatch", "combine"])
+def test_normal_mode_refused_on_one_rank_stops_the_others_at_once(pool2, what):
+    refused = "dispatch: x must be a [num_tokens, hidden]" if what == "dispatch" \
+        else "combine: topk_weights must be float32"
+    assert_refused_on_the_last_rank(pool2.run(_refused_normal, what), refused, TIMEOUT / 2,
+                                    peers=("PeerFailed",))

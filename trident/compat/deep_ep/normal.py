@@ -167,13 +167,24 @@ class NormalMethods:
         """Every rank's `info` (int64 [V]) on the host, through persistent heap buffers."""
         V = info.numel()
         bufs = self._gather_bufs.get(V)
-        if bufs is None:
-            bufs = self._gather_bufs[V] = (self.ctx.zeros(V, dtype=torch.int64),
-                                           self.ctx.zeros(self.group_size * V,
-                                                          dtype=torch.int64))
-        bufs[0].copy_(info)
-        self.ctx.all_gather(bufs[1], bufs[0])
-        return bufs[1].view(self.group_size, V).tolist()
+        made = bufs is None
+        if made:
+            bufs = (self.ctx.zeros(V, dtype=torch.int64),
+                    self.ctx.zeros(self.group_size * V, dtype=torch.int64))
+        try:
+            bufs[0].copy_(info)
+            self.ctx.all_gather(bufs[1], bufs[0])
+            # a peer's failure leaves the gathered rows poisoned (all bits set): raise its
+            # error here rather than read them as counts
+            self.ctx.sync()
+            rows = bufs[1].view(self.group_size, V).tolist()
+        except BaseException:
+            if made:         # a peer that refused its call made none: the heaps stay alike
+                for t in reversed(bufs):
+                    self.ctx.free(t)
+            raise
+        self._gather_bufs[V] = bufs
+        return rows
 
     def _layout(self, in_rank, per_rank, per_expert, topk_idx, row_bytes: int,
                 worst: int) -> tuple[NormalHandle, list]:
@@ -218,14 +229,12 @@ class NormalMethods:
         return h, experts
 
     # ------------------------------------------------------------------ dispatch
-    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
-                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
-                 topk_weights=None, expert_alignment: int = 1, num_worst_tokens: int = 0,
-                 config=None, previous_event=None, async_finish: bool = False,
-                 allocate_on_comm_stream: bool = False):
-        """DeepEP's intranode dispatch. Returns (recv_x, recv_topk_idx, recv_topk_weights,
-        num_recv_tokens_per_expert_list, handle, event); x is [T, H] or, for FP8, a tuple
-        (e4m3 [T, H], fp32 scales [T, H / 128]), received as the same kind."""
+    def _dispatch_inputs(self, x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank,
+                         is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
+                         expert_alignment, previous_event) -> list:
+        """dispatch's checks of this rank's own inputs, made before any exchange: the
+        fields to move (x's, then top-k ids, weights and token index). Raises
+        ValueError/TypeError/NotImplementedError, which dispatch hands to the peers."""
         if num_tokens_per_rdma_rank is not None:
             refuse("num_tokens_per_rdma_rank", "internode (RDMA) dispatch; "
                    "trident.compat.deep_ep is intranode")
@@ -244,9 +253,7 @@ class NormalMethods:
                    "(handle given) takes no topk_idx / topk_weights (as DeepEP)")
             _check(T == handle.num_tokens, f"dispatch: x has {T} tokens, the handle's "
                    f"dispatch had {handle.num_tokens}")
-            got = self._receive(handle, fields, num_worst_tokens)
-            return _as_x(got, fields), None, None, None, handle, \
-                event_for(async_finish, self._cuda)
+            return fields
         _check(num_tokens_per_rank is not None and is_token_in_rank is not None
                and num_tokens_per_expert is not None, "dispatch: num_tokens_per_rank, "
                "is_token_in_rank and num_tokens_per_expert are needed without a handle "
@@ -275,6 +282,29 @@ class NormalMethods:
             fields += [topk_idx.to(torch.int32), topk_weights, index]
         else:
             fields.append(torch.arange(T, dtype=torch.int32, device=fields[0].device))
+        return fields
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment: int = 1, num_worst_tokens: int = 0,
+                 config=None, previous_event=None, async_finish: bool = False,
+                 allocate_on_comm_stream: bool = False):
+        """DeepEP's intranode dispatch. Returns (recv_x, recv_topk_idx, recv_topk_weights,
+        num_recv_tokens_per_expert_list, handle, event); x is [T, H] or, for FP8, a tuple
+        (e4m3 [T, H], fp32 scales [T, H / 128]), received as the same kind."""
+        try:      # refused on this rank: its peers stop at once naming it (fail_call)
+            fields = self._dispatch_inputs(x, handle, num_tokens_per_rank,
+                                           num_tokens_per_rdma_rank, is_token_in_rank,
+                                           num_tokens_per_expert, topk_idx, topk_weights,
+                                           expert_alignment, previous_event)
+        except (TypeError, ValueError, NotImplementedError) as exc:
+            raise self.ctx.fail_call("dispatch", exc) from None
+        if handle is not None:
+            got = self._receive(handle, fields, num_worst_tokens)
+            return _as_x(got, fields), None, None, None, handle, \
+                event_for(async_finish, self._cuda)
+        R = self.group_size
+        E = num_tokens_per_expert.numel()
         h, experts = self._layout(is_token_in_rank, num_tokens_per_rank, num_tokens_per_expert,
                                   topk_idx, _row_bytes(fields), num_worst_tokens)
         got = self._receive(h, fields, num_worst_tokens)
@@ -318,19 +348,22 @@ class NormalMethods:
         combined_x[t] = the sum over the ranks token t went to of their row (+ bias), and
         with topk_weights [N, k], their sum likewise. Returns (combined_x,
         combined_topk_weights or None, event)."""
-        if not isinstance(handle, NormalHandle):
-            raise TypeError(f"combine: handle must be what dispatch returned, got "
-                            f"{type(handle).__name__}")
-        wait_previous(previous_event)
-        N, T = handle.num_recv, handle.num_tokens
-        _check(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] >= N,
-               f"combine: x must be [num_recv_tokens = {N}, hidden]")
-        fields = [x[:N]]
-        if topk_weights is not None:
-            _check(topk_weights.dim() == 2 and topk_weights.shape[0] >= N and
-                   topk_weights.dtype == torch.float32,
-                   f"combine: topk_weights must be float32 [{N}, num_topk]")
-            fields.append(topk_weights[:N])
+        try:      # refused on this rank: its peers stop at once naming it (fail_call)
+            if not isinstance(handle, NormalHandle):
+                raise TypeError(f"combine: handle must be what dispatch returned, got "
+                                f"{type(handle).__name__}")
+            wait_previous(previous_event)
+            N, T = handle.num_recv, handle.num_tokens
+            _check(isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] >= N,
+                   f"combine: x must be [num_recv_tokens = {N}, hidden]")
+            fields = [x[:N]]
+            if topk_weights is not None:
+                _check(isinstance(topk_weights, torch.Tensor) and topk_weights.dim() == 2
+                       and topk_weights.shape[0] >= N and topk_weights.dtype == torch.float32,
+                       f"combine: topk_weights must be float32 [{N}, num_topk]")
+                fields.append(topk_weights[:N])
+        except (TypeError, ValueError) as exc:
+            raise self.ctx.fail_call("combine", exc) from None
         specs = [(f.dtype, tuple(f.shape[1:])) for f in fields]
         back = _unpack(self._move(handle, _pack(fields, N), forward=False), specs)
         sums = []
