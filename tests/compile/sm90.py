@@ -802,8 +802,44 @@ def _gemm_ws() -> list[Kernel]:
                    aligned=("N", "K", "stride_om"))]
 
 
+def _fused_gluon() -> list[Kernel]:
+    """trident/ops/fused_gluon.py: all_gather_matmul's warp-specialised Gluon core, at three
+    WS configs (BM 128 with two consumer warp groups, BM 64 with one, a split-K one), bf16
+    and fp16, with and without bias, blocks that straddle ranks or not, traced once. Each
+    must show warp specialisation (setmaxnreg), wgmma, TMA copies, the producer's one-warp
+    vote (vote.sync) and the async-proxy fence after its waits, the pushers' 16-byte
+    copies, and fit sm_90's shared memory."""
+    from triton.experimental.gluon import language as gl
+
+    from trident.ops import fused_gluon, gemm_configs
+    variants = []
+    cases = (("ws128x128x64_s6_w8", "bf16", True, True, False),
+             ("ws64x128x128_s4_w4", "fp16", False, False, True),
+             ("ws128x64x64_s8_w4_sk4", "bf16", True, False, False))
+    for name, dt, bias, aligned, trace in cases:
+        cfg = gemm_configs.WS_CANDIDATES[name]
+        ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dt]
+
+        def desc(block):
+            layout = gl.NVMMASharedLayout.get_default_for(block, ty)
+            return f"tensordesc<{dt}[{block[0]},{block[1]}],{layout!r}>"
+        cx = fused_gluon.constexprs(cfg, 16, 32, 256, aligned, bias, cfg["SPLIT_K"] > 1, trace)
+        warps = cx.pop("num_warps")
+        variants.append(V("ld+st", num_warps=warps, num_stages=1,
+                          types=dict(a=f"*{dt}", gathered=f"*{dt}", out=f"*{dt}",
+                                     bias=f"*{dt}", a_desc=desc([cfg["BM"], cfg["BK"]]),
+                                     w_desc=desc([cfg["BN"], cfg["BK"]])),
+                          ptx_has=("setmaxnreg", "wgmma.mma_async", "cp.async.bulk.tensor",
+                                   "vote.sync.all.pred", "fence.proxy.async.global",
+                                   "ld.acquire.sys.global"), **cx))
+    ints = ("m_local", "M", "N", "K", "stride_am", "stride_om")
+    return [Kernel("trident.ops.fused_gluon", "_all_gather_matmul_gluon_kernel",
+                   dict(sync=P32, k_partials=PF32, k_counters=P32, split_k=I32,
+                        **dict.fromkeys(ints, I32)), variants, aligned=ints)]
+
+
 def kernels() -> list[Kernel]:
-    return (_ccl() + _ops() + _gemm() + _gemm_ws() + _pipelined() + _moe() +
+    return (_ccl() + _ops() + _gemm() + _gemm_ws() + _fused_gluon() + _pipelined() + _moe() +
             _trace_demo_bench() + _language())
 
 

@@ -222,6 +222,44 @@ def test_a_timed_out_call_is_poisoned_and_the_next_call_raises(pool):
         assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise"
 
 
+def _gather_peer_never_pushes(ctx, gemm):
+    """Case 2 for the fused all_gather_matmul: its last rank skips a call (so never pushes
+    its rows). On every other rank the tiles of those rows are poisoned (the tiles of rows
+    that came before the wait gave up may be right) and the next call raises at once.
+    Every rank compiled and ran the call once first (a peer still compiling would pass for
+    a missing one)."""
+    def call():
+        a = torch.ones(8, 32, dtype=torch.bfloat16, device=ctx.device)
+        w = torch.ones(24, 32, dtype=torch.bfloat16, device=ctx.device)
+        return ctx.all_gather_matmul(a, w, schedule="fused", gemm=gemm)
+
+    call()
+    ctx.sync()
+    timeout = ctx.timeout_s
+    ctx.set_timeout(SHORT)
+    try:
+        result = None
+        if ctx.rank != ctx.world_size - 1:
+            missing = call()[-8:].float()               # the last rank's rows; waits
+            result = (bool(missing.isnan().all()), *_raises_at_once(call))
+        _then_reset_works(ctx)
+        return result
+    finally:
+        ctx.set_timeout(timeout)
+
+
+@pytest.mark.parametrize("gemm", ["tma", "gluon"])
+def test_a_gather_whose_peer_never_pushes_is_poisoned(pool, gemm):
+    """The fused all_gather_matmul on the "tma" core and on the "gluon" one (its Gluon
+    kernel on sm_90 GPUs, the "tma" core on the CPU emulation)."""
+    results = pool.run(_gather_peer_never_pushes, gemm)
+    for rank, (poisoned, kind, text, took) in enumerate(results[:-1]):
+        assert poisoned, f"rank {rank}: the missing peer's rows are not NaN ({gemm})"
+        assert kind in (CommTimeout.__name__, PeerFailed.__name__), (rank, kind, text)
+        assert "all_gather_matmul" in text, text        # names the op that timed out
+        assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise"
+
+
 def _heap_differs_then_reset(ctx):
     """Case 2 as reported: a heap mismatch, reset, then a correct call. The heaps are
     compared at host collectives (a barrier, a workspace's creation), so the barrier finds

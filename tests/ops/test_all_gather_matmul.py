@@ -93,3 +93,34 @@ def test_sizes_must_agree_across_ranks(pool):
     if pool.world_size == 1:
         pytest.skip("needs two ranks: one rank cannot disagree with itself")
     pool.run(_mismatched_ranks)
+
+
+def _cores(ctx, gemm):
+    """The fused schedule on one GEMM core against torch, at shapes whose M is no multiple
+    of the tile (blocks straddle ranks) and whose N is an odd multiple of 8; K a multiple
+    of 8 (TMA, the gluon core's need) but not of BK, and one K that is not (every core
+    then runs the "tma" one's pointer path). Larger on GPUs: several row blocks and
+    column blocks per rank, and a split-K case at small M."""
+    rank, world = ctx.rank, ctx.world_size
+    gpu = ctx.backend == "cuda"
+    shapes = [(150, 264, 200, None), (13, 40, 48, None), (64, 136, 520, 3),
+              (256, 200, 256, None), (96, 72, 36, None)] if gpu else \
+        [(13, 40, 48, None), (9, 24, 36, None)]
+    for call, (m_local, n, k, split_k) in enumerate(shapes):
+        a_full = make((m_local * world, k), 50 + call, torch.bfloat16, ctx.device)
+        w = make((n, k), 60 + call + rank, torch.bfloat16, ctx.device)
+        bias = make((n,), 70 + call + rank, torch.bfloat16, ctx.device) if call % 2 else None
+        a = a_full[rank * m_local:(rank + 1) * m_local]
+        options = {} if split_k is None else {"split_k": split_k}
+        for repeat in range(2):                 # the second call reuses plan and flags
+            out = ctx.all_gather_matmul(a, w, bias, algorithm="fused", gemm=gemm, **options)
+            ref = a_full.float() @ w.float().T + (bias.float() if bias is not None else 0)
+            assert_close(out, ref, f"rank {rank} {gemm} {(m_local, n, k)} call {repeat}")
+    ctx.sync()
+
+
+@pytest.mark.parametrize("gemm", ["tma", "gluon"])
+def test_fused_cores_odd_shapes(pool, gemm):
+    """gemm="gluon": fused_gluon.py's kernel on sm_90 GPUs; on the CPU emulation (and at
+    K % 8 != 0) its fallback, the "tma" core."""
+    pool.run(_cores, gemm)

@@ -154,6 +154,10 @@ FAMILIES = {
     "split": dict(gemm="tma", config={"SWAP_AB": False}, split_k=2),
     "swab_split": dict(gemm="tma", config={"SWAP_AB": True}, split_k=2),
     "classic_swab_split": dict(gemm="classic", config={"SWAP_AB": True}, split_k=2),
+    # all_gather_matmul's Gluon kernel on sm_90 GPUs (the "tma" core elsewhere, and for
+    # the row-parallel ops)
+    "gluon": dict(gemm="gluon"),
+    "gluon_split": dict(gemm="gluon", split_k=2),
 }
 # the fused ops' other schedules (trident/ops/schedules.py: every registered one but
 # "fused", whose families are above, and "plain"), with their defaults; "async_tp"

@@ -10,6 +10,9 @@ Mixtral 8x22B, Qwen2.5-72B) and each total M (tokens; default 1, 16, 64, 256, 10
                   "plain" is the baseline row below)
   trident_epilogue_lamport  the row-parallel ops' epilogue with exchange="lamport"
                   (ops/epilogue_lamport.py), where its buffers hold the call
+  trident_fused[<core>]  with --cores (e.g. tma,gluon): the fused schedule on that GEMM
+                  core (gemm=<core>; choice: the core and tiles it ran, "tma" where
+                  "gluon" fell back), beside trident_fused on the default (TRIDENT_GEMM)
   trident_auto    schedule="auto", and its choice (eager / graph): the schedules of the
                   plans its timed calls ran (auto.choose's pick), printed in the table
   plain           NCCL (torch.distributed) + cuBLAS (torch.matmul): the baseline
@@ -62,6 +65,7 @@ auto's table, bench/gpu_two.sh's fused step): suite "ops-auto", with the table i
 
     trident bench ops                                        # every GPU, default layers
     python3 -m trident.bench.ops --world-size 2 --layers llama3 --m 1,16,64,256,1024,4096,8192
+    trident bench ops --ops all_gather_matmul --cores tma,gluon   # the GEMM cores fused
 """
 from __future__ import annotations
 
@@ -214,9 +218,11 @@ def _checked(ctx, fn, ref) -> tuple[str, float | None]:
 AUTO_ONLY = ("trident_auto", "plain")      # --auto-only: auto and its baseline (reference)
 
 
-def _impls(ctx, op, a, wt, only=None):
+def _impls(ctx, op, a, wt, only=None, cores=()):
     """name -> (callable or None, why not) of one case's rows, the plain baseline last;
-    only: these rows alone (plain stays: the reference of the check)."""
+    only: these rows alone (plain stays: the reference of the check); cores: GEMM cores
+    of the fused schedule to time beside its default one (--cores), rows
+    trident_fused[<core>] ("gluon" for all_gather_matmul only: the others run "tma")."""
     from ..ops import schedules
     if op == ops_norm.NAME:
         return ops_norm.impls(ctx, a, wt, only)
@@ -232,6 +238,10 @@ def _impls(ctx, op, a, wt, only=None):
         out["trident_epilogue_lamport"] = (
             (lambda: fn(a, wt, schedule="epilogue", exchange="lamport")), None) if fits else \
             (None, "past the Lamport buffers' capacity (M x N per rank)")
+    for core in cores:
+        if op in FUSED and (core != "gluon" or op == "all_gather_matmul"):
+            out[f"trident_fused[{core}]"] = (
+                (lambda c=core: fn(a, wt, schedule="fused", gemm=c)), None)
     out["trident_auto"] = (lambda: fn(a, wt, schedule="auto")), None
     out["torch_symm_mem"] = _torch_async_tp(ctx, op, a, wt)
     nccl = common.nccl_runs(ctx)
@@ -261,12 +271,13 @@ def _choice(ctx, op, a, wt, m, n, k) -> str:
                       or auto.choose(ctx, op, m, n, k, graph=graph) for graph in (False, True))
 
 
-def _case(ctx, op, model, layer, n_full, k_full, m, timing, link, only=None) -> list[dict]:
+def _case(ctx, op, model, layer, n_full, k_full, m, timing, link, only=None,
+          cores=()) -> list[dict]:
     """The rows of one (op, layer, M): checked, then timed, beside the same run's
     baselines (module docstring)."""
     from ..ops import gemm
     a, wt, n, k, flops, nbytes = _problem(ctx, op, n_full, k_full, m)
-    impls = _impls(ctx, op, a, wt, only)
+    impls = _impls(ctx, op, a, wt, only, cores)
     plain = impls["plain"][0]
     ref, against = _reference(ctx, op, a, wt, plain)
     gemm_in = torch.empty(m, k, dtype=DTYPE, device=ctx.device).normal_() \
@@ -308,6 +319,9 @@ def _case(ctx, op, model, layer, n_full, k_full, m, timing, link, only=None) -> 
     for r in rows:                       # after its calls: the plans they ran
         if r["impl"] == "trident_auto":
             r["choice"] = _choice(ctx, op, a, wt, m, n, k)
+        elif r["impl"].startswith("trident_fused["):       # the core that ran, its tiles
+            from ..ops import fused_tile
+            r["choice"] = fused_tile.choice(ctx, op, m, n, k, gemm=r["impl"][14:-1])
     plain_row = next(r for r in rows if r["impl"] == "plain")
     for r in rows:
         r["eager_vs_plain"] = common.ratio(plain_row["eager_us"], r["eager_us"])
@@ -315,7 +329,7 @@ def _case(ctx, op, model, layer, n_full, k_full, m, timing, link, only=None) -> 
     return rows
 
 
-def _bench(ctx, ops, ms, layer_names, timing, budget_s=None, only=None):
+def _bench(ctx, ops, ms, layer_names, timing, budget_s=None, only=None, cores=()):
     """(rows, cases not reached within budget_s)."""
     rows, missed = [], []
     names = layer_names or (default_layers(ctx.world_size) if ctx.backend == "cuda" else [])
@@ -337,7 +351,7 @@ def _bench(ctx, ops, ms, layer_names, timing, budget_s=None, only=None):
             missed.append(dict(op=op, model=model, layer=layer, M=m,
                                why=f"M, N or K not divisible by the world size {w}"))
             continue
-        rows += _case(ctx, op, model, layer, n_full, k_full, m, timing, link, only)
+        rows += _case(ctx, op, model, layer, n_full, k_full, m, timing, link, only, cores)
         ctx.barrier()
     return rows, missed
 
@@ -434,13 +448,14 @@ ABOUT = ("eager_us: calls queued back to back after a device barrier, device tim
          "ranks share one GPU)")
 
 
-def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None, auto_only=False):
+def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None, auto_only=False,
+         cores=()):
     if update is not None and common.shares_gpu(ctx):
         raise ValueError("--update-crossover: ranks share one GPU here, so the plain path "
                          "(NCCL) cannot run and the times say nothing about NVLink; measure "
                          "the crossover with one GPU per rank")
     only = AUTO_ONLY if auto_only else None
-    rows, missed = _bench(ctx, ops, ms, layer_names, timing, budget_s, only)
+    rows, missed = _bench(ctx, ops, ms, layer_names, timing, budget_s, only, cores)
     if ctx.rank != 0:
         return None
     if common.headline(ctx):
@@ -502,7 +517,15 @@ def main(argv=None) -> int:
     p.add_argument("--auto-only", action="store_true",
                    help="time only auto and NCCL + cuBLAS (e.g. after rebuilding auto's table "
                         "from a full run); written as suite 'ops-auto', not a full ops run")
+    p.add_argument("--cores", default="", help="comma-separated GEMM cores of the fused "
+                   "schedule to time beside its default (rows trident_fused[<core>]): "
+                   "classic, tma, gluon (all_gather_matmul's warp-specialised kernel)")
     args = p.parse_args(argv)
+    cores = [c.strip() for c in args.cores.split(",") if c.strip()]
+    from ..ops._common import GEMM_MODES
+    bad = [c for c in cores if c not in GEMM_MODES]
+    if bad:
+        p.error(f"--cores: {bad} not among {GEMM_MODES}")
     backend = args.backend or default_backend()
     gpu = backend == "cuda"
     ops = common.parse_ops(p, args.ops, OPS)
@@ -513,7 +536,7 @@ def main(argv=None) -> int:
     heap = (12 << 30) if gpu else (64 << 20)
     options.export_default("TRIDENT_HEAP_SIZE", heap)
     launch(_run, world, ops, ms, layers, common.timing_options(args, gpu, iters=0), args.out_dir,
-           args.update_crossover, args.budget_s, args.auto_only, backend=backend,
+           args.update_crossover, args.budget_s, args.auto_only, cores, backend=backend,
            heap_size=options.get("TRIDENT_HEAP_SIZE"))
     return 0
 

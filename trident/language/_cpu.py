@@ -46,12 +46,13 @@ def let_next_kernel_launch():
     """The interpreter has no programmatic dependent launch."""
 
 
-def program_all(pred):
-    """The interpreter runs a program as one thread: its own value is the program's."""
+def program_all(pred, THREADS=0):
+    """The interpreter runs a program as one thread: its own value is the program's
+    (THREADS, the GPU version's group of threads, changes nothing here)."""
     return pred
 
 
-def program_any(pred):
+def program_any(pred, THREADS=0):
     return pred
 
 

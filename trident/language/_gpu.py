@@ -56,25 +56,47 @@ def let_next_kernel_launch():
 
 
 @triton.jit
-def program_all(pred):
+def program_all(pred, THREADS: tl.constexpr = 0):
     """True in every thread of the program when `pred` is true in every thread: a program
     barrier that also votes (bar.red.and.pred), so that a value each warp read on its own
     (a flag it polled) becomes one decision for the whole program. Every thread of the
-    program must reach it (never inside a branch that some warps skip)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred %pin, %pout; setp.ne.b32 %pin, $1, 0; "
-        "bar.red.and.pred %pout, 0, %pin; selp.b32 $0, 1, 0, %pout; }",
-        "=r,r", [pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1) != 0
+    program must reach it (never inside a branch that some warps skip).
+
+    THREADS: who "the program" is. 0: every thread of the block (barrier 0). 32: one warp
+    (vote.sync, no barrier): a one-warp partition of a warp-specialised Gluon kernel.
+    Another multiple of 32: that many threads on barrier 0 -- the default warps of a
+    warp-specialised kernel outside its partitions (its worker warps never reach the
+    barrier; Triton counts its own barrier 0 there the same way)."""
+    return _vote(pred, "and", "all", THREADS)
 
 
 @triton.jit
-def program_any(pred):
+def program_any(pred, THREADS: tl.constexpr = 0):
     """True in every thread of the program when `pred` is true in any thread
-    (bar.red.or.pred; a program barrier, reached by every thread, as program_all)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred %pin, %pout; setp.ne.b32 %pin, $1, 0; "
-        "bar.red.or.pred %pout, 0, %pin; selp.b32 $0, 1, 0, %pout; }",
-        "=r,r", [pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1) != 0
+    (bar.red.or.pred; a program barrier, reached by every thread, as program_all; THREADS
+    as there)."""
+    return _vote(pred, "or", "any", THREADS)
+
+
+@triton.jit
+def _vote(pred, RED: tl.constexpr, VOTE: tl.constexpr, THREADS: tl.constexpr):
+    """program_all (RED "and", VOTE "all") and program_any ("or", "any")."""
+    head: tl.constexpr = "{ .reg .pred %pin, %pout; setp.ne.b32 %pin, $1, 0; "
+    tail: tl.constexpr = " selp.b32 $0, 1, 0, %pout; }"
+    if THREADS == 0:
+        r = tl.inline_asm_elementwise(head + "bar.red." + RED + ".pred %pout, 0, %pin;" + tail,
+                                      "=r,r", [pred.to(tl.int32)], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    elif THREADS == 32:
+        r = tl.inline_asm_elementwise(
+            head + "vote.sync." + VOTE + ".pred %pout, %pin, 0xffffffff;" + tail, "=r,r",
+            [pred.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        r = tl.inline_asm_elementwise(
+            head + "bar.red." + RED + ".pred %pout, 0, $2, %pin;" + tail, "=r,r,r",
+            [pred.to(tl.int32), tl.cast(THREADS, tl.int32)], dtype=tl.int32, is_pure=False,
+            pack=1)
+    return r != 0
 
 
 @triton.jit

@@ -152,10 +152,13 @@ def signal_ranks(flag, values, rank, world, heap_bases, WP: tl.constexpr):
 
 
 @triton.jit
-def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
+def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0, THREADS: tl.constexpr = 0):
     """Wait until the local `flag` >= `value` (acquire, system scope). Returns True if it did.
 
     `ctrl` is the context's control block (`ctx.ctrl`); `peer` and `op` only label a timeout.
+    THREADS: the threads that wait together and vote (program_all): 0, the whole program;
+    in a warp-specialised Gluon kernel 32 in a one-warp partition, or the default warps'
+    threads outside the partitions (the worker warps would never reach a block barrier).
     """
     cur = load_acquire(flag)
     gone = tl.cast(0, tl.int1)      # polled in the loop only: no peer read on a fast wait
@@ -182,20 +185,21 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0):
     # others not, and the program barriers of those branches paired wrongly from then on
     # (issue 29). The barrier also makes program-wide state read after the wait the same
     # in every warp.
-    came = program_all(cur >= value)
+    came = program_all(cur >= value, THREADS)
     if not came:
-        record_failed_wait(gone, elsewhere, ctrl, rank, peer, op)
+        record_failed_wait(gone, elsewhere, ctrl, rank, peer, op, THREADS)
     return came
 
 
 @triton.jit
-def record_failed_wait(gone, elsewhere, ctrl, rank, peer, op: tl.constexpr):
+def record_failed_wait(gone, elsewhere, ctrl, rank, peer, op: tl.constexpr,
+                       THREADS: tl.constexpr = 0):
     """Record why a wait of every thread of the program failed (each thread's own `gone`
-    and `elsewhere`, voted): KIND_TIMEOUT is 0; KIND_PEER_FAILED when a warp saw the peer
-    (or this rank) fail; KIND_HOST_CALL (a CallMismatch) when it waits in a host-side call
-    instead."""
-    gone = program_any(gone)
-    elsewhere = program_any(elsewhere)
+    and `elsewhere`, voted over THREADS as in `wait`): KIND_TIMEOUT is 0; KIND_PEER_FAILED
+    when a warp saw the peer (or this rank) fail; KIND_HOST_CALL (a CallMismatch) when it
+    waits in a host-side call instead."""
+    gone = program_any(gone, THREADS)
+    elsewhere = program_any(elsewhere, THREADS)
     kind = tl.cast(gone, tl.int64) * KIND_PEER_FAILED
     if elsewhere & (not gone):
         kind = tl.cast(KIND_HOST_CALL, tl.int64)

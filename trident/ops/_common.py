@@ -1,6 +1,6 @@
 """What the three fused ops share: input checks, tile sizes per backend, the workspace
 (heap buffers + epoch/ack words that make reuse safe without memsets), the GEMM tile, and
-the switch between the two GEMM cores.
+the switch between the GEMM cores.
 
 The GEMM core (ctx.options.gemm: TRIDENT_GEMM as the context read it; a call's `gemm=`
 option overrides it and is part of the plan key like every option):
@@ -19,6 +19,11 @@ option overrides it and is part of the plan key like every option):
   and W where gemm.tma_compatible allows (the pointer path otherwise, same kernel), tile
   configs from gemm_table.json by shape class (gemm.config_for; warp specialisation is
   not used: the tile loop waits on flags), swap-AB and split-K included (fused_tile.py).
+- "gluon": all_gather_matmul only (trident/ops/fused_gluon.py): persistent GEMM programs
+  that are warp specialised in Gluon (gemm_ws.py's producer warp and consumer warp
+  groups), the producer waiting for each tile's rows before its TMA loads. sm_90 GPUs,
+  K % 8 == 0; elsewhere (the CPU emulation too), and for the row-parallel ops, it runs
+  "tma". Never "auto"'s choice: not measured yet.
 
 Epochs (trident/language/epoch.py). Every fused kernel reads its workspace's epoch word
 at the start (this call is epoch e = stored + 1) and waits for flags to reach e, so flags
@@ -247,7 +252,7 @@ def gemm_config(ctx, m: int, n: int, k: int) -> dict:
     return dict(BM=bm, BN=128, BK=64, num_warps=4 if bm == 64 else 8, num_stages=4)
 
 
-GEMM_MODES = ("auto", "classic", "tma")    # the default: ctx.options.gemm (TRIDENT_GEMM)
+GEMM_MODES = ("auto", "classic", "tma", "gluon")   # the default: ctx.options.gemm (TRIDENT_GEMM)
 TMA_MIN_M = 4096           # "auto": the tma core from this many GEMM rows (see above)
 
 
@@ -449,12 +454,13 @@ def take_tile(sync, otherwise, PERSISTENT: tl.constexpr):
 
 
 @triton.jit
-def wait_peers_done(sync, epoch, ctrl, rank, world_size, OP: tl.constexpr):
+def wait_peers_done(sync, epoch, ctrl, rank, world_size, OP: tl.constexpr,
+                    THREADS: tl.constexpr = 0):
     """Wait until every rank finished the previous call on this workspace (their ack);
-    True if every wait succeeded."""
+    True if every wait succeeded. THREADS: who votes in each wait (tdl.wait)."""
     ok = tl.cast(1, tl.int1)
     for peer in range(world_size):
-        ok = ok & tdl.wait(sync + SYNC_ACK + peer, epoch - 1, ctrl, rank, peer, OP)
+        ok = ok & tdl.wait(sync + SYNC_ACK + peer, epoch - 1, ctrl, rank, peer, OP, THREADS)
     return ok
 
 
@@ -474,10 +480,12 @@ def signal_call(flag, epoch, fp, rank, peer, heap_bases):
 
 
 @triton.jit
-def wait_call(flag, epoch, fp, ctrl, rank, peer, OP: tl.constexpr):
+def wait_call(flag, epoch, fp, ctrl, rank, peer, OP: tl.constexpr,
+              THREADS: tl.constexpr = 0):
     """Wait (bounded) until `flag` reaches `epoch`; True if it did in a call of this
-    fingerprint `fp` (else CallMismatch is recorded, as the collectives' wait_for does)."""
-    ok = tdl.wait(flag, epoch, ctrl, rank, peer, OP)
+    fingerprint `fp` (else CallMismatch is recorded, as the collectives' wait_for does).
+    THREADS: who votes in the wait (tdl.wait)."""
+    ok = tdl.wait(flag, epoch, ctrl, rank, peer, OP, THREADS)
     same = tl.load(flag + 1, volatile=True) == tl.cast(fp, tl.int32)
     if ok & (not same):
         tdl.record_error(ctrl, rank, peer, OP, tdl.KIND_MISMATCH)

@@ -13,7 +13,7 @@ block, and so on -- the GEMM on local rows hides the first transfer, and the GEM
 block hides the transfer of the next. Pushing (not pulling) means `a` can be any tensor:
 it need not be on the symmetric heap, and nothing is copied before the launch.
 
-The GEMM programs run one of two cores (_common: env TRIDENT_GEMM, or the gemm= option):
+The GEMM programs run one of three cores (_common: env TRIDENT_GEMM, or the gemm= option):
 - "classic": one output tile per program (a grid of pushers + every tile), pointer loads.
 - "tma": persistent GEMM programs, at most one per SM, take the tiles in the same arrival
   order from a queue word (so a program that starts late, after a pusher left its SM,
@@ -27,6 +27,15 @@ The GEMM programs run one of two cores (_common: env TRIDENT_GEMM, or the gemm= 
 - Either core runs swap-AB and split-K configs (fused_tile.py): the row block is the
   tile's rows of out (a swap-AB config's BN), and with split-K each slice waits for its
   rows, and only the last one, once the slices are summed, adds the bias and stores.
+- "gluon" (fused_gluon.py): the same pushers, and persistent GEMM programs that are warp
+  specialised in Gluon -- a producer warp that waits for each tile's rows, fences the
+  async proxy and issues the TMA loads into a ring of mbarrier slots, consumer warp
+  groups that issue the wgmma (gemm_ws.py's kernel) -- from the same queue, in the same
+  order. An sm_90 GPU and K % 8 == 0 (else, and on the CPU emulation, the "tma" core;
+  a w that TMA cannot address: the "tma" kernel with the same BM, on that rank alone);
+  plain and split-K configs, no swap-AB. Not measured yet, so "auto" never takes it.
+The pushers, the tiles' order and the rows' wait are one code for both kernels
+(gather_rows.py), and a rank on either kernel exchanges the same flags and fingerprint.
 To be measured on 2 GPUs (`trident bench ops`, TRIDENT_GEMM=tma against classic): the
 fused time per shape, and whether 16 pushers beside one GEMM program per SM is the
 right split now that the GEMM programs are persistent.
@@ -43,7 +52,6 @@ import triton
 import triton.language as tl
 
 from .. import language as tdl
-from ..runtime.errors import OP_CODES
 from ..trace import device as trd
 from ..trace import kernel_args, tags
 from . import schedules
@@ -51,48 +59,11 @@ from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Live, Plan
 from ..ccl.device import fingerprint, poison
 from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
-                      finish_slice, run, schedule_plan, signal_call, store_tile, take_tile,
-                      wait_call, wait_peers_done, workspace)
+                      finish_slice, run, schedule_plan, store_tile, take_tile, workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
                          op_tile, split_buffers, split_count, tile_shape)
-from .gemm import operand, tile_position, tma_compatible
-
-OP = tl.constexpr(OP_CODES["all_gather_matmul"])
-
-
-@triton.jit
-def _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, trace_buf,
-               rank, world_size, m_local, K, num_mb, pid, fp,
-               NUM_PUSHERS: tl.constexpr, BM: tl.constexpr, COPY_M: tl.constexpr,
-               COPY_K: tl.constexpr, TRACE: tl.constexpr):
-    """Copy this rank's rows, block by block, into every rank's gathered buffer and flag
-    each block there once it is complete (with the call's fingerprint). If a peer never
-    acked the previous call, nothing is pushed: no peer memory is touched."""
-    g0 = rank * m_local                       # first global row of this rank
-    first_mb = g0 // BM
-    num_items = (g0 + m_local - 1) // BM - first_mb + 1
-    ok = wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)   # their buffers are free
-    num_items = tl.where(ok, num_items, 0)
-    for item in range(pid, num_items, NUM_PUSHERS):
-        t0 = trd.begin(TRACE)
-        mb = first_mb + item
-        r_lo = tl.maximum(mb * BM, g0)
-        r_hi = tl.minimum(mb * BM + BM, g0 + m_local)
-        for r0 in range(r_lo, r_hi, COPY_M):
-            rows = r0 + tl.arange(0, COPY_M)
-            row_ok = rows < r_hi
-            for k0 in range(0, K, COPY_K):
-                cols = k0 + tl.arange(0, COPY_K)
-                mask = row_ok[:, None] & (cols < K)[None, :]
-                x = tl.load(a + (rows - g0)[:, None].to(tl.int64) * stride_am + cols[None, :],
-                            mask=mask)
-                dst = gathered + rows[:, None].to(tl.int64) * K + cols[None, :]
-                for d in range(world_size):
-                    tdl.store(dst, x, rank, (rank + d) % world_size, heap_bases, mask=mask)
-        for d in range(world_size):
-            signal_call(flags + 2 * (rank * num_mb + mb), epoch, fp, rank,
-                        (rank + d) % world_size, heap_bases)
-        trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+from .gather_rows import arrival_tile, push_rows, wait_rows
+from .gemm import addresses_only, operand, tma_compatible
 
 
 @triton.jit
@@ -115,9 +86,9 @@ def _all_gather_matmul_kernel(
     flags = sync + SYNC_FLAGS
     num_mb = tl.cdiv(M, BM)
     if pid < NUM_PUSHERS:
-        _push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, trace_buf,
-                   rank, world_size, m_local, K, num_mb, pid, fp,
-                   NUM_PUSHERS, BM, COPY_M, COPY_K, TRACE)
+        push_rows(a, stride_am, gathered, flags, sync, epoch, ctrl, heap_bases, trace_buf,
+                  rank, world_size, m_local, K, num_mb, pid, fp, tl.arange(0, COPY_M),
+                  tl.arange(0, COPY_K), NUM_PUSHERS, BM, COPY_M, COPY_K, TRACE)
     else:
         num_nb = tl.cdiv(N, BN)
         num_tiles = num_mb * num_nb
@@ -129,20 +100,12 @@ def _all_gather_matmul_kernel(
                 t = u // split_k
             else:
                 t = u
-            # Tile t -> (i-th row block in arrival order, column block), GROUP_M row
-            # blocks at a time so that a group's tiles share W in L2.
-            i, nb = tile_position(t, num_mb, num_nb, GROUP_M)
-            if ALIGNED:                       # m_local % BM == 0: blocks never straddle ranks
-                per_rank = m_local // BM
-                mb = ((rank + i % world_size) % world_size) * per_rank + i // world_size
-            else:
-                mb = (i + (rank * m_local) // BM) % num_mb
+            mb, nb = arrival_tile(t, rank, world_size, m_local, num_mb, num_nb, BM, GROUP_M,
+                                  ALIGNED)
             m0 = mb * BM
             m_end = tl.minimum(m0 + BM, M)
             t0 = trd.begin(TRACE)
-            ok = tl.cast(1, tl.int1)
-            for s in range(m0 // m_local, (m_end - 1) // m_local + 1):
-                ok = ok & wait_call(flags + 2 * (s * num_mb + mb), epoch, fp, ctrl, rank, s, OP)
+            ok = wait_rows(flags, mb, m0, m_end, m_local, num_mb, epoch, fp, ctrl, rank)
             if TMA:       # the rows came through generic stores; TMA reads the async proxy
                 tdl.fence_async_proxy()
             trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
@@ -167,23 +130,25 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
                             config: dict | None = None, gemm: str | None = None,
                             split_k: int | None = None) -> None:
     """Add the fused kernel's launch to `plan` (inputs already checked; `out` is the
-    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "auto", "classic" or
-    "tma" (default: env TRIDENT_GEMM, see _common); config: overrides of the core's
-    config (SWAP_AB, SPLIT_K, tiles); split_k: exactly this many K slices per tile
-    (default: fused_tile.split_count's choice). The row block follows M and K only
-    (every rank pushes and flags the same blocks), not this rank's N."""
+    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "auto", "classic", "tma"
+    or "gluon" (default: env TRIDENT_GEMM, see _common; "gluon": fused_gluon.py's kernel
+    where it can run, else the "tma" core); config: overrides of the core's config
+    (SWAP_AB, SPLIT_K, tiles); split_k: exactly this many K slices per tile (default:
+    fused_tile.split_count's choice). The row block follows M and K only (every rank
+    pushes and flags the same blocks), not this rank's N."""
     m_local, K = a.shape
     N = w.shape[0]
     M = m_local * ctx.world_size
-    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=8, local="N")
+    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=8, local="N", gluon=True)
+    ws = workspace(ctx, "all_gather_matmul", M * K * a.element_size(),
+                   2 * ctx.world_size * triton.cdiv(M, tile_shape(cfg)[0]))  # flag + fp a block
+    gathered = ws.view(a.dtype, M, K)
+    if cfg["CORE"] == "gluon" and not tma_compatible(w, gathered):
+        cfg = cfg["FALLBACK"]          # this rank's w: the Triton kernel, the same BM
     bm, bn = tile_shape(cfg)
-    num_mb = triton.cdiv(M, bm)
     num_tiles = count_tiles("all_gather_matmul", M, N, ctx.world_size, cfg)
     split = split_count(ctx, cfg, num_tiles, K, split_k)
-    ws = workspace(ctx, "all_gather_matmul", M * K * a.element_size(),
-                   2 * ctx.world_size * num_mb)     # a flag and its fingerprint per block
     k_partials, k_counters = split_buffers(ws, "all_gather_matmul", cfg, num_tiles, split)
-    gathered = ws.view(a.dtype, M, K)
     # TMA reads the gathered rows (row stride K: 16-byte aligned when K % 8 == 0) and w
     tma = cfg["PERSISTENT"] and K % 8 == 0 and tma_compatible(w, gathered)
     per_rank_items = triton.cdiv(m_local, bm) + 1
@@ -191,14 +156,28 @@ def all_gather_matmul_fused(ctx, plan, a, w, bias, out, num_pushers: int | None 
         num_pushers = 16 if ctx.backend == "cuda" else 2
     num_pushers = max(1, min(num_pushers, per_rank_items))
     copy_m, copy_k = (32, 256) if ctx.backend == "cuda" else (16, 32)
-    grid = (num_pushers + gemm_programs(ctx, cfg, num_tiles * split, tma),)
+    grid = (num_pushers + gemm_programs(ctx, cfg, num_tiles * split,
+                                        tma and cfg["CORE"] != "gluon"),)
     trace_buf, trace = kernel_args(ctx)
+    # one fingerprint for both kernels: the protocol, not the kernel, is what ranks share
+    fp = fingerprint(_all_gather_matmul_kernel, M, K, str(a.dtype), bm, ctx.world_size)
+    if cfg["CORE"] == "gluon":
+        from . import fused_gluon
+        descs = fused_gluon.descriptors(gathered, w, cfg)
+        plan.launch(
+            fused_gluon._all_gather_matmul_gluon_kernel, grid, a, *descs,
+            bias if bias is not None else a, Live(3), gathered, ws.sync, ctx.ctrl,
+            ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank,
+            ctx.world_size, m_local, M, N, K, a.stride(0), out.stride(0), fp,
+            **fused_gluon.constexprs(cfg, num_pushers, copy_m, copy_k, m_local % bm == 0,
+                                     bias is not None, split > 1, trace))
+        addresses_only(plan.steps[-1], descs)
+        return
     plan.launch(
         _all_gather_matmul_kernel, grid,
         a, w, bias if bias is not None else a, Live(3), gathered, ws.sync, ctx.ctrl,
         ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank, ctx.world_size,
-        m_local, M, N, K, a.stride(0), w.stride(0), out.stride(0),
-        fingerprint(_all_gather_matmul_kernel, M, K, str(a.dtype), bm, ctx.world_size),
+        m_local, M, N, K, a.stride(0), w.stride(0), out.stride(0), fp,
         NUM_PUSHERS=num_pushers, BM=bm, BN=bn, BK=cfg["BK"],
         GROUP_M=cfg["GROUP_M"], COPY_M=copy_m, COPY_K=copy_k,
         EVEN_K=K % cfg["BK"] == 0, ALIGNED=m_local % bm == 0, HAS_BIAS=bias is not None,
@@ -217,7 +196,7 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, schedule: str = "auto",
     fused_all_gather_matmul; GPUs of their own) or "plain" (also "nccl": NCCL all-gather +
     cuBLAS); see schedules.py. algorithm: the older name of
     schedule. options go to the schedule (fused: num_pushers, config, split_k, gemm:
-    "auto", "classic" or "tma", default env TRIDENT_GEMM, see all_gather_matmul_fused;
+    "auto", "classic", "tma" or "gluon", default env TRIDENT_GEMM, see all_gather_matmul_fused;
     sequential: collective; epilogue: config).
     """
     if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)

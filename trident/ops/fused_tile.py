@@ -36,13 +36,18 @@ ANY = 1 << 30              # a size above every edge of the GEMM table: its larg
 
 
 def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dict | None,
-                      group_m: int, local: str) -> dict:
+                      group_m: int, local: str, gluon: bool = False) -> dict:
     """The GEMM side of a fused launch: a core config (BM, BN, BK, GROUP_M, num_warps,
-    num_stages, SWAP_AB, SPLIT_K: the most slices) and PERSISTENT (True on the "tma" core).
-    gemm: "auto", "classic" or "tma" (None: ctx.options.gemm, TRIDENT_GEMM); config: overrides (an
-    option of the call); group_m: the classic core's GROUP_M.
+    num_stages, SWAP_AB, SPLIT_K: the most slices), PERSISTENT (True on the "tma" and
+    "gluon" cores) and CORE (the core it runs: "classic", "tma" or "gluon").
+    gemm: "auto", "classic", "tma" or "gluon" (None: ctx.options.gemm, TRIDENT_GEMM);
+    config: overrides (an option of the call); group_m: the classic core's GROUP_M.
     "auto": "tma" from TMA_MIN_M rows, and below it where the table's entry is a small-M
-    one (swap-AB or split-K: the core's decode choice); "classic" otherwise.
+    one (swap-AB or split-K: the core's decode choice); "classic" otherwise; never "gluon".
+    "gluon": only for an op that has that core (`gluon`: all_gather_matmul) and where it
+    can run (gluon_runs: an sm_90 GPU, K % 8 == 0); "tma" elsewhere, the CPU emulation
+    included. Its tiles: gluon_tiles; a per-rank fallback to the "tma" kernel (a w TMA
+    cannot address) takes FALLBACK, a Triton config of the same BM.
     local: the size that may differ between ranks ("N" of all_gather_matmul, "K" of the
     row-parallel ops): the table is read at its largest bucket of that size instead, so
     that every rank takes the same tiles (they decide the slots, flags and row blocks the
@@ -53,12 +58,18 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
                          f"TRIDENT_GEMM or the gemm= option), got {mode!r}")
     if local not in ("N", "K"):
         raise ValueError(f"fused_gemm_config: local must be 'N' or 'K', got {local!r}")
+    if mode == "gluon" and gluon and (config or {}).get("SWAP_AB"):
+        raise ValueError("the fused ops' gluon GEMM core runs no swap-AB config (SWAP_AB); "
+                         "ask for gemm='tma' to run one")
+    if mode == "gluon" and not (gluon and gluon_runs(ctx, K)):
+        mode = "tma"
     table_cfg = None
     if mode != "classic":
         from . import gemm as core
-        # a Gluon entry (gemm_ws.py, the standalone GEMM's): the fused kernels run its twin
-        table_cfg = core.triton_config(core.config_for(
-            M, ANY if local == "N" else N, ANY if local == "K" else K, split_k=True))
+        entry = core.config_for(M, ANY if local == "N" else N, ANY if local == "K" else K,
+                                split_k=True)
+        # a Gluon entry (gemm_ws.py, the standalone GEMM's): the Triton kernels run its twin
+        table_cfg = gluon_tiles(M, K, entry) if mode == "gluon" else core.triton_config(entry)
     if mode == "auto":
         small = table_cfg["SWAP_AB"] or table_cfg["SPLIT_K"] > 1
         mode = "tma" if M >= TMA_MIN_M or small else "classic"
@@ -67,11 +78,48 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
     else:
         cfg = table_cfg
     cfg.update(config or {})
-    cfg.pop("WARP_SPECIALIZE", None)
-    cfg.pop("STREAM_K", None)          # the fused ops run a stream-K config's tiles plainly
+    for key in ("WARP_SPECIALIZE", "STREAM_K", "GLUON", "TWIN", "TAIL"):
+        cfg.pop(key, None)             # the fused ops run a stream-K config's tiles plainly
     cfg["SWAP_AB"] = bool(cfg.get("SWAP_AB", False))
     cfg["SPLIT_K"] = int(cfg.get("SPLIT_K", 1))
-    cfg["PERSISTENT"] = mode == "tma"
+    cfg["PERSISTENT"] = mode != "classic"
+    cfg["CORE"] = mode
+    if mode == "gluon":
+        if cfg["BM"] % 64 or cfg["num_warps"] not in (4, 8) or cfg["BN"] % 8:
+            raise ValueError(f"the fused ops' gluon GEMM core needs BM a multiple of 64 "
+                             f"(wgmma's 64 rows a warp group), BN a multiple of 8 and 4 or 8 "
+                             f"consumer warps; got BM={cfg['BM']}, BN={cfg['BN']}, "
+                             f"num_warps={cfg['num_warps']}")
+        fallback = dict(cfg["FALLBACK"], BM=cfg["BM"], SWAP_AB=False, PERSISTENT=True,
+                        CORE="tma")
+        for key in ("WARP_SPECIALIZE", "STREAM_K", "GLUON", "TWIN", "TAIL"):
+            fallback.pop(key, None)
+        cfg["FALLBACK"] = fallback
+    return cfg
+
+
+def gluon_runs(ctx, K: int) -> bool:
+    """Whether all_gather_matmul's gluon core (fused_gluon.py) can run on this context at
+    this K: an sm_90 GPU (not the CPU emulation) and 16-byte rows of the gathered buffer
+    (K % 8 == 0) -- the same on every rank. A w that TMA cannot address is this rank's
+    own: all_gather_matmul then runs FALLBACK (fused_gemm_config)."""
+    from . import gemm as core
+    from ..runtime._env import INTERPRET
+    return (not INTERPRET and ctx.backend == "cuda" and K % 8 == 0
+            and core.gpu_identity(ctx.device)[1] == (9, 0))
+
+
+def gluon_tiles(M: int, K: int, entry: dict) -> dict:
+    """The gluon core's config for a GEMM table entry: a Gluon entry (gemm_ws.py) as it is,
+    with its TWIN as FALLBACK; a swap-AB one by the plain config the fused kernels take
+    for it (gemm.config_for without split_k); any other as it is (its own FALLBACK)."""
+    from . import gemm as core
+    if entry.get("GLUON"):
+        cfg = dict(entry)
+        cfg["FALLBACK"] = core.resolve(entry["TWIN"])
+    else:
+        cfg = core.config_for(M, ANY, K) if entry["SWAP_AB"] else dict(entry)
+        cfg["FALLBACK"] = dict(cfg)
     return cfg
 
 
@@ -101,10 +149,11 @@ def choice(ctx, op: str, M: int, N: int, K: int, gemm: str | None = None,
     """What this rank's fused kernel of `op` runs at this size, in a few words (for the
     benchmark's tables): the core, swap-AB, the tile of out, the K slices."""
     cfg = fused_gemm_config(ctx, M, N, K, gemm, config, 8,
-                            "N" if op == "all_gather_matmul" else "K")
+                            "N" if op == "all_gather_matmul" else "K",
+                            gluon=op == "all_gather_matmul")
     split = split_count(ctx, cfg, num_tiles(op, M, N, ctx.world_size, cfg), K, split_k)
     bm, bn = tile_shape(cfg)
-    return (f"{'tma' if cfg['PERSISTENT'] else 'classic'}{' swab' if cfg['SWAP_AB'] else ''} "
+    return (f"{cfg['CORE']}{' swab' if cfg['SWAP_AB'] else ''} "
             f"{bm}x{bn}x{cfg['BK']}" + (f" split {split}" if split > 1 else ""))
 
 

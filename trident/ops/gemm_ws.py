@@ -69,29 +69,84 @@ def _unit(unit, whole, split_k, k_steps):
 
 
 @gluon.jit
+def load_step(a_desc, w_desc, a_bufs, w_bufs, ready, empty, i, m0, n0, k,
+              STAGES: gl.constexpr):
+    """The producer's step i: once the consumers freed ring slot i % STAGES, the TMA loads
+    of K step k of the tile at (m0, n0) into it (`ready` completes on their bytes)."""
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
+    s = i % STAGES
+    # a fresh barrier is in phase 0: waiting for parity 1 passes at once, so the first
+    # round of slots needs no arrival
+    mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
+    mbarrier.expect(ready.index(s), nbytes)
+    tma.async_copy_global_to_shared(a_desc, [m0, k * BK], ready.index(s), a_bufs.index(s))
+    tma.async_copy_global_to_shared(w_desc, [n0, k * BK], ready.index(s), w_bufs.index(s))
+
+
+@gluon.jit
+def mma_steps(a_bufs, w_bufs, ready, empty, acc, i, k_lo, k_hi, STAGES: gl.constexpr):
+    """The consumers' K steps k_lo <= k < k_hi of one unit, ring steps i, i + 1, ...: each
+    waits for its slot, issues its wgmma asynchronously, waits for the one before (at
+    most one in flight) and frees that one's slot; the last slot is freed once its wgmma
+    is done. Returns (acc, the next ring step)."""
+    for k in range(k_lo, k_hi):
+        s = i % STAGES
+        mbarrier.wait(ready.index(s), (i // STAGES) & 1)
+        acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc,
+                            is_async=True)
+        # the wgmma of step i - 1 is done: free its slot
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k > k_lo)
+        i += 1
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+    mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_hi > k_lo)
+    return acc, i
+
+
+@gluon.jit
+def sum_slices(y, first, counter, part, split_k, offs, SIZE: gl.constexpr):
+    """gemm.py's deterministic split-K fix-up for slice `part` of a tile: its fp32
+    partial y at first + part * SIZE (offs: the tile's offsets in the layout of y), the
+    tile's counter counted acq_rel after a barrier of the partition; the last of the
+    split_k slices to arrive rearms the counter to 0 and sums the partials in slice
+    order. Returns (True, the sum) there, else (False, y)."""
+    gl.store(first + part * SIZE + offs, y)
+    gl.thread_barrier()                 # every thread's partial before the arrival
+    last = gl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == split_k - 1
+    if last:
+        gl.store(counter, 0)                             # rearmed for the next launch
+        y = gl.load(first + offs, cache_modifier=".cg")
+        for q in range(1, split_k):                      # slice order: deterministic
+            y += gl.load(first + q * SIZE + offs, cache_modifier=".cg")
+    return last, y
+
+
+@gluon.jit
+def store_out(y, out, bias, rows, cols, M, N, stride_om, HAS_BIAS: gl.constexpr):
+    """y (+ bias) -> out[rows, cols] in out's dtype, rows < M and cols < N only (masked
+    16-byte stores through pointers)."""
+    if HAS_BIAS:
+        y = y + gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
+    ptrs = out + rows[:, None].to(gl.int64) * stride_om + cols[None, :]
+    gl.store(ptrs, y.to(out.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@gluon.jit
 def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, num_units, whole, num_pid_m,
               num_pid_n, k_steps, split_k, GROUP_M: gl.constexpr, NUM_PROGRAMS: gl.constexpr,
               STAGES: gl.constexpr):
     """One warp: the TMA loads of every K step of every work unit of this program (_unit),
     STAGES ahead of the consumers at most, across the units' boundaries."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
     i = 0
     for unit in range(gl.program_id(0), num_units, NUM_PROGRAMS):
         tile, part, k_lo, k_hi = _unit(unit, whole, split_k, k_steps)
         pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
         for k in range(k_lo, k_hi):
-            s = i % STAGES
-            # a fresh barrier is in phase 0: waiting for parity 1 passes at once, so the
-            # first round of slots needs no arrival
-            mbarrier.wait(empty.index(s), ((i // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k * BK], ready.index(s),
-                                            a_bufs.index(s))
-            tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k * BK], ready.index(s),
-                                            w_bufs.index(s))
+            load_step(a_desc, w_desc, a_bufs, w_bufs, ready, empty, i, pid_m * BM,
+                      pid_n * BN, k, STAGES)
             i += 1
 
 
@@ -102,13 +157,12 @@ def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_u
               STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, SPLIT: gl.constexpr,
               NUM_WARPS: gl.constexpr, WARPS_M: gl.constexpr, INSTR_N: gl.constexpr,
               TPW_N: gl.constexpr):
-    """The default partition: wgmma over the ring, then the unit's epilogue. SPLIT, for a
-    unit of a split tile (tile >= whole): its fp32 partial goes to the split-K workspace
-    (indexed from the first split tile) and the last of the tile's split_k slices to
-    arrive sums them in slice order (gemm.py's deterministic fix-up: the counter counted
-    acq_rel after a barrier of the partition, rearmed to 0 by the last). The tile's
-    store: bias, then masked 16-byte stores through pointers (a fresh output has a new
-    address every call, which a host descriptor made once would not follow)."""
+    """The default partition: wgmma over the ring (mma_steps), then the unit's epilogue.
+    SPLIT, for a unit of a split tile (tile >= whole): its fp32 partial goes to the
+    split-K workspace (indexed from the first split tile) and the last of the tile's
+    split_k slices to arrive sums them (sum_slices). The tile's store: bias, then masked
+    16-byte stores through pointers (a fresh output has a new address every call, which
+    a host descriptor made once would not follow)."""
     layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS_M, NUM_WARPS // WARPS_M],
         instr_shape=[16, INSTR_N, 16])
@@ -119,17 +173,7 @@ def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_u
         tile, part, k_lo, k_hi = _unit(unit, whole, split_k, k_steps)
         pid_m, pid_n = tile_position(tile, num_pid_m, num_pid_n, GROUP_M)
         acc = gl.zeros((BM, BN), dtype=gl.float32, layout=layout)
-        for k in range(k_lo, k_hi):
-            s = i % STAGES
-            mbarrier.wait(ready.index(s), (i // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), acc,
-                                is_async=True)
-            # the wgmma of step i - 1 is done: free its slot
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-            mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k > k_lo)
-            i += 1
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        mbarrier.arrive(empty.index((i + STAGES - 1) % STAGES), pred=k_hi > k_lo)
+        acc, i = mma_steps(a_bufs, w_bufs, ready, empty, acc, i, k_lo, k_hi, STAGES)
         y = gl.convert_layout(acc, stored)
         r = gl.arange(0, BM, layout=gl.SliceLayout(1, stored))
         c = gl.arange(0, BN, layout=gl.SliceLayout(0, stored))
@@ -138,25 +182,11 @@ def _consumer(out, bias, partials, counters, a_bufs, w_bufs, ready, empty, num_u
             last = tile < whole
             if tile >= whole:
                 cut = tile - whole
-                offs = r[:, None] * BN + c[None, :]
-                first = partials + cut.to(gl.int64) * split_k * (BM * BN)
-                gl.store(first + part * (BM * BN) + offs, y)
-                gl.thread_barrier()         # every thread's partial before the arrival
-                last = gl.atomic_add(counters + cut, 1, sem="acq_rel", scope="gpu") == \
-                    split_k - 1
-                if last:
-                    gl.store(counters + cut, 0)              # rearmed for the next launch
-                    y = gl.load(first + offs, cache_modifier=".cg")
-                    for q in range(1, split_k):              # slice order: deterministic
-                        y += gl.load(first + q * (BM * BN) + offs, cache_modifier=".cg")
+                last, y = sum_slices(y, partials + cut.to(gl.int64) * split_k * (BM * BN),
+                                     counters + cut, part, split_k,
+                                     r[:, None] * BN + c[None, :], BM * BN)
         if last:
-            rows = pid_m * BM + r
-            cols = pid_n * BN + c
-            if HAS_BIAS:
-                y = y + gl.load(bias + cols, mask=cols < N, other=0.0).to(gl.float32)[None, :]
-            ptrs = out + rows[:, None].to(gl.int64) * stride_om + cols[None, :]
-            gl.store(ptrs, y.to(out.dtype.element_ty),
-                     mask=(rows[:, None] < M) & (cols[None, :] < N))
+            store_out(y, out, bias, pid_m * BM + r, pid_n * BN + c, M, N, stride_om, HAS_BIAS)
 
 
 @gluon.jit
