@@ -2,6 +2,8 @@
 stats of the wrong shape, a handle that is not one): the check runs before the
 ExpertParallel call, so the peers' dispatch waited for that rank until its timeout. Now
 they stop at once with PeerFailed naming it, and after ctx.reset() a round is right."""
+import contextlib
+
 import pytest
 import torch
 
@@ -13,20 +15,32 @@ H, K, M = 128, 2, 4
 TIMEOUT = 10.0
 
 
-def _refused(ctx, what):
-    last = ctx.world_size - 1
-    E = 2 * ctx.world_size
+@contextlib.contextmanager
+def _buffer(ctx, *args, **kwargs):
+    """deep_ep.Buffer(ctx.group, *args, **kwargs) with the context's timeout at TIMEOUT,
+    and this rank's inputs: x [M, H] bf16, top-k ids over 2 * world experts, weights.
+    Destroyed, and the timeout restored, after."""
     old = ctx.timeout_s
     ctx.set_timeout(TIMEOUT)
-    buf = deep_ep.Buffer(ctx.group, low_latency_mode=True,
-                         num_rdma_bytes=deep_ep.Buffer.get_low_latency_rdma_size_hint(
-                             M, H, ctx.world_size, E))
+    buf = deep_ep.Buffer(ctx.group, *args, **kwargs)
     try:
         g = torch.Generator().manual_seed(ctx.rank)
+        E = 2 * ctx.world_size
         x = torch.randn(M, H, generator=g).to(torch.bfloat16).to(ctx.device)
         idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]).to(ctx.device)
         w = torch.rand(M, K, generator=g).to(ctx.device)
+        yield buf, x, idx, w
+    finally:
+        buf.destroy()
+        ctx.set_timeout(old)
 
+
+
+def _refused(ctx, what):
+    last = ctx.world_size - 1
+    E = 2 * ctx.world_size
+    size = deep_ep.Buffer.get_low_latency_rdma_size_hint(M, H, ctx.world_size, E)
+    with _buffer(ctx, low_latency_mode=True, num_rdma_bytes=size) as (buf, x, idx, w):
         def dispatch(bad=False):
             stats = torch.zeros(E // ctx.world_size + (1 if bad else 0), dtype=torch.int32,
                                 device=ctx.device)
@@ -49,9 +63,6 @@ def _refused(ctx, what):
         torch.testing.assert_close(y.float(), x.float() * w.sum(1, keepdim=True),
                                    rtol=2e-2, atol=2e-2)
         return got
-    finally:
-        buf.destroy()
-        ctx.set_timeout(old)
 
 
 @pytest.mark.parametrize("what", ["stats", "handle"])
@@ -70,17 +81,10 @@ def _refused_normal(ctx, what):
     top-k weights; the check runs before any exchange (Buffer._dispatch_inputs, combine's
     checks), so without the hand-over its peers waited in the layout's all_gather or the
     move until their timeout."""
-    R, dev, last = ctx.world_size, ctx.device, ctx.world_size - 1
-    E = 2 * R
-    old = ctx.timeout_s
-    ctx.set_timeout(TIMEOUT)
-    buf = deep_ep.Buffer(ctx.group, deep_ep.Config(20, 6, 256).get_nvl_buffer_size_hint(H * 2, R), 0)
-    try:
-        g = torch.Generator().manual_seed(ctx.rank)
-        x = torch.randn(M, H, generator=g).to(torch.bfloat16).to(dev)
-        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(M)]).to(dev)
-        w = torch.rand(M, K, generator=g).to(dev)
-        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    R, last = ctx.world_size, ctx.world_size - 1
+    size = deep_ep.Config(20, 6, 256).get_nvl_buffer_size_hint(H * 2, R)
+    with _buffer(ctx, size, 0) as (buf, x, idx, w):
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, 2 * R)
 
         def dispatch(x):
             return buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
@@ -101,9 +105,6 @@ def _refused_normal(ctx, what):
         torch.testing.assert_close(out.float(), (x.float() * times).to(torch.bfloat16).float(),
                                    rtol=2e-2, atol=2e-2)
         return got
-    finally:
-        buf.destroy()
-        ctx.set_timeout(old)
 
 
 @pytest.mark.parametrize("what", ["dispatch", "combine"])
