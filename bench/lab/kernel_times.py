@@ -10,12 +10,16 @@ Cases (issue 39, item 1):
   all_reduce 1 KiB and 16 KiB, bf16: trident lamport (launched with PDL, the default, and
       without: ccl/lamport.py "PDL") and one_shot, torch symm-mem one_shot / two_shot, NCCL;
   the MoE round (DeepSeek-V3 experts and top-k) at 1 and 128 tokens per rank: dispatch,
-      combine, both, the split round (send halves, then the receive halves), and the same
-      at hidden 256, which leaves the bytes out and shows the fixed cost.
+      combine, both, the split round (send halves, then the receive halves), the round
+      and the split round with the MoE kernels launched without PDL (moe/plans.py "PDL"),
+      and the same at hidden 256, which leaves the bytes out and shows the fixed cost.
+--no-pdl launches every kernel of the run plainly (both knobs off: ccl/lamport.py's and
+moe/plans.py's), for a whole run to set beside the default one.
 On the CPU emulation each case runs once (no graphs, no times): a check that the script
 runs.
 
     PYTHONPATH=. python bench/lab/kernel_times.py [--calls 20] [--only all_reduce|moe]
+                                                  [--world N] [--no-pdl]
 """
 from __future__ import annotations
 
@@ -114,7 +118,8 @@ def _all_reduce_cases(ctx):
         t = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=ctx.device)
         cases = {f"trident {a}": (lambda a=a: ctx.all_reduce(t, algorithm=a))
                  for a in ("lamport", "one_shot")}
-        cases["trident lamport (no PDL)"] = _without_pdl(ctx, cases["trident lamport"])
+        cases["trident lamport (no PDL)"] = _without_pdl(ctx, cases["trident lamport"],
+                                                         _lamport())
         if ctx.backend == "cuda":
             import torch.distributed as dist
             if dist.get_backend(ctx.group) == "nccl":   # not when ranks share a GPU (gloo)
@@ -125,20 +130,30 @@ def _all_reduce_cases(ctx):
             yield {"op": "all_reduce", "bytes": nbytes, "impl": name}, fn
 
 
-def _without_pdl(ctx, fn):
-    """fn with the Lamport kernels launched plainly: its plans are built with
-    ccl.lamport.PDL off (the plans of this rank are dropped before and after, so that the
-    other cases build theirs with the default)."""
+def _lamport():
     from trident.ccl import lamport
+    return lamport
 
+
+def _moe_plans():
+    from trident.moe import plans
+    return plans
+
+
+def _without_pdl(ctx, fn, knob):
+    """fn with the kernels of `knob` (the module whose PDL switches them: ccl/lamport.py,
+    moe/plans.py) launched plainly: its plans are built with knob.PDL off (the plans of
+    this rank are dropped before and after, so that the other cases build theirs with
+    the run's setting, which `done` puts back)."""
     def call():
         if call.first:
             call.first = False
+            call.was = knob.PDL
             ctx.plans.clear()
-            lamport.PDL = False
+            knob.PDL = False
         fn()
-    call.first = True
-    call.done = lambda: (setattr(lamport, "PDL", True), ctx.plans.clear())
+    call.first, call.was = True, knob.PDL
+    call.done = lambda: (setattr(knob, "PDL", call.was), ctx.plans.clear())
     return call
 
 
@@ -180,10 +195,15 @@ def _moe_cases(ctx):
             yield {**head, "impl": "combine"}, combine
             yield {**head, "impl": "round"}, both
             yield {**head, "impl": "round (split)"}, split
+            yield {**head, "impl": "round (no PDL)"}, _without_pdl(ctx, both, _moe_plans())
+            yield ({**head, "impl": "round (split, no PDL)"},
+                   _without_pdl(ctx, split, _moe_plans()))
             ep.close()
 
 
-def main(ctx, only, calls, reps):
+def main(ctx, only, calls, reps, pdl=True):
+    if not pdl:                        # --no-pdl: every kernel of the run launched plainly
+        _lamport().PDL = _moe_plans().PDL = False
     rows = []
     groups = {"all_reduce": _all_reduce_cases, "moe": _moe_cases}
     for name, cases in groups.items():
@@ -207,8 +227,11 @@ if __name__ == "__main__":
     p.add_argument("--only", choices=("all_reduce", "moe"), default=None)
     p.add_argument("--world", type=int, default=None)
     p.add_argument("--backend", default=None)
+    p.add_argument("--no-pdl", action="store_true",
+                   help="launch every kernel without programmatic dependent launch")
     a = p.parse_args()
-    ranks = td.launch(main, a.world, a.only, a.calls, a.reps, backend=a.backend)
+    ranks = td.launch(main, a.world, a.only, a.calls, a.reps, not a.no_pdl,
+                      backend=a.backend)
     import datetime
     import triton
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -219,5 +242,5 @@ if __name__ == "__main__":
                "triton": triton.__version__,
                "note": "ranks share one GPU (MPS): HBM, not NVLink" if a.world and gpus
                        and a.world > gpus else "",
-               "calls": a.calls, "ranks": ranks}, sys.stdout, indent=1)
+               "calls": a.calls, "pdl": not a.no_pdl, "ranks": ranks}, sys.stdout, indent=1)
     print()

@@ -629,6 +629,14 @@ def _pipelined() -> list[Kernel]:
     ]
 
 
+def _pdl(trace: bool) -> dict:
+    """An MoE variant's TRACE, and PDL as sm_90+ launches them (moe/plans.py `PDL`): its
+    instructions, and no global access before the wait (compile_variant), traced or not
+    (the trace's first store comes after the wait too). The plain launch (the knob off)
+    is the same code without the two instructions."""
+    return dict(TRACE=trace, PDL=True, ptx_has=PDL_PTX)
+
+
 def _moe() -> list[Kernel]:
     """Dispatch and combine, DeepSeek-V3's shape on 8 ranks (H 7168, top-8, 256 experts).
     PART=BOTH (the fused launch) holds both halves' code; the split launches (SEND, RECV)
@@ -659,29 +667,29 @@ def _moe() -> list[Kernel]:
     return [
         Kernel("trident.moe.dispatch", "dispatch_kernel", dispatch,
                [V("ld+st", **dshape, PART=B.BOTH.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
-                  FP8=False, TRACE=False),
+                  FP8=False, **_pdl(False)),
                 V("ld+st", types=dict(topk_idx=P32), **dshape, PART=B.BOTH.value,
-                  HAS_WEIGHTS=False, BLOCK_L=block_l, FP8=False, TRACE=True),
+                  HAS_WEIGHTS=False, BLOCK_L=block_l, FP8=False, **_pdl(True)),
                 V("ld+st", **dshape, PART=B.SEND.value, HAS_WEIGHTS=True, BLOCK_L=block_l,
-                  FP8=False, TRACE=False),
+                  FP8=False, **_pdl(False)),
                 V("ld+st", **dshape, PART=B.RECV.value, HAS_WEIGHTS=False, BLOCK_L=block_l,
-                  FP8=False, TRACE=False)]
+                  FP8=False, **_pdl(False))]
                # fp8 (dispatch(..., fp8=True)): the receive buffer and expert_x as int32
                # words, quantised in the send half, words copied in the receive half
                + [V(vec, types=dict(tokens=P32, expert_x=P32), **dshape, PART=part.value,
-                    HAS_WEIGHTS=w, BLOCK_L=block_l, FP8=True, TRACE=False)
+                    HAS_WEIGHTS=w, BLOCK_L=block_l, FP8=True, **_pdl(False))
                   for vec, part, w in (("ld+st", B.BOTH, False), ("ld+st", B.BOTH, True),
                                        ("ld+st", B.SEND, False), ("ld+st", B.RECV, False))],
                aligned=("stride_x",)),
         Kernel("trident.moe.combine", "combine_kernel", combine,
                [V("ld+st", **cshape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=False,
-                  BLOCK_T=BLOCK_T, TRACE=True),
+                  BLOCK_T=BLOCK_T, **_pdl(True)),
                 V("ld+st", **cshape, PART=B.BOTH.value, WEIGHTS_AT_DISPATCH=True,
-                  BLOCK_T=BLOCK_T, TRACE=False),
+                  BLOCK_T=BLOCK_T, **_pdl(False)),
                 V("ld+st", **cshape, PART=B.SEND.value, WEIGHTS_AT_DISPATCH=False,
-                  BLOCK_T=BLOCK_T, TRACE=False),
+                  BLOCK_T=BLOCK_T, **_pdl(False)),
                 V("ld+st", **cshape, PART=B.RECV.value, WEIGHTS_AT_DISPATCH=False,
-                  BLOCK_T=BLOCK_T, TRACE=False)],
+                  BLOCK_T=BLOCK_T, **_pdl(False))],
                aligned=("stride_ye", "stride_yr")),
     ] + _moe_high_throughput(shape, block_l, dispatch, combine)
 
@@ -697,17 +705,17 @@ def _moe_high_throughput(shape, block_l, dispatch, combine) -> list[Kernel]:
         Kernel("trident.moe.high_throughput", "ht_dispatch_kernel",
                dict(dispatch, chunk_flags=P64),
                [V("ld+st", **shape, **chunk, PART=part.value, HAS_WEIGHTS=w,
-                  BLOCK_L=block_l, FP8=False, TRACE=trace)
+                  BLOCK_L=block_l, FP8=False, **_pdl(trace))
                 for part, w, trace in ((B.BOTH, True, False), (B.BOTH, False, True),
                                        (B.SEND, False, False), (B.RECV, False, False))]
                + [V("ld+st", types=dict(tokens=P32, expert_x=P32), **shape, **chunk,
                     PART=part.value, HAS_WEIGHTS=False, BLOCK_L=block_l, FP8=True,
-                    TRACE=False) for part in (B.BOTH, B.SEND, B.RECV)],
+                    **_pdl(False)) for part in (B.BOTH, B.SEND, B.RECV)],
                aligned=("stride_x",)),
         Kernel("trident.moe.high_throughput", "ht_combine_kernel",
                dict(combine, chunk_flags=P64),
                [V("ld+st", **shape, **chunk, PART=part.value, WEIGHTS_AT_DISPATCH=at_d,
-                  BLOCK_T=BLOCK_T, TRACE=trace)
+                  BLOCK_T=BLOCK_T, **_pdl(trace))
                 for part, at_d, trace in ((B.BOTH, False, True), (B.BOTH, True, False),
                                           (B.SEND, False, False), (B.RECV, False, False))],
                aligned=("stride_ye", "stride_yr")),

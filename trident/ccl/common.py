@@ -351,6 +351,15 @@ def kernel_options(ctx, warps=None) -> dict:
     return {"num_warps": warps or GPU_NUM_WARPS} if ctx.backend == "cuda" else {}
 
 
+def pdl_options(ctx, on: bool) -> dict:
+    """The launch options of a kernel written for programmatic dependent launch (PDL: its
+    first act is tdl.wait_previous_kernel(), lamport.py's docstring says why): its PDL
+    constexpr, and launch_pdl where the GPU has it (sm_90+, and `on`: the caller's A/B
+    knob, lamport.PDL or moe/plans.py's PDL); never launch_pdl on the CPU emulation."""
+    on = on and ctx.backend == "cuda" and torch.cuda.get_device_capability(ctx.device)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+
+
 def check_warps(warps=None) -> None:
     """The warps knob's check (kernel_options makes it; so does a call without a kernel)."""
     if warps is not None and warps not in WARPS:

@@ -134,9 +134,8 @@ PDL = True                            # launch with programmatic dependent launc
 
 def pdl(ctx) -> dict:
     """The launch options of a Lamport kernel for PDL (module docstring): its PDL
-    constexpr, and launch_pdl where the GPU has it (sm_90+; never on the CPU emulation)."""
-    on = PDL and ctx.backend == "cuda" and torch.cuda.get_device_capability(ctx.device)[0] >= 9
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    constexpr, and launch_pdl where the GPU has it (common.pdl_options, with `PDL`)."""
+    return common.pdl_options(ctx, PDL)
 
 
 def slot_bytes(ctx) -> int:

@@ -129,6 +129,31 @@ def chunks(max_num_tokens: int) -> int:
 
 
 @triton.jit
+def begin_launch(PDL: tl.constexpr):
+    """The first act of every dispatch and combine kernel, both paths, every PART. PDL: the
+    kernel was launched with launch_pdl (plans.py `PDL`, ccl/common.py pdl_options), so
+    the GPU may start it while the kernel before it in the stream still runs. It waits
+    for that kernel first (griddepcontrol.wait), before any global access -- the epochs
+    and counters of `state`, the flags, the user's inputs -- so it sees every write of
+    the kernels before it as in plain stream order. PTX's griddepcontrol.wait waits
+    until the prerequisite grids have *completed* and their memory operations are
+    performed and visible, not merely until they triggered (PTX ISA "griddepcontrol";
+    CUDA Programming Guide, "Programmatic Dependent Launch and Synchronization": the
+    secondary's cudaGridDependencySynchronize waits for the primary's completion and
+    flush). So where the trigger sits cannot change what a next kernel that waits so
+    (every PDL kernel of trident; a plain launch ignores the trigger) reads, only when
+    it is scheduled, and it sits here, at the start: the next kernel's launch hides
+    behind this one's whole run. The next kernel is scheduled only once every program
+    of this grid has triggered, i.e. is resident, so its programs (held at their own
+    wait) cannot keep one of this grid's off the GPU; on a GPU that ranks share, their
+    SM room counts against this rank's MPS share (runtime/placement.py), not the
+    peer's. Without PDL: nothing."""
+    if PDL:
+        tdl.wait_previous_kernel()
+        tdl.let_next_kernel_launch()
+
+
+@triton.jit
 def senders(send_programs, PART: tl.constexpr):
     """How many of this launch's programs (the first ones) run the send half."""
     if PART == SEND:

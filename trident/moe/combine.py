@@ -29,6 +29,11 @@ rank by rank, one system fence per rank in series.
 (PART = BOTH): weight programs first, then expert programs, then receivers. A program
 waits only for work of lower program ids or of other ranks, so the grid cannot
 deadlock, and the CPU emulation, which runs programs in order, works.
+
+Launched with programmatic dependent launch on sm_90+ (plans.py `PDL`), as dispatch is:
+every program's first act, before any global access (the epochs, the flags, expert_y
+and the weights), is buffers.begin_launch -- wait for the kernels before it in the
+stream (the user's expert GEMM among them) to complete, then let the next one launch.
 """
 import triton
 import triton.language as tl
@@ -264,7 +269,8 @@ def combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stri
                    PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                    WP: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
                    WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                   BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr):
+    B.begin_launch(PDL)         # before any global access (buffers.begin_launch)
     pid = tl.program_id(0)
     n_send = B.senders(send_programs, PART)
     if pid < n_send:

@@ -39,6 +39,11 @@ the receive half) or both in one launch (PART = BOTH): programs [0, send_program
 the others receive. The receivers wait only for the senders (lower program ids) and for
 other ranks, so the grid cannot deadlock, and the CPU emulation, which runs programs in
 order, works.
+
+Launched with programmatic dependent launch on sm_90+ (plans.py `PDL`): every program's
+first act, before any global access (the epochs, the flags, x and topk_idx), is
+buffers.begin_launch -- wait for the kernels before it in the stream to complete, then
+let the next kernel launch -- so the ordering is plain stream order's.
 """
 import triton
 import triton.language as tl
@@ -312,7 +317,8 @@ def dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights, s
                     peer_programs, fp, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                     KP: tl.constexpr, WP: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
                     HAS_WEIGHTS: tl.constexpr, FP8: tl.constexpr, BLOCK_L: tl.constexpr,
-                    BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                    BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr):
+    B.begin_launch(PDL)         # before any global access (buffers.begin_launch)
     pid = tl.program_id(0)
     n_send = B.senders(send_programs, PART)
     if pid < n_send:

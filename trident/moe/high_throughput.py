@@ -91,7 +91,9 @@ ranks), so the grid cannot deadlock and the CPU emulation (programs in order) wo
 The path is chosen per ExpertParallel (same on every rank): high_throughput=True/False,
 or by default max_num_tokens >= ctx.options.moe_ht_min_tokens (TRIDENT_MOE_HT_MIN_TOKENS,
 1024: the issue's "prefill size"; to be tuned on GPUs: `trident bench moe` times both
-paths at 4096 tokens, rows `trident` and `trident (low-latency)`).
+paths at 4096 tokens, rows `trident` and `trident (low-latency)`). Both kernels are
+launched with programmatic dependent launch as the low-latency ones are (plans.py `PDL`,
+buffers.begin_launch first).
 """
 import triton
 import triton.language as tl
@@ -216,7 +218,8 @@ def ht_dispatch_kernel(x, stride_x, topk_idx, stride_it, stride_ik, topk_weights
                        check_ids, send_programs, fp, PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
                        KP: tl.constexpr, WP: tl.constexpr, HAS_WEIGHTS: tl.constexpr,
                        FP8: tl.constexpr, CHUNK: tl.constexpr, BLOCK_L: tl.constexpr,
-                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                       BLOCK_H: tl.constexpr, TRACE: tl.constexpr, PDL: tl.constexpr):
+    B.begin_launch(PDL)         # before any global access (buffers.begin_launch)
     pid = tl.program_id(0)
     n_send = B.senders(send_programs, PART)
     if pid < n_send:
@@ -337,7 +340,8 @@ def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, s
                       PART: tl.constexpr, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
                       WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-                      TRACE: tl.constexpr):
+                      TRACE: tl.constexpr, PDL: tl.constexpr):
+    B.begin_launch(PDL)         # before any global access (buffers.begin_launch)
     # one launch (PART BOTH): the receivers sum this rank's own part from expert_y; split
     # halves and PART STAGED (A/B timing) stage it in `partial` like the other ranks' parts
     ONE_PASS: tl.constexpr = PART == B.BOTH

@@ -17,12 +17,22 @@ ctx.options.moe_ht_min_tokens) launches the kernels of high_throughput.py instea
 the same arguments plus the chunk flags, and its grids sized by chunks of
 buffers.CHUNK_TOKENS tokens instead of tokens. Its combine plans launch PART STAGED
 instead of BOTH while HT_COMBINE_STAGED is set (A/B timing of the staged combine).
+
+Every launch of either path, every PART, is made with programmatic dependent launch on
+sm_90+ (`_launch`: ccl/common.py pdl_options, as the Lamport collectives' are; never on
+the CPU emulation): the GPU may start a kernel while the one before it in the stream
+still runs, so that a CUDA graph of small calls hides each launch behind the previous
+kernel's tail. The ordering rule: a kernel's first act is griddepcontrol.wait
+(buffers.begin_launch), before any global access, so it sees every write of the
+kernels before it as in plain stream order; then it lets the next one launch. `PDL =
+False` launches them plainly (A/B timing).
 """
 from __future__ import annotations
 
 import torch
 import triton
 
+from ..ccl.common import pdl_options
 from ..ccl.device import fingerprint
 from ..runtime.plans import Live, Plan, plan_for
 from ..trace import kernel_args
@@ -38,6 +48,10 @@ BLOCK_T = 64      # tokens per step of combine's weight programs
 # (buffers.STAGED, the combine before its one-pass receive), for A/B timing only
 # (`trident bench moe --combine-ab`); read when a plan is built
 HT_COMBINE_STAGED = False
+# True: the kernels are launched with programmatic dependent launch where the GPU has it
+# (module docstring); False launches them plainly, for A/B timing (bench/lab/
+# kernel_times.py --no-pdl). Read when a plan is built
+PDL = True
 
 
 # ---------------------------------------------------------------------------- checks
@@ -128,9 +142,11 @@ def new_plan(ctx, key, build, args) -> Plan:
 def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, args: dict,
             **constexprs) -> None:
     """Add a launch of `kernel` with every parameter taken by name from the ExpertParallel's
-    fixed arguments, then `args` (positionally: Live arguments must be)."""
+    fixed arguments, then `args` (positionally: Live arguments must be), with the launch
+    options of PDL (`PDL`: the kernel's PDL constexpr, and launch_pdl on sm_90+)."""
     ctx, b = ep.ctx, ep.buf
     trace_buf, trace = kernel_args(ctx)
+    pdl = pdl_options(ctx, PDL)
     named = dict(
         tokens=b.tokens, meta=b.meta, dweights=b.dweights, partial=b.partial, flags=b.flags,
         fps=b.fps, slots=b.slots, NS=b.ns, chunk_flags=b.chunk_flags, CHUNK=B.CHUNK_TOKENS,
@@ -143,10 +159,10 @@ def _launch(ep, plan: Plan, kernel, part, send_programs: int, programs: int, arg
         num_experts=ep.num_experts, cap=ep.capacity, send_programs=send_programs, PART=part,
         H=ep.hidden_dim, K=ep.experts_per_token, KP=b.kp, WP=b.wp,
         BLOCK_L=min(1024, triton.next_power_of_2(ep.num_local_experts)),
-        BLOCK_H=ep.block_h, BLOCK_T=BLOCK_T, TRACE=trace)
+        BLOCK_H=ep.block_h, BLOCK_T=BLOCK_T, TRACE=trace, PDL=pdl.pop("PDL"))
     named.update(args, **constexprs)
     plan.launch(kernel, (programs,), *(named[name] for name in kernel.arg_names),
-                num_warps=ep.num_warps)
+                num_warps=ep.num_warps, **pdl)
 
 
 def _receivers(ep) -> int:
