@@ -19,7 +19,9 @@
 #           in this copy (later steps use it) and copied to $OUT; rows in $OUT/gemm.tar.gz
 #   fused   issue 30's two-GPU targets: bench ops at 2 ranks (one per GPU), Llama-3-8B and
 #           -70B TP=2 layers, every schedule and auto against NCCL + cuBLAS, torch async-TP
-#           and sequential, M 1..8192, eager and graph, checked; prints the targets and
+#           and sequential, M 1..8192, eager and graph, checked (all_gather_matmul's fused
+#           kernel on each GEMM core of FUSED_CORES too: rows trident_fused[tma|gluon]);
+#           prints the targets and
 #           each miss; then pass 2: trident/ops/schedule_table.json rebuilt from that run
 #           (bench/schedule_table.py) and auto + NCCL/cuBLAS measured again with it (suite
 #           ops-auto; FUSED_PASS2=0 skips it; step fused2 is pass 2 alone, on FUSED_RUN or the
@@ -120,7 +122,8 @@ for step in ${STEPS:-env tests}; do
     TIMES="--calls ${FUSED_CALLS:-20} --reps ${FUSED_REPS:-3}"
     if [ $step = fused ]; then
       $T ${FUSED_TIMEOUT:-380} python3 -m trident.bench.ops --world-size 2 --layers $LAYERS \
-        --m $MS $TIMES --budget-s ${FUSED_BUDGET:-300} --out-dir /tmp/fused > /tmp/fused/fused.log 2>&1
+        --m $MS $TIMES --budget-s ${FUSED_BUDGET:-300} --cores ${FUSED_CORES:-tma,gluon} \
+        --out-dir /tmp/fused > /tmp/fused/fused.log 2>&1
       say "== bench ops, fused schedules at 2 GPUs rc=$?"
       tr '\r' '\n' < /tmp/fused/fused.log | grep -v "^ops \[\|FutureWarning\|enable_symm_mem" \
         | grep -E "^targets|^  miss|not run|skipped|results:|Error|error" | head -60 | tee -a $LOG
