@@ -5,9 +5,10 @@ of one source at once. What that must keep, at worlds 2 and 4 on random data:
   - a rank with no token, and one with a single token of a large batch (most of its send
     programs send nothing and only signal), over many epochs: combines of one dispatch
     repeated (weights with the tokens and with combine), split and fused calls mixed;
-  - ranks whose programs would signal in different numbers (another program cap) raise
-    CallMismatch or PeerFailed on every rank, with the outputs poisoned, never rows of a
-    half-signalled source (then ctx.reset() on every rank).
+  - ranks whose programs would signal in different numbers (another program cap:
+    ExpertParallel's num_sms), on either path, raise CallMismatch or PeerFailed on every
+    rank, with the outputs poisoned, never rows of a half-signalled source (then
+    ctx.reset() on every rank); rounds on fewer SMs are right; a bad num_sms is refused.
 """
 import pytest
 import torch
@@ -23,11 +24,15 @@ from .test_expert_parallel import (_check_combine, _check_dispatch, _round_input
 POOL_WORLDS = pool_worlds([2, 4])
 
 
-def _epochs(ctx, counts_of, rounds):
+def _epochs(ctx, counts_of, rounds, num_sms=None, high_throughput=False):
     """`rounds` rounds on one ExpertParallel (bf16, H 40, top-2, 7 tokens at most), the
-    tokens per rank of round i from counts_of(i, world); every output checked."""
+    tokens per rank of round i from counts_of(i, world); every output checked. num_sms:
+    ExpertParallel's (fewer programs per launch)."""
     E, k, H, M, dtype = 2 * ctx.world_size, 2, 40, 7, torch.bfloat16
-    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype, high_throughput=False)
+    ep = td.ExpertParallel(ctx, E, k, H, M, dtype=dtype, high_throughput=high_throughput,
+                           num_sms=num_sms)
+    if num_sms is not None:
+        assert ep.sms == num_sms and ep.max_programs == 2 * num_sms, (ep.sms, ep.max_programs)
     L = E // ctx.world_size
     try:
         for i in range(rounds):
@@ -69,14 +74,37 @@ def test_single_tokens_of_a_large_batch(pool):
     pool.run(_epochs, _zero_or_one, 6)
 
 
-def _program_caps_differ(ctx):
-    """Rank 0 caps its programs lower than the others (as a rank with fewer SMs would):
-    its dispatch has fewer send programs, so the others would wait for signals that never
-    come -- or, the other way round, read a source before all its programs signalled."""
+def test_rounds_on_fewer_sms(pool):
+    """num_sms=1: two programs a launch (the emulation's default is 3), both paths."""
+    pool.run(_epochs, _none_on_rank_0, 3, 1)
+    pool.run(_epochs, _zero_or_one, 2, 1, True)
+
+
+def _bad_num_sms(ctx):
+    out = []
+    for bad in (0, -2, True, 1.5, "4"):
+        try:
+            td.ExpertParallel(ctx, 2 * ctx.world_size, 2, 32, 6, num_sms=bad)
+            out.append(None)
+        except ValueError as exc:
+            out.append(str(exc))
+    return out
+
+
+def test_a_bad_num_sms_is_refused(pool):
+    for rank, texts in enumerate(pool.run(_bad_num_sms)):
+        assert all(t and "num_sms must be a positive int or None" in t for t in texts), \
+            (rank, texts)
+
+
+def _program_caps_differ(ctx, high_throughput=False):
+    """Rank 0 caps its programs lower than the others (num_sms=1: 2 a launch; the others
+    the emulation's 3): its dispatch has fewer send programs, so the others would wait
+    for signals that never come -- or, the other way round, read a source before all its
+    programs signalled."""
     ep = td.ExpertParallel(ctx, 2 * ctx.world_size, 2, 32, 6, dtype=torch.float32,
-                           high_throughput=False)
-    if ctx.rank == 0:
-        ep.max_programs = 2         # the others: 3 (the emulation's cap)
+                           high_throughput=high_throughput,
+                           num_sms=1 if ctx.rank == 0 else None)
     timeout = ctx.timeout_s
     ctx.set_timeout(MEET)
     try:
@@ -93,8 +121,10 @@ def _program_caps_differ(ctx):
         ep.close()
 
 
-def test_program_counts_that_differ_raise_on_every_rank(pool):
-    for rank, (kind, text, poisoned) in enumerate(pool.run(_program_caps_differ)):
+@pytest.mark.parametrize("high_throughput", [False, True], ids=["low_latency", "ht"])
+def test_program_counts_that_differ_raise_on_every_rank(pool, high_throughput):
+    for rank, (kind, text, poisoned) in enumerate(pool.run(_program_caps_differ,
+                                                           high_throughput)):
         assert kind in (CallMismatch.__name__, PeerFailed.__name__), (rank, kind, text)
         assert "moe_dispatch" in text, text
         assert poisoned, f"rank {rank}: a dispatch of differing calls left plausible outputs"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -116,12 +117,15 @@ STAGED = "trident (staged combine)"
 
 
 def _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
-                  high_throughput, phases=PHASES):
+                  high_throughput, phases=PHASES, num_sms=None):
     """trident's rows of a case, on the path `high_throughput` picks (None: the default);
-    impl STAGED: the high-throughput path with the staged fused combine."""
+    impl STAGED: the high-throughput path with the staged fused combine. num_sms:
+    ExpertParallel's (None: the rank's share); each row says the SMs used (`sms`)."""
     from trident.moe import ExpertParallel, plans
     plans.HT_COMBINE_STAGED = impl == STAGED       # read when the plans are built below
-    ep = ExpertParallel(ctx, E, k, H, T, dtype=dtype, high_throughput=high_throughput)
+    ep = ExpertParallel(ctx, E, k, H, T, dtype=dtype, high_throughput=high_throughput,
+                        num_sms=num_sms)
+    add = partial(_with_sms, add, ep.sms)
     try:
         y = torch.empty(T, H, dtype=dtype, device=ctx.device)
         d = ep.dispatch(x, idx)
@@ -157,6 +161,10 @@ def _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
         ep.close()
 
 
+def _with_sms(add, sms, impl, phase, t):
+    add(impl, phase, {**t, "sms": sms})
+
+
 def _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H, phases=PHASES):
     """Split mode (send halves queued, receive halves after: the SM-free receive) and
     FP8 dispatch (e4m3 + one fp32 scale per 128 channels), each checked once."""
@@ -184,7 +192,8 @@ def _split_and_fp8_rows(ctx, ep, x, idx, w, y, add, check, timing, H, phases=PHA
         ctx, lambda: ep.dispatch(x, idx, fp8=True), **timing))
 
 
-def _case(ctx, model, E, k, H, T, timing, bar, phases=PHASES, combine_ab=False):
+def _case(ctx, model, E, k, H, T, timing, bar, phases=PHASES, combine_ab=False,
+          num_sms=None):
     dtype = torch.bfloat16
     g = torch.Generator().manual_seed(1000 + ctx.rank)
     x = torch.randn(T, H, generator=g).to(dtype).to(ctx.device)
@@ -219,7 +228,7 @@ def _case(ctx, model, E, k, H, T, timing, bar, phases=PHASES, combine_ab=False):
         variants.append(("trident (low-latency)", False))
     for impl, high_throughput in variants:
         _trident_rows(ctx, E, k, H, T, dtype, x, idx, w, add, check, timing, impl,
-                      high_throughput, phases)
+                      high_throughput, phases, num_sms)
     bar.step(f"{model} T={T} trident")
     if combine_ab:
         pass
@@ -260,25 +269,27 @@ def _torch_rows(ctx, E, x, idx, w, want, add, timing):
     add("torch.distributed", "total", common.time_modes(ctx, b_both, **host_bound))
 
 
-COLUMNS = ["model", "tokens", "impl", "phase", "eager_us", "graph_us", "host_us", "synced_us",
-           "floor_us", "eager_vs_torch", "GBps", "GBps_eager"]
+COLUMNS = ["model", "tokens", "impl", "phase", "sms", "eager_us", "graph_us", "host_us",
+           "synced_us", "floor_us", "eager_vs_torch", "GBps", "GBps_eager"]
 ABOUT = ("eager_us: calls queued back to back after a device barrier, device time per call; "
          "graph_us: the same calls replayed from one CUDA graph (None: not capturable); "
          "host_us: Python time per call while queueing; synced_us: one call right after a "
          "device barrier (median); all max over ranks. combine_wd: combine when dispatch was "
          "given the weights; floor_us: NVLink bytes one GPU must send or receive (per op; "
-         "twice that for total) over the usable rate; GBps: those bytes over the graph time "
-         "(eager where none), GBps_eager over the eager time; "
+         "twice that for total) over the usable rate; sms: the SMs trident's launches are "
+         "sized for (two programs each; ExpertParallel's num_sms); GBps: those bytes over "
+         "the graph time (eager where none), GBps_eager over the eager time; "
          "eager_vs_torch = torch.distributed eager time / eager time")
 
 
-def _bench_rank(ctx, models, tokens, timing, out_dir, phases=PHASES, combine_ab=False):
+def _bench_rank(ctx, models, tokens, timing, out_dir, phases=PHASES, combine_ab=False,
+                num_sms=None):
     todo = [(m, t) for m in models for t in tokens]
     bar = common.Progress(2 * len(todo), "moe", enabled=ctx.rank == 0)
     rows = []
     for model, T in todo:
         E, k, H = models[model]
-        rows += _case(ctx, model, E, k, H, T, timing, bar, phases, combine_ab)
+        rows += _case(ctx, model, E, k, H, T, timing, bar, phases, combine_ab, num_sms)
     path = common.write_results(ctx, "moe", rows, {"columns": ABOUT, "models": models},
                                 out_dir=out_dir)
     png = None
@@ -315,6 +326,9 @@ def main(argv=None) -> int:
                         help="time the high-throughput path with the one-pass combine and "
                         "with the staged combine it replaced (rows 'trident' and "
                         f"'{STAGED}'); no low-latency or torch.distributed rows")
+    parser.add_argument("--num-sms", type=int, default=None,
+                        help="ExpertParallel's num_sms: the SMs trident's kernels are sized "
+                        "for (default: each rank's share of its GPU); column sms")
     args = parser.parse_args(argv)
     phases = tuple(common.parse_ops(parser, args.phases, list(PHASES)))
     from trident.runtime.launch import default_backend, launch
@@ -336,7 +350,8 @@ def main(argv=None) -> int:
     heap = heap + (256 << 20) if gpu else 64 << 20
     # --combine-ab: two ExpertParallels one after the other; the first one's heap is freed
     results = launch(_bench_rank, world, models, tokens, common.timing_options(args, gpu, iters=10),
-                     args.out_dir, phases, args.combine_ab, backend=backend, heap_size=heap)
+                     args.out_dir, phases, args.combine_ab, args.num_sms, backend=backend,
+                     heap_size=heap)
     rows, path, png, headline = results[0]
     if headline:
         print(headline)

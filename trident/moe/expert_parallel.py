@@ -109,6 +109,23 @@ def check_args(world: int, num_experts, experts_per_token, hidden_dim, max_num_t
         raise TypeError(f"ExpertParallel: dtype must be one of {_DTYPES}, got {dtype}")
 
 
+def program_cap(ctx, num_sms) -> int:
+    """The most programs of a launch (half): two per SM of the rank's share of the GPU
+    (all ranks' programs resident at once), or of `num_sms` of them; on the CPU emulation
+    3 (few programs, still more than one), or 2 * num_sms if fewer."""
+    if num_sms is not None and (not isinstance(num_sms, int) or isinstance(num_sms, bool)
+                                or num_sms < 1):
+        raise ValueError(f"ExpertParallel: num_sms must be a positive int or None, got "
+                         f"{num_sms!r}")
+    if ctx.backend != "cuda":
+        return 3 if num_sms is None else min(3, 2 * num_sms)
+    share = ctx.usable_sms
+    if num_sms is not None and num_sms > share:
+        raise ValueError(f"ExpertParallel: num_sms={num_sms}, but this rank has {share} SMs "
+                         f"(its share of the GPU)")
+    return 2 * (share if num_sms is None else num_sms)
+
+
 class _NamedByContext(type):
     """ExpertParallel(ctx, ...) makes the class that the context names in its attribute
     `expert_parallel_class`, where it has one: a trident.WorldContext names the two-stage
@@ -141,15 +158,22 @@ class ExpertParallel(metaclass=_NamedByContext):
 
     allow_minus_one=True: an id of -1 selects no expert (DeepEP's convention): dropped
     like any bad id, but never recorded as an error (other bad ids still are).
+
+    num_sms: the SMs its kernels are sized for, two programs each (DeepEP's num_sms: fewer
+    leaves the rest of the GPU to work that overlaps the transfer, at a lower byte rate);
+    None (default): the rank's share of the GPU (ctx.usable_sms). At most that share; the
+    same on every rank (the low-latency path's fingerprint holds it). `sms` says what the
+    launches use. On the CPU emulation it caps the programs alike (at most 3 there).
     """
 
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
                  validate: bool = True, high_throughput: bool | None = None,
-                 allow_minus_one: bool = False):
+                 allow_minus_one: bool = False, num_sms: int | None = None):
         try:
             check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
                        max_num_tokens, dtype)
+            max_programs = program_cap(ctx, num_sms)
         except (TypeError, ValueError) as exc:
             # a rank that raises alone here never makes the allocations and the barrier
             # below: its peers' barrier then stops naming this error instead of timing out
@@ -176,11 +200,9 @@ class ExpertParallel(metaclass=_NamedByContext):
                              max_num_tokens, dtype)
         self.capacity = self.buf.cap
         self.block_h = B.block_h(hidden_dim)
-        if ctx.backend == "cuda":
-            # two programs per SM of the rank's share (all ranks' programs resident at once)
-            self.max_programs, self.num_warps = 2 * ctx.usable_sms, 4
-        else:
-            self.max_programs, self.num_warps = 3, 1   # emulation: few programs, still > 1
+        self.max_programs = max_programs
+        self.num_warps = 4 if ctx.backend == "cuda" else 1
+        self.sms = -(-max_programs // 2)          # what the launches are sized for
         self._seq = 0
         self._result: Dispatched | None = None
         try:

@@ -201,9 +201,10 @@ def _kernels(ep):
 
 def _call(ep, kernel, *more) -> int:
     """The call's fingerprint (buffers.py "Calls"), once per plan: the kernel (the path,
-    and dispatch or combine) and what every rank's ExpertParallel and call must share."""
-    if not ep.high_throughput:      # how many programs signal (_signallers)
-        more = (*more, ep.max_programs)
+    and dispatch or combine) and what every rank's ExpertParallel and call must share,
+    the program cap too (how many programs signal, _signallers, and how many weight
+    programs there are: ExpertParallel's num_sms)."""
+    more = (*more, ep.max_programs)
     return fingerprint(kernel, ep.hidden_dim, str(ep.dtype), ep.num_experts,
                        ep.experts_per_token, ep.max_num_tokens, *more)
 

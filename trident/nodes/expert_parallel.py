@@ -50,7 +50,8 @@ class ExpertParallelAcrossNodes:
 
     def __init__(self, ctx, num_experts: int, experts_per_token: int, hidden_dim: int,
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
-                 validate: bool = True, high_throughput: bool | None = None):
+                 validate: bool = True, high_throughput: bool | None = None,
+                 num_sms: int | None = None):
         check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
                    max_num_tokens, dtype)
         topo = ctx.topology
@@ -66,8 +67,10 @@ class ExpertParallelAcrossNodes:
         # the forwarding stage: rows from every node's rank of this local index
         self.node_ep = ExpertParallel(node, self.experts_per_node, experts_per_token,
                                       hidden_dim, topo.num_nodes * max_num_tokens, dtype,
-                                      validate=False, high_throughput=high_throughput)
+                                      validate=False, high_throughput=high_throughput,
+                                      num_sms=num_sms)
         self.capacity = self.node_ep.capacity
+        self.sms = self.node_ep.sms
         self.high_throughput = self.node_ep.high_throughput
         self.rail_rows = RR.RailRows(topo.num_nodes, max_num_tokens, hidden_dim,
                                      experts_per_token, dtype, node.device)
