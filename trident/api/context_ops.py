@@ -139,8 +139,7 @@ class OpMethods:
         """Stream-ordered barrier across ranks (one tiny kernel; CUDA-graph capturable).
         Like every op, it raises at once after a failed call (no launch plan checks it)."""
         from ..ccl.barrier import device_barrier
-        if self._error_view[0]:
-            self._on_error(("device_barrier",))
+        self.raise_if_failed("device_barrier")
         device_barrier(self)
         self.after_op()
 

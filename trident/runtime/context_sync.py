@@ -84,6 +84,15 @@ class SyncMethods:
             return
         self._raise_failure()
 
+    def raise_if_failed(self, op: str = "the call") -> None:
+        """What every call does first, for host code that reads a call's results itself:
+        raise this rank's device failure (`_on_error`) if the host mirror of the error word
+        is set. No synchronisation: call it once the work is known done (e.g. after a
+        .tolist() of its output on the stream), where a failed wait left the output
+        poisoned."""
+        if self._error_view[CTRL_ERROR]:
+            self._on_error((op,))
+
     def _meet_peers(self, op: str) -> None:
         """The first call `op` after this rank published an error (`_publish`) that its peers
         may not share: a build that raised on this rank only, which never launched the call

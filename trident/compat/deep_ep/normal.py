@@ -174,10 +174,10 @@ class NormalMethods:
         try:
             bufs[0].copy_(info)
             self.ctx.all_gather(bufs[1], bufs[0])
-            # a peer's failure leaves the gathered rows poisoned (all bits set): raise its
-            # error here rather than read them as counts
-            self.ctx.sync()
-            rows = bufs[1].view(self.group_size, V).tolist()
+            rows = bufs[1].view(self.group_size, V).tolist()    # waits for the gather
+            # a peer's failure left the rows poisoned (all bits set): raise it rather than
+            # read them as counts
+            self.ctx.raise_if_failed("dispatch")
         except BaseException:
             if made:         # a peer that refused its call made none: the heaps stay alike
                 for t in reversed(bufs):
