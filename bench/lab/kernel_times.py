@@ -8,7 +8,8 @@ graph node, the gaps between them). One rank per GPU; every rank reports.
 
 Cases (issue 39, item 1):
   all_reduce 1 KiB and 16 KiB, bf16: trident lamport (launched with PDL, the default, and
-      without: ccl/lamport.py "PDL") and one_shot, torch symm-mem one_shot / two_shot, NCCL;
+      without: ccl/lamport.py "PDL"; and with 1 and 2 warps a program instead of 4, whose
+      wait votes over fewer threads) and one_shot, torch symm-mem one_shot / two_shot, NCCL;
   the MoE round (DeepSeek-V3 experts and top-k) at 1 and 128 tokens per rank: dispatch,
       combine, both, the split round (send halves, then the receive halves), the round
       and the split round with the MoE kernels launched without PDL (moe/plans.py "PDL"),
@@ -120,6 +121,9 @@ def _all_reduce_cases(ctx):
                  for a in ("lamport", "one_shot")}
         cases["trident lamport (no PDL)"] = _without_pdl(ctx, cases["trident lamport"],
                                                          _lamport())
+        for w in (1, 2):        # the warps knob: fewer warps, cheaper votes per probe
+            cases[f"trident lamport ({w} warp{'s' * (w > 1)})"] = (
+                lambda w=w: ctx.all_reduce(t, algorithm="lamport", warps=w))
         if ctx.backend == "cuda":
             import torch.distributed as dist
             if dist.get_backend(ctx.group) == "nccl":   # not when ranks share a GPU (gloo)
