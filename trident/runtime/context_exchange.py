@@ -205,6 +205,8 @@ class ExchangeMethods:
         try:
             if not self.handed_over(exc):
                 self._publish(exc)
+            # the mark holds this context, which does not pickle: exc goes to the launcher
+            getattr(exc, "__dict__", {}).pop("_trident_handed_over", None)
             self._post_alone(_LEFT, f"{what}, which raised {type(exc).__name__} on rank "
                                     f"{self.rank}: {exc}"[:2000])
         except Exception:        # noqa: BLE001 -- the error itself is what the caller raises
