@@ -28,6 +28,25 @@ def assert_found_when_ranks_meet(results, op: str) -> None:
         assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise\n{every}"
 
 
+def mismatched_call(ctx, call, next_call) -> tuple:
+    """Run `call()` (a call the ranks make differently; returns its output) with the
+    context's waits limited to MEET, then `next_call()`, then ctx.reset(): what
+    assert_found_when_ranks_meet takes (output poisoned, the next call's exception type
+    name and message, seconds it took, seconds the call took)."""
+    timeout = ctx.timeout_s
+    ctx.set_timeout(MEET)
+    try:
+        t0 = time.perf_counter()
+        out = call()
+        poisoned = bool(out.isnan().any())       # waits for the kernel
+        call_s = time.perf_counter() - t0
+        kind, text, took = attempt(next_call)
+        ctx.reset()
+        return poisoned, kind, text, took, call_s
+    finally:
+        ctx.set_timeout(timeout)
+
+
 def attempt(fn) -> tuple[str, str, float]:
     """Run fn() on this rank: (the name of what it raised or "no error", its message, the
     seconds it took), for a test that compares what every rank saw."""

@@ -66,6 +66,7 @@ import triton
 import triton.language as tl
 
 import trident.language as tdl
+from trident.runtime import _env
 from trident.trace import device as trd, tags
 from trident.language.sync import (CTRL_ERROR, CTRL_TIMEOUT, KIND_HOST_CALL, KIND_MISMATCH,
                                    KIND_PEER_FAILED, KIND_TIMEOUT, PEER_POLL, peer_failed,
@@ -84,6 +85,13 @@ _TIMEOUT = tl.constexpr(2)
 _GONE = tl.constexpr(4)
 _HOST_CALL = tl.constexpr(8)
 _MISMATCH = tl.constexpr(16)
+# The CPU emulation runs a grid's programs one after another. A flag-protocol launch
+# stores its epoch when its last program arrives (device.begin_epoch), so a peer's launch
+# of two or more programs, whose first waits for this rank, never showed its epoch there:
+# `_stop` counts a launch whose programs have begun arriving as entered. Not on GPUs,
+# where a launch's programs are resident together and the last arrives at once (its plain
+# stores of the two words are not ordered for a remote reader either).
+PROGRAMS_IN_TURN = tl.constexpr(_env.INTERPRET)
 # Per-rank receive bytes per slot, at most (a rank keeps 3 * world slots) and at most the
 # heap / (32 * world): 12 MiB of a 1 GiB heap at 4 ranks.
 CAP_BYTES = 1 << 20
@@ -380,7 +388,8 @@ def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, src,
     not come -- the peers still waited for: one whose head came may rightly have finished
     this round and be in a host call or the next launch already -- that it failed, waits
     in a host call, or is in a flag-protocol launch this rank never entered (its epoch in
-    ccl's state is past mine: it made another call). Its epoch is read first, with
+    ccl's state is past mine, counting one whose programs have begun arriving on the CPU
+    emulation: PROGRAMS_IN_TURN; it made another call). Its epoch is read first, with
     acquire, then its head: a peer past this launch had finished it, so its head would be
     here. With LL only peer `src` is looked at: a program of all_to_all's hears from that
     peer alone (the others' heads of its row never come, rightly)."""
@@ -391,7 +400,11 @@ def _stop(ctrl, fsync, heads_row, rank, heap_bases, start, limit, rounds, src,
         mine = tl.load(fsync, volatile=True)
         for i in tl.static_range(1, WORLD):
             peer = (rank + i) % WORLD
-            ahead = tdl.load_acquire(tdl.translate(fsync, rank, peer, heap_bases)) > mine
+            theirs = tdl.load_acquire(tdl.translate(fsync, rank, peer, heap_bases))
+            if PROGRAMS_IN_TURN:     # a program of its launch arrived: the launch is entered
+                arrived = tdl.load_acquire(tdl.translate(fsync + 1, rank, peer, heap_bases))
+                theirs += tl.where(arrived > 0, 1, 0)
+            ahead = theirs > mine
             awaited = tl.load(heads_row + peer * MAX_PROGRAMS, volatile=True) == 0
             if LL:
                 awaited = awaited & (peer == src)

@@ -196,6 +196,7 @@ class ExpertParallel(metaclass=_NamedByContext):
         self.name = (f"{ctx.name}/ep{self._id}:local_experts{self.num_local_experts}"
                      f":max_tokens{self.max_num_tokens}:hidden{self.hidden_dim}")
         _NAMED[self.name] = self
+        history = ctx.allocator.mark()
         self.buf = B.Buffers(ctx, self.num_local_experts, experts_per_token, hidden_dim,
                              max_num_tokens, dtype)
         self.capacity = self.buf.cap
@@ -206,11 +207,17 @@ class ExpertParallel(metaclass=_NamedByContext):
         self._seq = 0
         self._result: Dispatched | None = None
         try:
-            ctx.barrier()      # every rank's flags are zero before anyone signals
+            # every rank's flags are zero before anyone signals. A barrier of this call
+            # (ctx.building): a peer that refused its arguments (fail_call above) makes it
+            # raise PeerFailed naming that at once, whatever that peer calls next
+            with ctx.building("ExpertParallel"):
+                ctx.barrier()
         except BaseException:
             # a peer did not make this object (its arguments were refused there): hand
-            # back what this rank allocated, so that the heaps agree and ctx.reset() works
+            # back what this rank allocated, as if it never had (the peer made no requests),
+            # so that the heaps and their histories agree: ctx.reset() and close() work
             self.buf.free(ctx)
+            ctx.allocator.rewind(history)
             self.buf = None
             raise
         ctx.register_reset(self)

@@ -60,7 +60,13 @@ _HEADER_WORDS = 3 + _NAME_WORDS + _PAYLOAD_WORDS
 # PeerFailed naming that error; in one of _GOES_ON it goes past it to the next number,
 # where the failed rank's own call of it is; every rank then stands at the same number.
 # reset() also realigns the numbers of every rank, whatever happened before (issue 41).
+# A barrier made inside a call (ctx.building: a constructor's, a build's) is part of that
+# call and never goes past: the peer's _FAILED is its failure of this very call.
+# A rank that gives up on every call for now (an error escaped the function that
+# trident.launch runs on it: it makes no exchange until its launcher resets it) posts
+# _LEFT: a peer meets it in any exchange, _GOES_ON too, and raises PeerFailed at once.
 _FAILED = "(failed)"
+_LEFT = "(left)"
 _GOES_ON = ("barrier", "close", "destroy_process_group")
 
 
@@ -81,7 +87,7 @@ def _words_name(words) -> str:
 
 class ExchangeMethods:
     """The host exchanges of trident.Context. They use the context's rank, world_size,
-    group, host_timeout_s, _check_open(), _closed, _host_step and _op_phrase() (set by
+    group, host_timeout_s, _check_open(), _closed, _calling, _host_step and _op_phrase() (set by
     Context.__init__ and SyncMethods); `_init_exchanges` makes their own state."""
 
     def _init_exchanges(self) -> None:
@@ -100,8 +106,9 @@ class ExchangeMethods:
 
         Raises, on every rank alike, CallMismatch naming each rank's call when the ranks
         are not in the same call; PeerFailed naming a peer's error when that peer's op
-        raised before this exchange (its one-sided _FAILED header; a call of _GOES_ON goes
-        past it instead, to the peer's next exchange, and records it in `_went_past`);
+        raised before this exchange (its one-sided _FAILED header; a call of _GOES_ON made
+        outside any op's call goes past it instead, to the peer's next exchange, and
+        records it in `_went_past`) or gave up (its _LEFT header: `leave`);
         HostTimeout when a rank does not come within the context's timeout, after which
         every later one raises GroupUnusable at once."""
         self._check_open()
@@ -120,11 +127,12 @@ class ExchangeMethods:
                     f"collective on rank(s) {bad} (a torch.distributed call?); the ranks are "
                     f"out of step"))
             names = [_words_name(row[3:3 + _NAME_WORDS]) for row in table]
-            failed = [r for r, name in enumerate(names) if name == _FAILED]
+            failed = [r for r, name in enumerate(names) if name in (_FAILED, _LEFT)]
             rest = [r for r in range(self.world_size) if r not in failed]
             alike = (len({names[r] for r in rest}) == 1
                      and (not check_step or len({table[r][1] for r in rest}) == 1))
-            if failed and alike and what in _GOES_ON:
+            if failed and alike and what in _GOES_ON and self._calling is None \
+                    and all(names[r] == _FAILED for r in failed):
                 causes = self._read_calls(failed)
                 self._went_past += [(r, causes[i]) for i, r in enumerate(failed)]
                 continue         # the failed ranks' own call of it is their next exchange
@@ -185,6 +193,25 @@ class ExchangeMethods:
         except Exception:        # noqa: BLE001 -- the error itself is what the caller raises
             pass
 
+    def leave(self, what: str, exc: BaseException) -> None:
+        """An error `exc` escaped `what` (the function trident.launch runs on this rank),
+        which may have left peers waiting for this rank in a call it will not make: their
+        kernels' waits (the error published) and their host exchange at this rank's next
+        number (a one-sided _LEFT header, which no call goes past) stop at once with
+        PeerFailed naming it. The launcher's reset() realigns the ranks after. A courtesy
+        like post_failure: never raises, nothing on a closed context or a failed group."""
+        if self._closed or failed(self.group) is not None:
+            return
+        try:
+            if not self.handed_over(exc):
+                self._publish(exc)
+            # the mark holds this context, which does not pickle: exc goes to the launcher
+            getattr(exc, "__dict__", {}).pop("_trident_handed_over", None)
+            self._post_alone(_LEFT, f"{what}, which raised {type(exc).__name__} on rank "
+                                    f"{self.rank}: {exc}"[:2000])
+        except Exception:        # noqa: BLE001 -- the error itself is what the caller raises
+            pass
+
     def fail_call(self, op: str, exc: BaseException) -> BaseException:
         """This rank will not make call `op`, which raised `exc` before any host exchange
         (an input check outside a plan's build: the torch backend's): its peers' waits for
@@ -237,6 +264,8 @@ class ExchangeMethods:
     def _describe_call(self, what: str, detail) -> str:
         if what == "workspace":
             return f"{self._op_phrase()} (a call that creates the workspace {detail!r})"
+        if what == "barrier" and self._calling is not None:
+            return f"{self._calling} (its host barrier)"
         if what in ("barrier", "reset", "close"):
             return f"ctx.{what}()"
         if what == "destroy_process_group":

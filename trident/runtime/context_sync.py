@@ -334,6 +334,19 @@ class SyncMethods:
             self._error_view[CTRL_ERROR] = 0      # every rank is here, none failed: in step
         return failed, details
 
+    def host_call(self, what: str, detail=None):
+        """A host exchange `what` that this rank makes where its peers may be in device
+        work of a call it does not make (the torch backend's fallback to its inner group:
+        trident/torch/backend/fallback.py): published as a host call while it waits, as
+        a barrier is, so that a peer kernel that waits for this rank stops at once and
+        its host joins this exchange (every rank then raises CallMismatch naming each
+        rank's call). Returns the ranks' `detail`s where they differ, else None."""
+        self._enter_host_call(what)
+        try:
+            return self.host_exchange(what, detail=detail)[1]
+        finally:
+            self._leave_host_call()
+
     def agree(self, op: str, *signature) -> None:
         """Debug mode's check before an op: raise ValueError if the ranks called `op` with
         different sizes (`signature`: what must be equal everywhere), CallMismatch

@@ -41,7 +41,7 @@ KIND_HOST_CALL = 3
 # The host-side calls a rank publishes while it waits in them, its device work finished
 # (language/sync.py CTRL_HOST_CALL), by code. Append only: the codes travel between ranks.
 HOST_CALLS = {1: "barrier", 2: "close", 3: "workspace", 4: "debug check",
-              5: "destroy_process_group"}
+              5: "destroy_process_group", 6: "fallback"}
 HOST_CALL_CODES = {name: code for code, name in HOST_CALLS.items()}
 # what the host stores in its error word when the rank failed outside a kernel (a heap that
 # reset found different): the rank's waits then return at once
@@ -95,7 +95,8 @@ class CommTimeout(RuntimeError):
     def __init__(self, op: str, rank: int, peer: int, timeout_s: float):
         self.op, self.rank, self.peer, self.timeout_s = op, rank, peer, timeout_s
         super().__init__(f"rank {rank}: {op} timed out after {timeout_s:g} s waiting for a signal "
-                         f"from rank {peer} (did that rank skip or fail the same call?)")
+                         f"from rank {peer} (did that rank skip or fail the same call, or run it "
+                         f"with another algorithm=?)")
 
     def __reduce__(self):
         return CommTimeout, (self.op, self.rank, self.peer, self.timeout_s)

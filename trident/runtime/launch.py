@@ -321,6 +321,9 @@ def _serve(conn, ctx, dist) -> None:
         try:
             reply = (seq, "ok", fn(ctx, *args))
         except BaseException as exc:   # report everything, keep serving
+            # peers that wait for this rank in a call it will not make stop at once
+            ctx.leave(f"{getattr(fn, '__name__', 'fn')}() (run on every rank by "
+                      f"trident.launch)", exc)
             reply = (seq, "err", *_pack_error(exc))
         finally:
             ctx.free_since(before)

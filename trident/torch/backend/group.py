@@ -51,7 +51,7 @@ import torch.distributed as dist
 
 from ...runtime import _env
 from ...runtime.plans import plain_key
-from . import inner
+from . import fallback, inner
 from .work import DONE, TridentWork, issued
 
 _Op = dist.ReduceOp.RedOpType
@@ -188,7 +188,13 @@ class TridentProcessGroup(dist.ProcessGroup):
         return issued(result, self._on_gpu) if opts is not None and opts.asyncOp else DONE
 
     def _fall(self, op: str, fn, *args):
+        """Hand `op` to the inner group. Where trident serves `op` for other inputs (not
+        FALLBACK_OPS) and the group has a context, every rank agrees first that it falls
+        back (fallback.py: one host round trip), so that a rank falling back alone raises
+        CallMismatch on every rank at once instead of a wait on each side to its timeout."""
         self.fallbacks[op] += 1
+        if self._ctx is not None and op not in FALLBACK_OPS:
+            fallback.agree(self._ready(), op, args)
         return fn(*args)
 
     # ------------------------------------------------------------------ collectives

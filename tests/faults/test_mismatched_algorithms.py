@@ -1,0 +1,45 @@
+"""Ranks that call one collective with different algorithms, Lamport's protocol on one side
+and the flag protocol on the other, with a flag launch of two programs (the CPU
+emulation's most): every rank raises CallMismatch (or PeerFailed naming it) when the
+ranks meet, and the outputs are poisoned. On the CPU emulation the flag launch's first
+program waited for the Lamport rank to its timeout before the second arrived, and only
+then did its epoch show the Lamport rank the other call (ccl/lamport.py
+PROGRAMS_IN_TURN): CommTimeout on both ranks.
+
+Two flag-protocol algorithms whose first handshake differs (push's DATA, pull's ARRIVE:
+one_shot and two_shot) still end in CommTimeout: docs/status.md, "Open"."""
+import pytest
+import torch
+
+from .mismatch import assert_found_when_ranks_meet, mismatched_call
+
+N = 4000          # floats: two programs of the flag kernels on the CPU emulation
+
+
+def _algorithms_differ(ctx, op, pair):
+    first, other = pair.split("|")
+    mine = other if ctx.rank else first
+
+    def call(n, algorithm):
+        if op == "all_reduce":
+            t = torch.randn(n, device=ctx.device)
+            ctx.all_reduce(t, algorithm=algorithm)
+            return t
+        out = torch.empty(ctx.world_size * n, device=ctx.device)
+        ctx.all_gather(out, torch.randn(n, device=ctx.device), algorithm=algorithm)
+        return out
+
+    for name in (first, other):        # every rank makes every workspace first
+        call(N, name)
+    ctx.sync()
+    return mismatched_call(ctx, lambda: call(N, mine), lambda: call(8, first))
+
+
+@pytest.mark.parametrize("op,pair", [("all_reduce", "lamport|one_shot"),
+                                     ("all_reduce", "one_shot|lamport"),
+                                     ("all_reduce", "lamport|two_shot"),
+                                     ("all_gather", "push|lamport")])
+def test_algorithms_that_differ_are_poisoned_and_raised(pool, op, pair):
+    if pool.world_size == 1:
+        pytest.skip("needs two ranks")
+    assert_found_when_ranks_meet(pool.run(_algorithms_differ, op, pair), op)
