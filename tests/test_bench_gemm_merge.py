@@ -44,6 +44,7 @@ def test_pooled_runs_decide_each_class(tmp_path):
     assert got[gemm_tables.shape_class(64, 8192, 8192)]["config"] == B     # run 1 alone
     assert got[gemm_tables.shape_class(4096, 8192, 8192)]["config"] == C   # run 2 alone
     assert got[kept]["config"] == C                    # no run timed it: kept
+    assert got[gemm_tables.shape_class(1024, 8192, 8192)]["shapes"] == 1    # not 2 rows
     assert written.capability == (9, 0)                # the table's own
 
 

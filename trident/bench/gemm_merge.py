@@ -54,8 +54,14 @@ def merge(paths: list[str], table_path: str, world: int = 2,
         raise ValueError(f"the runs name candidates this package does not know: {unknown}")
     result = {"device": device, "capability": tuple(capability),
               "hbm_read_gbps": min(r["hbm_read_gbps"] for r in runs)}
-    return bench.write_table(table_path, result, bench.summarize(rows),
-                             {n: gemm.KNOWN[n] for n in names}, world, keep_classes=True)
+    best = {cls: (name, mean, _distinct_shapes(rows, cls), *rest)     # shapes, not rows
+            for cls, (name, mean, _, *rest) in bench.summarize(rows).items()}
+    return bench.write_table(table_path, result, best, {n: gemm.KNOWN[n] for n in names},
+                             world, keep_classes=True)
+
+
+def _distinct_shapes(rows: list[dict], cls: str) -> int:
+    return len({(r["M"], r["N"], r["K"]) for r in rows if r["shape_class"] == cls})
 
 
 def bench_file(path: str, device: str) -> str:
