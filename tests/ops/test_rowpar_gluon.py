@@ -9,8 +9,6 @@ one on gluon; ranks whose tile order differs refused; a CUDA-graph replay; a pee
 never arrives (poisoned output, then CommTimeout). Where the gluon core cannot run (the
 CPU emulation, other GPUs) these are skipped: there gemm="gluon" runs the "tma" core,
 which test_fused_gemm_core.py checks. The config logic that needs no GPU is at the end."""
-import time
-
 import pytest
 import torch
 
@@ -20,13 +18,13 @@ from trident.runtime.errors import CallMismatch, CommTimeout, PeerFailed
 from trident.runtime.plans import Plan
 
 from ..conftest import BACKEND, WORLD_SIZES
+from ..faults.test_no_silent_garbage import SHORT, _raises_at_once, _then_reset_works
 from .reference import assert_close, make
 
 ON_HOPPER = (BACKEND == "cuda" and torch.cuda.is_available()
              and torch.cuda.get_device_capability() == (9, 0))
 gpu = pytest.mark.skipif(not ON_HOPPER, reason="the gluon core runs on sm_90 GPUs only")
 MULTI = [w for w in WORLD_SIZES if w >= 2] or [2]
-SHORT = 2.0          # seconds: the device timeout of the cases that fail on purpose
 FAILED = (CallMismatch.__name__, CommTimeout.__name__, PeerFailed.__name__)
 
 
@@ -238,15 +236,9 @@ def _peer_never_arrives(ctx, op):
     try:
         result = None
         if ctx.rank != ctx.world_size - 1:
-            poisoned = bool(call().float().isnan().all())
-            t0 = time.perf_counter()
-            try:
-                call()
-                raised = ("no error", "")
-            except Exception as exc:                  # noqa: BLE001 -- inspected below
-                raised = (type(exc).__name__, str(exc))
-            result = (poisoned, *raised, time.perf_counter() - t0)
-        ctx.reset()
+            missing = call().float()                     # waits for the missing rank
+            result = (bool(missing.isnan().all()), *_raises_at_once(call))
+        _then_reset_works(ctx)
         return result
     finally:
         ctx.set_timeout(timeout)

@@ -30,10 +30,10 @@ after the pushers' kernel ended, and two streams would need both kernels residen
 partition of each GEMM program they would share its registers and shared memory and need
 their own split of the rows; not tried.
 
-The hand-over (fused_ws.py). The producer waits and the consumers poison, so the verdict goes with the
-unit: a ring of STAGES int32 slots in shared memory (`ids`, each with `id_ready` /
-`id_empty` mbarriers as the data ring has), holding 2 * unit + ok, or -1 when the queue
-is empty. The consumers cannot decide themselves: a flag that arrives after the
+The hand-over (fused_ws.py). The producer waits and the consumers poison, so the verdict
+goes with the unit: a ring of STAGES int32 slots in shared memory (`ids`, each with
+`id_ready` / `id_empty` mbarriers as the data ring has), holding 2 * unit + ok, or -1 when
+the queue is empty. The consumers cannot decide themselves: a flag that arrives after the
 producer's wait gave up would pass a wait of theirs while the rows they computed with
 were loaded before it.
 
