@@ -44,7 +44,7 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
     config: overrides (an option of the call); group_m: the classic core's GROUP_M.
     "auto": "tma" from TMA_MIN_M rows, and below it where the table's entry is a small-M
     one (swap-AB or split-K: the core's decode choice); "classic" otherwise; never "gluon".
-    "gluon": only for an op that has that core (`gluon`: every fused op now) and where it
+    "gluon": only for an op that has that core (`gluon`: all three fused ops pass it) and where it
     can run (gluon_runs: an sm_90 GPU; all_gather_matmul also K % 8 == 0); "tma"
     elsewhere, the CPU emulation included. Its tiles: gluon_tiles; a per-rank fallback to
     the "tma" kernel (a w, or for the row-parallel ops an a, that TMA cannot address)
