@@ -768,26 +768,28 @@ def _language() -> list[Kernel]:
     ]
 
 
+def _gluon_desc(dt: str, block: list) -> str:
+    """The signature type of a host TensorDescriptor of `dt` ("bf16", "fp16") in blocks
+    `block` with its NVMMA shared layout (as gemm_ws.descriptors makes them)."""
+    from triton.experimental.gluon import language as gl
+    ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dt]
+    layout = gl.NVMMASharedLayout.get_default_for(block, ty)
+    return f"tensordesc<{dt}[{block[0]},{block[1]}],{layout!r}>"
+
+
 def _gemm_ws() -> list[Kernel]:
     """trident/ops/gemm_ws.py's warp-specialised Gluon GEMM: every WS candidate (bf16;
     split-K ones SPLIT), one with a bias and one fp16; each must show warp specialisation
     (setmaxnreg), wgmma, TMA copies, 16-byte output stores, and fit sm_90's shared
     memory."""
-    from triton.experimental.gluon import language as gl
-
     from trident.ops import gemm_configs, gemm_ws
     variants = []
 
     def add(cfg, dt="bf16", bias=False):
-        ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dt]
-
-        def desc(block):
-            layout = gl.NVMMASharedLayout.get_default_for(block, ty)
-            return f"tensordesc<{dt}[{block[0]},{block[1]}],{layout!r}>"
         warps_m, instr_n = gemm_ws.wgmma_shape(cfg["BM"], cfg["BN"], cfg["num_warps"])
         variants.append(V(vectors="st", num_warps=cfg["num_warps"], num_stages=1,
-                          types=dict(a_desc=desc([cfg["BM"], cfg["BK"]]),
-                                     w_desc=desc([cfg["BN"], cfg["BK"]]),
+                          types=dict(a_desc=_gluon_desc(dt, [cfg["BM"], cfg["BK"]]),
+                                     w_desc=_gluon_desc(dt, [cfg["BN"], cfg["BK"]]),
                                      out=f"*{dt}", bias=f"*{dt}"),
                           ptx_has=("setmaxnreg", "wgmma.mma_async", "cp.async.bulk.tensor"),
                           NUM_PROGRAMS=132, GROUP_M=cfg["GROUP_M"], STAGES=cfg["num_stages"],
@@ -817,8 +819,6 @@ def _fused_gluon() -> list[Kernel]:
     must show warp specialisation (setmaxnreg), wgmma, TMA copies, the producer's one-warp
     vote (vote.sync) and the async-proxy fence after its waits, the pushers' 16-byte
     copies, and fit sm_90's shared memory."""
-    from triton.experimental.gluon import language as gl
-
     from trident.ops import fused_gluon, gemm_configs
     variants = []
     cases = (("ws128x128x64_s6_w8", "bf16", True, True, False),
@@ -826,17 +826,13 @@ def _fused_gluon() -> list[Kernel]:
              ("ws128x64x64_s8_w4_sk4", "bf16", True, False, False))
     for name, dt, bias, aligned, trace in cases:
         cfg = gemm_configs.WS_CANDIDATES[name]
-        ty = {"bf16": gl.bfloat16, "fp16": gl.float16}[dt]
-
-        def desc(block):
-            layout = gl.NVMMASharedLayout.get_default_for(block, ty)
-            return f"tensordesc<{dt}[{block[0]},{block[1]}],{layout!r}>"
         cx = fused_gluon.constexprs(cfg, 16, 32, 256, aligned, bias, cfg["SPLIT_K"] > 1, trace)
         warps = cx.pop("num_warps")
         variants.append(V("ld+st", num_warps=warps, num_stages=1,
                           types=dict(a=f"*{dt}", gathered=f"*{dt}", out=f"*{dt}",
-                                     bias=f"*{dt}", a_desc=desc([cfg["BM"], cfg["BK"]]),
-                                     w_desc=desc([cfg["BN"], cfg["BK"]])),
+                                     bias=f"*{dt}",
+                                     a_desc=_gluon_desc(dt, [cfg["BM"], cfg["BK"]]),
+                                     w_desc=_gluon_desc(dt, [cfg["BN"], cfg["BK"]])),
                           ptx_has=("setmaxnreg", "wgmma.mma_async", "cp.async.bulk.tensor",
                                    "vote.sync.all.pred", "fence.proxy.async.global",
                                    "ld.acquire.sys.global"), **cx))
@@ -846,9 +842,46 @@ def _fused_gluon() -> list[Kernel]:
                         **dict.fromkeys(ints, I32)), variants, aligned=ints)]
 
 
+def _matmul_reduce_gluon() -> list[Kernel]:
+    """trident/ops/matmul_reduce_gluon.py: the row-parallel ops' warp-specialised Gluon
+    core, at WS configs of both widths (BM 128 with two consumer warp groups, BM 64 with
+    one, a 128x256 tile, split-K ones), bf16 and fp16, with and without bias,
+    reduce-scatter and all-reduce, traced once. Each must show warp specialisation
+    (setmaxnreg), wgmma, TMA copies, the acquire of the waits and the consumers' vote over
+    their own threads (bar.red with a count: no whole-block barrier), the 16-byte pushes
+    and reducer loads, and fit sm_90's shared memory."""
+    from trident.ops import gemm_configs, matmul_reduce_gluon
+    from trident.runtime.errors import OP_CODES
+    variants = []
+    cases = (("ws128x128x64_s6_w8", "bf16", True, True, False),
+             ("ws64x128x128_s4_w4", "fp16", False, False, True),
+             ("ws128x256x64_s4_w8", "bf16", False, True, False),
+             ("ws128x64x64_s8_w4_sk4", "bf16", True, True, False),
+             ("ws64x128x128_s4_w4_sk4", "fp16", True, False, False))
+    for name, dt, bias, all_reduce, trace in cases:
+        cfg = gemm_configs.WS_CANDIDATES[name]
+        op = OP_CODES["matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"]
+        cx = matmul_reduce_gluon.constexprs(cfg, bias, all_reduce, cfg["SPLIT_K"] > 1, op,
+                                            trace)
+        warps = cx.pop("num_warps")
+        variants.append(V("ld+st", num_warps=warps, num_stages=1,
+                          types=dict(out=f"*{dt}", bias=f"*{dt}", partials=f"*{dt}",
+                                     result=f"*{dt}",
+                                     a_desc=_gluon_desc(dt, [cfg["BM"], cfg["BK"]]),
+                                     w_desc=_gluon_desc(dt, [cfg["BN"], cfg["BK"]])),
+                          ptx_has=("setmaxnreg", "wgmma.mma_async", "cp.async.bulk.tensor",
+                                   "ld.acquire.sys.global", "bar.red.and.pred %pout, 0, "),
+                          **cx))
+    ints = ("M", "N", "K", "m_local", "stride_om")
+    return [Kernel("trident.ops.matmul_reduce_gluon", "_matmul_reduce_gluon_kernel",
+                   dict(sync=P32, k_partials=PF32, k_counters=P32, split_k=I32, num_tiles=I32,
+                        slots=I32, num_gemm=I32, **dict.fromkeys(ints, I32)), variants,
+                   aligned=ints)]
+
+
 def kernels() -> list[Kernel]:
-    return (_ccl() + _ops() + _gemm() + _gemm_ws() + _fused_gluon() + _pipelined() + _moe() +
-            _trace_demo_bench() + _language())
+    return (_ccl() + _ops() + _gemm() + _gemm_ws() + _fused_gluon() + _matmul_reduce_gluon()
+            + _pipelined() + _moe() + _trace_demo_bench() + _language())
 
 
 def main(argv: list[str]) -> int:

@@ -1,8 +1,9 @@
 """The fused ops under every GEMM core in the same rank pool (TRIDENT_GEMM sets the default;
 the gemm= option picks one per call and is part of the plan key): "classic" (one tile per
 program, pointer loads), "tma" (persistent programs over a tile queue, TMA loads where
-the tensors allow) and "gluon" (all_gather_matmul's warp-specialised Gluon kernel on sm_90
-GPUs; "tma" elsewhere, the CPU emulation included). Small shapes: the interpreter is
+the tensors allow) and "gluon" (the warp-specialised Gluon kernels on sm_90 GPUs; "tma"
+elsewhere, the CPU emulation included; the row-parallel ops' Gluon kernel on GPUs:
+test_rowpar_gluon.py). Small shapes: the interpreter is
 slow."""
 import pytest
 import torch
@@ -124,18 +125,19 @@ def test_auto_core_by_rows(pool):
 
 
 def _gluon_choice(ctx):
-    """"auto" never takes the gluon core (not measured); "gluon" is all_gather_matmul's
-    only (the row-parallel ops run "tma") and runs where gluon_runs says (an sm_90 GPU, K
-    % 8 == 0), "tma" elsewhere; its per-rank fallback keeps the BM every rank flags."""
+    """"auto" never takes the gluon core (not measured); "gluon" runs where gluon_runs
+    says (an sm_90 GPU; all_gather_matmul also K % 8 == 0, the row-parallel ops whatever
+    each rank's K), "tma" elsewhere; its per-rank fallback keeps the BM every rank flags."""
     cores = set()
     for m in (16, 256, _common.TMA_MIN_M, 16384):
         for local in ("N", "K"):
             cfg = fused_tile.fused_gemm_config(ctx, m, 4096, 4096, "auto", None, 8, local,
-                                               gluon=local == "N")
+                                               gluon=True)
             cores.add(cfg["CORE"])
     runs = fused_tile.gluon_runs(ctx, 4096)
     ag = fused_tile.fused_gemm_config(ctx, 1024, 4096, 4096, "gluon", None, 8, "N", gluon=True)
-    rs = fused_tile.fused_gemm_config(ctx, 1024, 4096, 4096, "gluon", None, 8, "K")
+    rs = fused_tile.fused_gemm_config(ctx, 1024, 4096, 4092, "gluon", None, 8, "K",
+                                      gluon=True)
     odd_k = fused_tile.fused_gemm_config(ctx, 1024, 4096, 4092, "gluon", None, 8, "N",
                                          gluon=True)
     fallback = ag.get("FALLBACK", ag)
@@ -146,7 +148,7 @@ def _gluon_choice(ctx):
 def test_gluon_core_choice(pool):
     cores, runs, ag, rs, odd_k, same_bm, fallback = pool.run(_gluon_choice)[0]
     assert "gluon" not in cores, cores
-    assert ag == ("gluon" if runs else "tma") and rs == "tma" and odd_k == "tma"
+    assert ag == rs == ("gluon" if runs else "tma") and odd_k == "tma"
     assert same_bm and fallback == "tma"
 
 

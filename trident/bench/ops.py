@@ -66,6 +66,8 @@ auto's table, bench/gpu_two.sh's fused step): suite "ops-auto", with the table i
     trident bench ops                                        # every GPU, default layers
     python3 -m trident.bench.ops --world-size 2 --layers llama3 --m 1,16,64,256,1024,4096,8192
     trident bench ops --ops all_gather_matmul --cores tma,gluon   # the GEMM cores fused
+    trident bench ops --ops matmul_reduce_scatter,matmul_all_reduce --cores tma,gluon \
+        --m 1024,4096,8192                                   # the row-parallel ones, prefill
 """
 from __future__ import annotations
 
@@ -222,7 +224,8 @@ def _impls(ctx, op, a, wt, only=None, cores=()):
     """name -> (callable or None, why not) of one case's rows, the plain baseline last;
     only: these rows alone (plain stays: the reference of the check); cores: GEMM cores
     of the fused schedule to time beside its default one (--cores), rows
-    trident_fused[<core>] ("gluon" for all_gather_matmul only: the others run "tma")."""
+    trident_fused[<core>] (every fused op: "gluon" is each one's warp-specialised kernel
+    where it runs, "tma" elsewhere)."""
     from ..ops import schedules
     if op == ops_norm.NAME:
         return ops_norm.impls(ctx, a, wt, only)
@@ -239,7 +242,7 @@ def _impls(ctx, op, a, wt, only=None, cores=()):
             (lambda: fn(a, wt, schedule="epilogue", exchange="lamport")), None) if fits else \
             (None, "past the Lamport buffers' capacity (M x N per rank)")
     for core in cores:
-        if op in FUSED and (core != "gluon" or op == "all_gather_matmul"):
+        if op in FUSED:
             out[f"trident_fused[{core}]"] = (
                 (lambda c=core: fn(a, wt, schedule="fused", gemm=c)), None)
     out["trident_auto"] = (lambda: fn(a, wt, schedule="auto")), None
@@ -519,7 +522,7 @@ def main(argv=None) -> int:
                         "from a full run); written as suite 'ops-auto', not a full ops run")
     p.add_argument("--cores", default="", help="comma-separated GEMM cores of the fused "
                    "schedule to time beside its default (rows trident_fused[<core>]): "
-                   "classic, tma, gluon (all_gather_matmul's warp-specialised kernel)")
+                   "classic, tma, gluon (the fused ops' warp-specialised Gluon kernels)")
     args = p.parse_args(argv)
     cores = [c.strip() for c in args.cores.split(",") if c.strip()]
     from ..ops._common import GEMM_MODES

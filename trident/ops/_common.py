@@ -19,11 +19,12 @@ option overrides it and is part of the plan key like every option):
   and W where gemm.tma_compatible allows (the pointer path otherwise, same kernel), tile
   configs from gemm_table.json by shape class (gemm.config_for; warp specialisation is
   not used: the tile loop waits on flags), swap-AB and split-K included (fused_tile.py).
-- "gluon": all_gather_matmul only (trident/ops/fused_gluon.py): persistent GEMM programs
-  that are warp specialised in Gluon (gemm_ws.py's producer warp and consumer warp
-  groups), the producer waiting for each tile's rows before its TMA loads. sm_90 GPUs,
-  K % 8 == 0; elsewhere (the CPU emulation too), and for the row-parallel ops, it runs
-  "tma". Never "auto"'s choice: not measured yet.
+- "gluon": persistent GEMM programs that are warp specialised in Gluon (gemm_ws.py's
+  producer warp and consumer warp groups): all_gather_matmul's (trident/ops/fused_gluon.py,
+  the producer waiting for each tile's rows before its TMA loads) and the row-parallel
+  ops' (trident/ops/matmul_reduce_gluon.py, the consumers pushing each finished tile to
+  its owner). sm_90 GPUs (all_gather_matmul: K % 8 == 0); elsewhere (the CPU emulation
+  too) it runs "tma". Never "auto"'s choice: not measured yet.
 
 Epochs (trident/language/epoch.py). Every fused kernel reads its workspace's epoch word
 at the start (this call is epoch e = stored + 1) and waits for flags to reach e, so flags
@@ -391,8 +392,14 @@ def dot_ptrs(a_ptrs, w_ptrs, K, k_lo, k_hi, BM: tl.constexpr, BN: tl.constexpr,
 
 @triton.jit
 def add_bias(acc, bias_ptr, n0, N, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
+    return add_bias_at(acc, bias_ptr, n0 + tl.arange(0, BN), N, HAS_BIAS)
+
+
+@triton.jit
+def add_bias_at(acc, bias_ptr, cols, N, HAS_BIAS: tl.constexpr):
+    """acc [rows, len(cols)] + bias[cols] (columns >= N add 0), if HAS_BIAS: add_bias with
+    the columns given (a Gluon caller's, in its layout)."""
     if HAS_BIAS:
-        cols = n0 + tl.arange(0, BN)
         acc += tl.load(bias_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)[None, :]
     return acc
 
@@ -400,8 +407,13 @@ def add_bias(acc, bias_ptr, n0, N, BN: tl.constexpr, HAS_BIAS: tl.constexpr):
 @triton.jit
 def store_tile(out_ptr, stride_om, tile, m0, n0, m_end, N, BM: tl.constexpr, BN: tl.constexpr):
     """Store rows [m0, m_end) and columns [n0, N) of a [BM, BN] tile."""
-    rows = m0 + tl.arange(0, BM)
-    cols = n0 + tl.arange(0, BN)
+    store_at(out_ptr, stride_om, tile, m0 + tl.arange(0, BM), n0 + tl.arange(0, BN), m_end, N)
+
+
+@triton.jit
+def store_at(out_ptr, stride_om, tile, rows, cols, m_end, N):
+    """store_tile with the tile's rows and columns given (a Gluon caller's, in its
+    layout): out[rows, cols] = tile where rows < m_end and cols < N."""
     ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(ptrs, tile.to(out_ptr.dtype.element_ty),
              mask=(rows[:, None] < m_end) & (cols[None, :] < N))

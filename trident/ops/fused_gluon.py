@@ -30,10 +30,10 @@ after the pushers' kernel ended, and two streams would need both kernels residen
 partition of each GEMM program they would share its registers and shared memory and need
 their own split of the rows; not tried.
 
-The hand-over. The producer waits and the consumers poison, so the verdict goes with the
-unit: a ring of STAGES int32 slots in shared memory (`ids`, each with `id_ready` /
-`id_empty` mbarriers as the data ring has), holding 2 * unit + ok, or -1 when the queue
-is empty. The consumers cannot decide themselves: a flag that arrives after the
+The hand-over (fused_ws.py). The producer waits and the consumers poison, so the verdict
+goes with the unit: a ring of STAGES int32 slots in shared memory (`ids`, each with
+`id_ready` / `id_empty` mbarriers as the data ring has), holding 2 * unit + ok, or -1 when
+the queue is empty. The consumers cannot decide themselves: a flag that arrives after the
 producer's wait gave up would pass a wait of theirs while the rows they computed with
 were loaded before it.
 
@@ -59,12 +59,12 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from .. import language as tdl
 from ..trace import device as trd
 from ..trace import tags
 from ._common import SYNC_EPOCH, SYNC_FLAGS, finish_program, take_tile
+from .fused_ws import alloc_rings, hand_over, hand_over_end, next_unit, release_rings
 from .gather_rows import arrival_tile, push_rows, wait_rows
 from .gemm_ws import (GL_DTYPES, load_step, mma_steps, store_out, sum_slices,
                       wgmma_shape)
@@ -80,7 +80,6 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, ids, id_ready, id_em
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = w_desc.block_type.shape[0]
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     num_mb = gl.cdiv(M, BM)
     num_nb = gl.cdiv(N, BN)
     num_units = num_mb * num_nb * split_k
@@ -99,31 +98,14 @@ def _producer(a_desc, w_desc, a_bufs, w_bufs, ready, empty, ids, id_ready, id_em
                        ctrl, rank, 32)
         tdl.fence_async_proxy()   # generic stores brought the rows; TMA reads async
         trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
-        q = j % STAGES
-        mbarrier.wait(id_empty.index(q), ((j // STAGES) & 1) ^ 1)
-        ids.index(q).store(gl.full([1], 2 * u + ok.to(gl.int32), gl.int32, one))
-        mbarrier.arrive(id_ready.index(q))
+        hand_over(ids, id_ready, id_empty, j, u, ok, STAGES)
         j += 1
         for k in range(s * k_steps // split_k, (s + 1) * k_steps // split_k):
             load_step(a_desc, w_desc, a_bufs, w_bufs, ready, empty, i, m0, nb * BN, k,
                       STAGES)
             i += 1
         u = take_tile(sync, 0, True)
-    q = j % STAGES
-    mbarrier.wait(id_empty.index(q), ((j // STAGES) & 1) ^ 1)
-    ids.index(q).store(gl.full([1], -1, gl.int32, one))          # the queue is empty
-    mbarrier.arrive(id_ready.index(q))
-
-
-@gluon.jit
-def _next_unit(ids, id_ready, id_empty, j, STAGES: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """The consumers' j-th hand-over: 2 * unit + ok, or -1 (no more); its slot freed."""
-    every: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
-    q = j % STAGES
-    mbarrier.wait(id_ready.index(q), (j // STAGES) & 1)
-    v = gl.max(ids.index(q).load(every), axis=0)
-    mbarrier.arrive(id_empty.index(q))     # one thread's, after a barrier of the partition
-    return v
+    hand_over_end(ids, id_ready, id_empty, j, STAGES)            # the queue is empty
 
 
 @gluon.jit
@@ -148,7 +130,7 @@ def _consumer(out, bias, k_partials, k_counters, a_bufs, w_bufs, ready, empty, i
     c = gl.arange(0, BN, layout=gl.SliceLayout(0, stored))
     i = 0
     j = 0
-    v = _next_unit(ids, id_ready, id_empty, j, STAGES, NUM_WARPS)
+    v = next_unit(ids, id_ready, id_empty, j, STAGES, NUM_WARPS)   # 2 * unit + ok, or -1
     while v >= 0:
         t0 = trd.begin(TRACE)
         u = v // 2
@@ -169,7 +151,7 @@ def _consumer(out, bias, k_partials, k_counters, a_bufs, w_bufs, ready, empty, i
             store_out(y, out, bias, mb * BM + r, nb * BN + c, M, N, stride_om, HAS_BIAS)
         trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
         j += 1
-        v = _next_unit(ids, id_ready, id_empty, j, STAGES, NUM_WARPS)
+        v = next_unit(ids, id_ready, id_empty, j, STAGES, NUM_WARPS)
 
 
 @gluon.jit
@@ -203,20 +185,8 @@ def _all_gather_matmul_gluon_kernel(
                   gl.arange(0, COPY_K, layout=gl.SliceLayout(0, copy)),
                   NUM_PUSHERS, BM, COPY_M, COPY_K, TRACE, 32 * CONSUMER_WARPS)
     else:
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BM, BK], a_desc.layout)
-        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES, BN, BK], w_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        ids = gl.allocate_shared_memory(gl.int32, [STAGES, 1],
-                                        gl.SwizzledSharedLayout(1, 1, 1, [0]))
-        id_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        id_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=1)
-            mbarrier.init(id_ready.index(s), count=1)
-            mbarrier.init(id_empty.index(s), count=1)
-        fence_async_shared()
+        a_bufs, w_bufs, ready, empty, ids, id_ready, id_empty = alloc_rings(a_desc, w_desc,
+                                                                            STAGES)
         gl.warp_specialize([
             (_consumer, (out, bias, k_partials, k_counters, a_bufs, w_bufs, ready, empty, ids,
                          id_ready, id_empty, trace_buf, rank, world_size, m_local, M, N, K,
@@ -226,11 +196,7 @@ def _all_gather_matmul_gluon_kernel(
                          id_empty, sync, flags, ctrl, trace_buf, epoch, fp, rank, world_size,
                          m_local, M, N, K, split_k, GROUP_M, STAGES, ALIGNED, TRACE)),
         ], [1], [40])
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(ready.index(s))
-            mbarrier.invalidate(empty.index(s))
-            mbarrier.invalidate(id_ready.index(s))
-            mbarrier.invalidate(id_empty.index(s))
+        release_rings(ready, empty, id_ready, id_empty, STAGES)
     finish_program(sync, epoch, rank, world_size, heap_bases)
 
 

@@ -44,10 +44,13 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
     config: overrides (an option of the call); group_m: the classic core's GROUP_M.
     "auto": "tma" from TMA_MIN_M rows, and below it where the table's entry is a small-M
     one (swap-AB or split-K: the core's decode choice); "classic" otherwise; never "gluon".
-    "gluon": only for an op that has that core (`gluon`: all_gather_matmul) and where it
-    can run (gluon_runs: an sm_90 GPU, K % 8 == 0); "tma" elsewhere, the CPU emulation
-    included. Its tiles: gluon_tiles; a per-rank fallback to the "tma" kernel (a w TMA
-    cannot address) takes FALLBACK, a Triton config of the same BM.
+    "gluon": only for an op that has that core (`gluon`: all three fused ops pass it) and where it
+    can run (gluon_runs: an sm_90 GPU; all_gather_matmul also K % 8 == 0); "tma"
+    elsewhere, the CPU emulation included. Its tiles: gluon_tiles; a per-rank fallback to
+    the "tma" kernel (a w, or for the row-parallel ops an a, that TMA cannot address)
+    takes FALLBACK, a Triton config of the same BM (all_gather_matmul: the row block every
+    rank flags) and, row-parallel, the same BN and GROUP_M (the tiles, their order and so
+    the slots every rank exchanges).
     local: the size that may differ between ranks ("N" of all_gather_matmul, "K" of the
     row-parallel ops): the table is read at its largest bucket of that size instead, so
     that every rank takes the same tiles (they decide the slots, flags and row blocks the
@@ -61,15 +64,16 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
     if mode == "gluon" and gluon and (config or {}).get("SWAP_AB"):
         raise ValueError("the fused ops' gluon GEMM core runs no swap-AB config (SWAP_AB); "
                          "ask for gemm='tma' to run one")
-    if mode == "gluon" and not (gluon and gluon_runs(ctx, K)):
+    if mode == "gluon" and not (gluon and gluon_runs(ctx, K if local == "N" else None)):
         mode = "tma"
     table_cfg = None
     if mode != "classic":
         from . import gemm as core
-        entry = core.config_for(M, ANY if local == "N" else N, ANY if local == "K" else K,
-                                split_k=True)
+        n_table, k_table = (ANY, K) if local == "N" else (N, ANY)
+        entry = core.config_for(M, n_table, k_table, split_k=True)
         # a Gluon entry (gemm_ws.py, the standalone GEMM's): the Triton kernels run its twin
-        table_cfg = gluon_tiles(M, K, entry) if mode == "gluon" else core.triton_config(entry)
+        table_cfg = gluon_tiles(M, n_table, k_table, entry) if mode == "gluon" \
+            else core.triton_config(entry)
     if mode == "auto":
         small = table_cfg["SWAP_AB"] or table_cfg["SPLIT_K"] > 1
         mode = "tma" if M >= TMA_MIN_M or small else "classic"
@@ -90,35 +94,38 @@ def fused_gemm_config(ctx, M: int, N: int, K: int, gemm: str | None, config: dic
                              f"(wgmma's 64 rows a warp group), BN a multiple of 8 and 4 or 8 "
                              f"consumer warps; got BM={cfg['BM']}, BN={cfg['BN']}, "
                              f"num_warps={cfg['num_warps']}")
-        fallback = dict(cfg["FALLBACK"], BM=cfg["BM"], SWAP_AB=False, PERSISTENT=True,
-                        CORE="tma")
+        same = dict(BM=cfg["BM"]) if local == "N" else \
+            dict(BM=cfg["BM"], BN=cfg["BN"], GROUP_M=cfg["GROUP_M"])
+        fallback = dict(cfg["FALLBACK"], **same, SWAP_AB=False, PERSISTENT=True, CORE="tma")
         for key in ("WARP_SPECIALIZE", "STREAM_K", "GLUON", "TWIN", "TAIL"):
             fallback.pop(key, None)
         cfg["FALLBACK"] = fallback
     return cfg
 
 
-def gluon_runs(ctx, K: int) -> bool:
-    """Whether all_gather_matmul's gluon core (fused_gluon.py) can run on this context at
-    this K: an sm_90 GPU (not the CPU emulation) and 16-byte rows of the gathered buffer
-    (K % 8 == 0) -- the same on every rank. A w that TMA cannot address is this rank's
-    own: all_gather_matmul then runs FALLBACK (fused_gemm_config)."""
+def gluon_runs(ctx, K: int | None) -> bool:
+    """Whether the gluon core (fused_gluon.py, matmul_reduce_gluon.py) can run on this
+    context: an sm_90 GPU (not the CPU emulation) and, K given (all_gather_matmul's, the
+    same on every rank), 16-byte rows of the gathered buffer (K % 8 == 0). What is each
+    rank's own -- a w (or, row-parallel, an a: None here, K is each rank's shard) that
+    TMA cannot address -- makes that rank run FALLBACK (fused_gemm_config)."""
     from . import gemm as core
     from ..runtime._env import INTERPRET
-    return (not INTERPRET and ctx.backend == "cuda" and K % 8 == 0
+    return (not INTERPRET and ctx.backend == "cuda" and (K is None or K % 8 == 0)
             and core.gpu_identity(ctx.device)[1] == (9, 0))
 
 
-def gluon_tiles(M: int, K: int, entry: dict) -> dict:
-    """The gluon core's config for a GEMM table entry: a Gluon entry (gemm_ws.py) as it is,
-    with its TWIN as FALLBACK; a swap-AB one by the plain config the fused kernels take
-    for it (gemm.config_for without split_k); any other as it is (its own FALLBACK)."""
+def gluon_tiles(M: int, N: int, K: int, entry: dict) -> dict:
+    """The gluon core's config for the GEMM table entry of (M, N, K) (the sizes the table
+    was read at): a Gluon entry (gemm_ws.py) as it is, with its TWIN as FALLBACK; a
+    swap-AB one by the plain config the fused kernels take for it (gemm.config_for
+    without split_k); any other as it is (its own FALLBACK)."""
     from . import gemm as core
     if entry.get("GLUON"):
         cfg = dict(entry)
         cfg["FALLBACK"] = core.resolve(entry["TWIN"])
     else:
-        cfg = core.config_for(M, ANY, K) if entry["SWAP_AB"] else dict(entry)
+        cfg = core.config_for(M, N, K) if entry["SWAP_AB"] else dict(entry)
         cfg["FALLBACK"] = dict(cfg)
     return cfg
 
@@ -149,8 +156,7 @@ def choice(ctx, op: str, M: int, N: int, K: int, gemm: str | None = None,
     """What this rank's fused kernel of `op` runs at this size, in a few words (for the
     benchmark's tables): the core, swap-AB, the tile of out, the K slices."""
     cfg = fused_gemm_config(ctx, M, N, K, gemm, config, 8,
-                            "N" if op == "all_gather_matmul" else "K",
-                            gluon=op == "all_gather_matmul")
+                            "N" if op == "all_gather_matmul" else "K", gluon=True)
     split = split_count(ctx, cfg, num_tiles(op, M, N, ctx.world_size, cfg), K, split_k)
     bm, bn = tile_shape(cfg)
     return (f"{cfg['CORE']}{' swab' if cfg['SWAP_AB'] else ''} "

@@ -5,7 +5,7 @@ The kernel is matmul_reduce_scatter's (see there) with tiles owned round-robin b
 ranks and a third role: each owner reduces its tiles, keeps them in a heap buffer and
 flags them on every rank; gather programs pull the tiles of the other owners into `out`.
 Every rank gets bitwise the same result (one rank sums each tile, in rank order). M need
-not be divisible by the world size. Both GEMM cores (TRIDENT_GEMM=classic|tma, or the
+not be divisible by the world size. The GEMM cores (TRIDENT_GEMM=classic|tma|gluon, or the
 gemm= option) as in matmul_reduce_scatter.
 
 When it wins: like matmul_reduce_scatter, with twice the traffic (reduce-scatter then
@@ -30,7 +30,7 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None, schedule: str = "auto",
     "epilogue" (one kernel: each GEMM program pushes its tile to every peer and sums the
     world's copies in rank order), "pipelined" or "plain" (also "nccl": cuBLAS + NCCL
     all-reduce); see schedules.py. algorithm: the older name of schedule. options go to
-    the schedule (fused: config, split_k, gemm: "auto", "classic" or "tma", see
+    the schedule (fused: config, split_k, gemm: "auto", "classic", "tma" or "gluon", see
     matmul_reduce_scatter.matmul_reduce_fused; sequential: collective; epilogue: config).
     """
     if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)

@@ -28,6 +28,18 @@ The GEMM core (_common: env TRIDENT_GEMM, or the gemm= option):
 - Either core runs swap-AB and split-K configs (fused_tile.py): a tile is still a block
   of out, and with split-K only its last slice, once the slices are summed in slice
   order, pushes it and sets the flag; the reducers do not change.
+- "gluon" (matmul_reduce_gluon.py): the same reducers and gather programs, and persistent
+  GEMM programs that are warp specialised in Gluon -- a producer warp issuing the TMA
+  loads into a ring of mbarrier slots, consumer warp groups issuing the wgmma and pushing
+  each finished tile (gemm_ws.py's kernel) -- from the same queue, in the same order,
+  into the same slots. An sm_90 GPU (else, and on the CPU emulation, the "tma" core; a
+  or w that TMA cannot address: the "tma" kernel with the same tiles, on that rank
+  alone); plain and split-K configs, no swap-AB. Not measured yet, so "auto" never takes
+  it.
+The tiles' order, the push, the reducers and the gathers are one code for both kernels
+(reduce_tiles.py), and a rank on either kernel exchanges the same slots, flags and
+fingerprint (which names the tiles and their GROUP_M order: ranks whose tiles differ
+are refused, CallMismatch or CommTimeout, never mixed).
 To be measured on 2 GPUs (`trident bench ops`, TRIDENT_GEMM=tma against classic): the
 fused time per shape, and reducers that start only as GEMM programs leave their SMs
 (the ready-queue reduction of issue 13 is not built yet).
@@ -49,37 +61,13 @@ from ..trace import kernel_args, tags
 from . import schedules
 from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Live, Plan
-from ..ccl.device import fingerprint, poison
-from ._common import (SYNC_ACK, SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs,
-                      finish_program, finish_slice, run, schedule_plan, signal_call,
-                      store_tile, take_tile, wait_call, wait_peers_done, workspace)
+from ..ccl.device import fingerprint
+from ._common import (SYNC_EPOCH, SYNC_FLAGS, check_inputs, finish_program, finish_slice,
+                      run, schedule_plan, take_tile, workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
                          op_tile, split_buffers, split_count, tile_shape)
-from .gemm import (addresses_only, host_descriptors, operand, tile_position,
-                   tma_compatible)
-
-
-@triton.jit
-def _tile_of(t, rank, world_size, M, N, m_local, BM: tl.constexpr, BN: tl.constexpr,
-             GROUP_M: tl.constexpr, ALL_REDUCE: tl.constexpr):
-    """Tile t -> (first row, end row, first column, owner rank, slot on the owner). Row and
-    column blocks in grouped order (gemm.tile_position; GROUP_M 1: row by row)."""
-    num_nb = tl.cdiv(N, BN)
-    if ALL_REDUCE:                            # round-robin owners over all tiles
-        owner = t % world_size
-        slot = t // world_size
-        mb, nb = tile_position(t, tl.cdiv(M, BM), num_nb, GROUP_M)
-        m0 = mb * BM
-        m_end = tl.minimum(m0 + BM, M)
-    else:                                     # owner's rows, tiled from its first row
-        per_owner = tl.cdiv(m_local, BM) * num_nb
-        owner = t // per_owner
-        slot = t % per_owner
-        mb, nb = tile_position(slot, tl.cdiv(m_local, BM), num_nb, GROUP_M)
-        m0 = owner * m_local + mb * BM
-        m_end = tl.minimum(m0 + BM, owner * m_local + m_local)
-    n0 = nb * BN
-    return m0, m_end, n0, owner, slot
+from .gemm import addresses_only, host_descriptors, operand, tma_compatible
+from .reduce_tiles import gather_tile, push_partial, reduce_slot, tile_of, unit_tile
 
 
 @triton.jit
@@ -97,28 +85,23 @@ def _matmul_reduce_kernel(
     a tile is pushed and flagged only by its last slice, once summed (finish_slice).
     Flags carry the call's fingerprint (_common.signal_call / wait_call); a failed wait
     poisons the tiles it guards (NaN), and a program whose wait failed pushes and signals
-    nothing more (no peer memory touched)."""
+    nothing more (no peer memory touched). The roles' code: reduce_tiles.py."""
     pid = tl.program_id(0)
     epoch = tdl.launch_epoch(sync + SYNC_EPOCH)
     flags = sync + SYNC_FLAGS                 # [world, slots] x (flag, fingerprint)
     ready = flags + 2 * world_size * slots    # [num_tiles] x 2: reduced tile (all-reduce)
     offs = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+    rows = tl.arange(0, BM)
+    cols = tl.arange(0, BN)
     if pid < num_gemm:
         # ---- GEMM: this rank's partial of one tile at a time, pushed to the tile's owner
         a_op = operand(a, M, K, stride_am, BM, BK, TMA)
         w_op = operand(w, N, K, stride_wn, BN, BK, TMA)
         u = take_tile(sync, pid, PERSISTENT)
         while u < num_tiles * split_k:
-            if SPLIT:
-                q = u // split_k
-            else:
-                q = u
-            if ALL_REDUCE:
-                t = (q + rank) % num_tiles
-            else:
-                t = (q + (rank + 1) * (num_tiles // world_size)) % num_tiles
-            m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
-                                                  GROUP_M, ALL_REDUCE)
+            t, q = unit_tile(u, split_k, rank, world_size, num_tiles, SPLIT, ALL_REDUCE)
+            m0, m_end, n0, owner, slot = tile_of(t, rank, world_size, M, N, m_local, BM, BN,
+                                                 GROUP_M, ALL_REDUCE)
             t0 = trd.begin(TRACE)
             acc = op_tile(a_op, stride_am, w_op, stride_wn, m0, n0, M, N, K, u - q * split_k,
                           split_k, BM, BN, BK, EVEN_K, TMA, SWAP_AB, SPLIT)
@@ -129,59 +112,20 @@ def _matmul_reduce_kernel(
                 last = True
             trd.end(trace_buf, t0, tags.GEMM_TILE, rank, TRACE)
             if last:
-                t0 = trd.begin(TRACE)
-                # the owner must be done with the previous call's partials in this slot
-                if tdl.wait(sync + SYNC_ACK + owner, epoch - 1, ctrl, rank, owner, OP):
-                    dst = partials + (rank * slots + slot).to(tl.int64) * (BM * BN) + offs
-                    tdl.store(dst, acc.to(partials.dtype.element_ty), rank, owner, heap_bases)
-                    signal_call(flags + 2 * (rank * slots + slot), epoch, fp, rank, owner,
-                                heap_bases)
-                trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
+                push_partial(acc, partials, flags, sync, ctrl, heap_bases, trace_buf, epoch,
+                             fp, rank, owner, slot, slots, offs, BM, BN, OP, TRACE)
             u = take_tile(sync, num_tiles * split_k, PERSISTENT)
     elif pid < num_gemm + slots:
         # ---- reduce: one slot of this rank's tiles, summed over ranks in rank order
-        slot = pid - num_gemm
-        ok = tl.cast(1, tl.int1)
-        if ALL_REDUCE:
-            t = slot * world_size + rank
-            ok = wait_peers_done(sync, epoch, ctrl, rank, world_size, OP)  # result tiles free
-        else:
-            t = rank * slots + slot
-        if t < num_tiles:
-            m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
-                                                  GROUP_M, ALL_REDUCE)
-            t0 = trd.begin(TRACE)
-            acc = tl.zeros((BM, BN), dtype=tl.float32)
-            for s in range(world_size):
-                ok = ok & wait_call(flags + 2 * (s * slots + slot), epoch, fp, ctrl, rank, s,
-                                    OP)
-                src = partials + (s * slots + slot).to(tl.int64) * (BM * BN) + offs
-                acc += tl.load(src).to(tl.float32)
-            acc = poison(add_bias(acc, bias, n0, N, BN, HAS_BIAS), ok)
-            if ALL_REDUCE:
-                store_tile(out, stride_om, acc, m0, n0, m_end, N, BM, BN)
-                tl.store(result + slot.to(tl.int64) * (BM * BN) + offs,
-                         acc.to(result.dtype.element_ty))
-                if ok:
-                    for d in range(1, world_size):
-                        signal_call(ready + 2 * t, epoch, fp, rank, (rank + d) % world_size,
-                                    heap_bases)
-            else:
-                store_tile(out, stride_om, acc, m0 - rank * m_local, n0, m_end - rank * m_local,
-                           N, BM, BN)
-            trd.end(trace_buf, t0, tags.REDUCE, rank, TRACE)
+        reduce_slot(pid - num_gemm, tl.zeros((BM, BN), dtype=tl.float32), offs, rows, cols,
+                    out, bias, partials, result, flags, ready, sync, ctrl, heap_bases,
+                    trace_buf, epoch, fp, rank, world_size, M, N, m_local, stride_om,
+                    num_tiles, slots, BM, BN, GROUP_M, HAS_BIAS, ALL_REDUCE, OP, TRACE)
     else:
         # ---- all-reduce only: copy a tile another rank reduced into `out`
-        t = pid - num_gemm - slots
-        m0, m_end, n0, owner, slot = _tile_of(t, rank, world_size, M, N, m_local, BM, BN,
-                                              GROUP_M, ALL_REDUCE)
-        if owner != rank:
-            t0 = trd.begin(TRACE)
-            ok = wait_call(ready + 2 * t, epoch, fp, ctrl, rank, owner, OP)
-            tile = tdl.load(result + slot.to(tl.int64) * (BM * BN) + offs, rank, owner,
-                            heap_bases, mask=(offs >= 0) & ok, other=0.0)
-            store_tile(out, stride_om, poison(tile, ok), m0, n0, m_end, N, BM, BN)
-            trd.end(trace_buf, t0, tags.FETCH, rank, TRACE)
+        gather_tile(pid - num_gemm - slots, offs, rows, cols, out, result, ready, ctrl,
+                    heap_bases, trace_buf, epoch, fp, rank, world_size, M, N, m_local,
+                    stride_om, BM, BN, GROUP_M, ALL_REDUCE, OP, TRACE)
     finish_program(sync, epoch, rank, world_size, heap_bases)
 
 
@@ -189,16 +133,20 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
                         config: dict | None = None, gemm: str | None = None,
                         split_k: int | None = None) -> None:
     """Add the fused kernel's launch to `plan` (inputs already checked; `out` is the
-    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "auto", "classic" or
-    "tma" (default: env TRIDENT_GEMM, see _common); config: overrides of the core's
-    config (SWAP_AB, SPLIT_K, tiles); split_k: exactly this many K slices per tile
-    (default: fused_tile.split_count's choice). Tile sizes follow M and N only (every
-    rank takes the same: they decide the slots); the slices follow this rank's K."""
+    call's tensor 3, launched as Live(3)). gemm: the GEMM core, "auto", "classic", "tma"
+    or "gluon" (default: env TRIDENT_GEMM, see _common; "gluon": matmul_reduce_gluon.py's
+    kernel where it can run, else the "tma" core); config: overrides of the core's config
+    (SWAP_AB, SPLIT_K, tiles); split_k: exactly this many K slices per tile (default:
+    fused_tile.split_count's choice). Tile sizes and their order (GROUP_M) follow M and
+    N only (every rank takes the same: they decide the slots); the slices follow this
+    rank's K."""
     M, K = a.shape
     N = w.shape[0]
     world = ctx.world_size
     op = "matmul_all_reduce" if all_reduce else "matmul_reduce_scatter"
-    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=1, local="K")
+    cfg = fused_gemm_config(ctx, M, N, K, gemm, config, group_m=1, local="K", gluon=True)
+    if cfg["CORE"] == "gluon" and not tma_compatible(a, w):
+        cfg = cfg["FALLBACK"]       # this rank's a or w: the Triton kernel, the same tiles
     bm, bn = tile_shape(cfg)
     num_tiles = count_tiles(op, M, N, world, cfg)
     m_local = M if all_reduce else M // world
@@ -215,6 +163,22 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
     num_gemm = gemm_programs(ctx, cfg, num_tiles * split, False)
     grid = (num_gemm + slots + (num_tiles if all_reduce else 0),)
     trace_buf, trace = kernel_args(ctx)
+    # one fingerprint for both kernels: the protocol -- the tiles, their order (GROUP_M)
+    # and so the slots -- not the kernel, is what ranks share
+    fp = fingerprint(_matmul_reduce_kernel, op, M, N, str(a.dtype), bm, bn, world,
+                     cfg["GROUP_M"])
+    if cfg["CORE"] == "gluon":
+        from . import gemm_ws, matmul_reduce_gluon
+        descs = gemm_ws.descriptors(a, w, cfg)
+        plan.launch(
+            matmul_reduce_gluon._matmul_reduce_gluon_kernel, grid, *descs,
+            bias if bias is not None else a, Live(3), partials, result, ws.sync, ctx.ctrl,
+            ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank, world, M, N,
+            K, m_local, out.stride(0), num_tiles, slots, num_gemm, fp,
+            **matmul_reduce_gluon.constexprs(cfg, bias is not None, all_reduce, split > 1,
+                                             OP_CODES[op], trace))
+        addresses_only(plan.steps[-1], descs)
+        return
     # TMA: a and w go as host-made descriptors (gemm.operand takes them as they are), so
     # the kernel needs no global scratch -- which a launch plan would otherwise keep past
     # the call, allocated at its first run (under torch.compile: in the warm-up, inside
@@ -224,8 +188,7 @@ def matmul_reduce_fused(ctx, plan, a, w, bias, out, all_reduce: bool,
         _matmul_reduce_kernel, grid,
         a_op, w_op, bias if bias is not None else a, Live(3), partials, result, ws.sync, ctx.ctrl,
         ctx.heap_bases, trace_buf, k_partials, k_counters, split, ctx.rank, world, M, N,
-        K, m_local, a.stride(0), w.stride(0), out.stride(0), num_tiles, slots, num_gemm,
-        fingerprint(_matmul_reduce_kernel, op, M, N, str(a.dtype), bm, bn, world),
+        K, m_local, a.stride(0), w.stride(0), out.stride(0), num_tiles, slots, num_gemm, fp,
         BM=bm, BN=bn, BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], EVEN_K=K % cfg["BK"] == 0,
         HAS_BIAS=bias is not None, ALL_REDUCE=all_reduce, PERSISTENT=cfg["PERSISTENT"],
         TMA=tma, SWAP_AB=cfg["SWAP_AB"], SPLIT=split > 1, OP=OP_CODES[op], TRACE=trace,
@@ -244,8 +207,8 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, schedule: str = "auto"
     (torch's fused_matmul_reduce_scatter; GPUs of their own) or "plain" (also "nccl":
     cuBLAS + NCCL reduce-scatter); see schedules.py. algorithm: the older
     name of schedule. options go to the schedule (fused: config, split_k, gemm: "auto",
-    "classic" or "tma", default env TRIDENT_GEMM, see matmul_reduce_fused; sequential:
-    collective; epilogue: config).
+    "classic", "tma" or "gluon", default env TRIDENT_GEMM, see matmul_reduce_fused;
+    sequential: collective; epilogue: config).
     """
     if is_compiling():             # torch.compile traces its stand-in (runtime/compiled.py)
         return STANDINS["matmul_reduce_scatter"](ctx, a, w, bias, out, schedule, algorithm,
