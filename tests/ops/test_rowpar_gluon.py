@@ -110,7 +110,7 @@ def _mixed_kernels(ctx):
     the "tma" kernel (FALLBACK: the same tiles and order), its peers the gluon one; then
     rank 0 on gemm="tma" with the gluon config's tiles, the others on gluon. Both right."""
     world, rank = ctx.world_size, ctx.rank
-    m, n, k = 96 * world, 200, 100
+    m, n, k = 96 * world, 200, 104      # K rows of 208 bytes: TMA can address w
     a, w, b, ref, a_full, cols = _shards(ctx, m, n, k, 7, torch.bfloat16, True)
     if rank == world - 1:
         wide = torch.zeros(m, k + 4, dtype=a.dtype, device=ctx.device)
