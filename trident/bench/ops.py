@@ -457,7 +457,8 @@ def _run(ctx, ops, ms, layer_names, timing, out_dir, update, budget_s=None, auto
         raise ValueError("--update-crossover: ranks share one GPU here, so the plain path "
                          "(NCCL) cannot run and the times say nothing about NVLink; measure "
                          "the crossover with one GPU per rank")
-    only = AUTO_ONLY if auto_only else None
+    # --auto-only with --cores: auto, plain and those cores' fused rows
+    only = AUTO_ONLY + tuple(f"trident_fused[{c}]" for c in cores) if auto_only else None
     rows, missed = _bench(ctx, ops, ms, layer_names, timing, budget_s, only, cores)
     if ctx.rank != 0:
         return None
@@ -519,7 +520,8 @@ def main(argv=None) -> int:
                         "(default trident/ops/crossover.json, or PATH: a copy of it to bring back)")
     p.add_argument("--auto-only", action="store_true",
                    help="time only auto and NCCL + cuBLAS (e.g. after rebuilding auto's table "
-                        "from a full run); written as suite 'ops-auto', not a full ops run")
+                        "from a full run), and with --cores the fused rows of those cores; "
+                        "written as suite 'ops-auto', not a full ops run")
     p.add_argument("--cores", default="", help="comma-separated GEMM cores of the fused "
                    "schedule to time beside its default (rows trident_fused[<core>]): "
                    "classic, tma, gluon (the fused ops' warp-specialised Gluon kernels)")
