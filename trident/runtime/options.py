@@ -140,7 +140,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     _V("TRIDENT_INTERNODE_US", _positive_number, 10.0, "user",
        "the cost model's latency per hop between nodes, us"),
     _V("TRIDENT_GEMM", _choice("auto", "classic", "tma", "gluon"), "auto", "user",
-       "the fused ops' GEMM core (auto: tma from 4096 rows; a call's gemm= overrides)"),
+       "the fused ops' GEMM core (auto: tma from 1024 rows; a call's gemm= overrides)"),
     _V("TRIDENT_MOE_HT_MIN_TOKENS", _integer(0), 1024, "user",
        "MoE's high-throughput kernels from this max_num_tokens"),
     _V("TRIDENT_CACHE_DIR", _text, None, "user",
