@@ -8,10 +8,9 @@ option overrides it and is part of the plan key like every option):
   GEMM table's entry is a small-M one (swap-AB or split-K: the core's decode choice,
   fused_tile.fused_gemm_config), else "classic". On 2x H200 at M = 8192 "tma" made every
   fused op faster than "classic" and than NCCL + cuBLAS eagerly (docs/history.md, "Notes
-  moved out of the source"); at M = 1024 and 2048 it made all three fused ops 1.11x faster
-  than "classic" (graph, geomean of 24 Llama-3 8B/70B cases, 0.98-1.24x) where 2 ranks
-  share one H200 (bench/results/ops-auto-2on1xh200-2026-12-03.json: the GEMM side, not
-  NVLink), so TMA_MIN_M is 1024. Below it the table's small-M entries are what the core
+  moved out of the source"); at M = 1024 and 2048 it made all three fused ops about 1.1x
+  faster than "classic" from a graph where 2 ranks share one H200 (the GEMM side, not
+  NVLink: docs/history.md, "auto's GEMM core from 1024 rows"), so TMA_MIN_M is 1024. Below it the table's small-M entries are what the core
   alone measured (or starting points), not the fused ops.
 - "classic": one output tile (or split-K slice) per GEMM program,
   pointer loads (gemm_tile), tile sizes from gemm_config.
