@@ -46,6 +46,8 @@ def test_pooled_runs_decide_each_class(tmp_path):
     assert got[kept]["config"] == C                    # no run timed it: kept
     assert got[gemm_tables.shape_class(1024, 8192, 8192)]["shapes"] == 1    # not 2 rows
     assert written.capability == (9, 0)                # the table's own
+    about = gemm_tables.read(path)[1][H200].about      # says how it was made, from what
+    assert "gemm_merge" in about and "one.json, two.json" in about
 
 
 def test_refusals(tmp_path):

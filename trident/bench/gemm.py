@@ -65,7 +65,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
-import os
 import statistics
 import time
 
@@ -406,10 +405,11 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str):
-    """This GPU's gemm_tables.GpuTable from a run: per measured class its best candidate
-    and, where that one is swap-AB or warp-specialised Gluon (the fused ops run neither),
-    the best plain one."""
+def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str,
+              source: str = "measured by `python -m trident.bench.gemm --update-table`"):
+    """This GPU's gemm_tables.GpuTable from a run (source: how, for its "about"): per
+    measured class its best candidate and, where that one is swap-AB or warp-specialised
+    Gluon (the fused ops run neither), the best plain one."""
     from ..ops import gemm_tables
     def special(c):                     # configs the fused ops cannot run as they are
         return candidates[c].get("SWAP_AB") or candidates[c].get("GLUON")
@@ -423,7 +423,7 @@ def gpu_table(result: dict, best: dict, candidates: dict, world: int, date: str)
                 fused = max(plain, key=plain.get)
                 entry.update(fused_config=fused, fused_vs_cublas=round(plain[fused], 3))
         classes[cls] = entry
-    about = (f"measured by `python -m trident.bench.gemm --update-table` on {result['device']}, "
+    about = (f"{source} on {result['device']}, "
              f"{date} (world {world} shapes; HBM read {result['hbm_read_gbps']:.0f} GB/s)")
     return gemm_tables.GpuTable(result["device"], tuple(result["capability"] or ()) or None,
                                 classes=classes, about=about)
@@ -557,16 +557,15 @@ def run(args: argparse.Namespace, planted: dict | None = None,
 
 
 def write_table(path: str, result: dict, best: dict, candidates: dict, world: int,
-                keep_others: bool = True, keep_classes: bool = False):
-    """Write the GPU's table of a run (gpu_table) into the gemm table file `path` (a folder:
-    its gemm_table_<model>.json) (gemm_tables.update, keep_others as there), listing the
+                keep_others: bool = True, keep_classes: bool = False, **source):
+    """Write the GPU's table of a run (gpu_table, source as there) into the table file at
+    `path` (gemm_tables.file_at; gemm_tables.update, keep_others as there), listing the
     candidates it names beside the package's (not planted ones); returns (the table, the
     file). keep_classes: the classes of this GPU's table in that file that the run did not
     measure stay (a run over some M only; the file's table must have the same edges)."""
     from ..ops import gemm, gemm_tables
-    table = gpu_table(result, best, candidates, world, time.strftime("%Y-%m-%d"))
-    if os.path.isdir(path):
-        path = os.path.join(path, os.path.basename(gemm_tables.file_for(table.name)))
+    table = gpu_table(result, best, candidates, world, time.strftime("%Y-%m-%d"), **source)
+    path = gemm_tables.file_at(path, table.name)
     old = gemm_tables.read(path)[1].get(table.name) if keep_classes else None
     if old is not None:
         if (edges := (old.m_edges, old.n_edges, old.k_edges)) != (

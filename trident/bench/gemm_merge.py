@@ -43,7 +43,7 @@ def merge(paths: list[str], table_path: str, world: int = 2,
     rows = pooled_rows(runs)
     device = runs[0]["gpu"]
     if capability is None:
-        old = gemm_tables.read(bench_file(table_path, device))[1].get(device)
+        old = gemm_tables.read(gemm_tables.file_at(table_path, device))[1].get(device)
         if old is None or not old.capability:
             raise ValueError(f"no table of {device} in {table_path} to take its capability "
                              f"from: pass --capability, e.g. 9,0")
@@ -56,18 +56,14 @@ def merge(paths: list[str], table_path: str, world: int = 2,
               "hbm_read_gbps": min(r["hbm_read_gbps"] for r in runs)}
     best = {cls: (name, mean, _distinct_shapes(rows, cls), *rest)     # shapes, not rows
             for cls, (name, mean, _, *rest) in bench.summarize(rows).items()}
+    source = (f"picked by `python -m trident.bench.gemm_merge` from the rows of "
+              f"{', '.join(os.path.basename(p) for p in paths)}")
     return bench.write_table(table_path, result, best, {n: gemm.KNOWN[n] for n in names},
-                             world, keep_classes=True)
+                             world, keep_classes=True, source=source)
 
 
 def _distinct_shapes(rows: list[dict], cls: str) -> int:
     return len({(r["M"], r["N"], r["K"]) for r in rows if r["shape_class"] == cls})
-
-
-def bench_file(path: str, device: str) -> str:
-    """The table file write_table writes for `device` at `path` (a folder or a file)."""
-    return (os.path.join(path, os.path.basename(gemm_tables.file_for(device)))
-            if os.path.isdir(path) else path)
 
 
 def main(argv=None) -> int:

@@ -122,6 +122,12 @@ def file_for(name: str) -> str:
                         f"gemm_table_{family(name).lower().replace(' ', '_')}.json")
 
 
+def file_at(path: str, name: str) -> str:
+    """The table file of GPU model `name` that a writer given `path` writes: `path` itself,
+    or in a folder its file_for name (`bench gemm --update-table PATH`)."""
+    return os.path.join(path, os.path.basename(file_for(name))) if os.path.isdir(path) else path
+
+
 def read(path: str | None = None) -> tuple[dict, dict]:
     """(candidates listed, {GPU name: GpuTable}) of the table file `path`, or of every
     package file together (path None: `package_files`); ({}, {}) for a missing file. A
