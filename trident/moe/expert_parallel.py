@@ -92,13 +92,17 @@ class PendingCombine:
         return self._out
 
 
+def _check_positive(name: str, v, also: str = "") -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ValueError(f"ExpertParallel: {name} must be a positive int{also}, got {v!r}")
+
+
 def check_args(world: int, num_experts, experts_per_token, hidden_dim, max_num_tokens,
                dtype) -> None:
     """The constructor's checks (shared with trident.nodes' ExpertParallelAcrossNodes)."""
     for name, v in (("num_experts", num_experts), ("experts_per_token", experts_per_token),
                     ("hidden_dim", hidden_dim), ("max_num_tokens", max_num_tokens)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"ExpertParallel: {name} must be a positive int, got {v!r}")
+        _check_positive(name, v)
     if num_experts % world:
         raise ValueError(f"ExpertParallel: num_experts ({num_experts}) must be a multiple "
                          f"of the world size ({world}): rank r owns experts [r*L, (r+1)*L)")
@@ -113,10 +117,8 @@ def program_cap(ctx, num_sms) -> int:
     """The most programs of a launch (half): two per SM of the rank's share of the GPU
     (all ranks' programs resident at once), or of `num_sms` of them; on the CPU emulation
     3 (few programs, still more than one), or 2 * num_sms if fewer."""
-    if num_sms is not None and (not isinstance(num_sms, int) or isinstance(num_sms, bool)
-                                or num_sms < 1):
-        raise ValueError(f"ExpertParallel: num_sms must be a positive int or None, got "
-                         f"{num_sms!r}")
+    if num_sms is not None:
+        _check_positive("num_sms", num_sms, " or None")
     if ctx.backend != "cuda":
         return 3 if num_sms is None else min(3, 2 * num_sms)
     share = ctx.usable_sms
