@@ -222,17 +222,12 @@ def test_a_timed_out_call_is_poisoned_and_the_next_call_raises(pool):
         assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise"
 
 
-def _gather_peer_never_pushes(ctx, gemm):
-    """Case 2 for the fused all_gather_matmul: its last rank skips a call (so never pushes
-    its rows). On every other rank the tiles of those rows are poisoned (the tiles of rows
-    that came before the wait gave up may be right) and the next call raises at once.
-    Every rank compiled and ran the call once first (a peer still compiling would pass for
-    a missing one)."""
-    def call():
-        a = torch.ones(8, 32, dtype=torch.bfloat16, device=ctx.device)
-        w = torch.ones(24, 32, dtype=torch.bfloat16, device=ctx.device)
-        return ctx.all_gather_matmul(a, w, schedule="fused", gemm=gemm)
-
+def last_rank_skips(ctx, call, missing=lambda out: out):
+    """Case 2 for an op `call()` runs: every rank runs it once (compiled: a peer still
+    compiling would pass for a missing one), then every rank but the last again, with the
+    device timeout SHORT, and the next call. Returns, there, (whether missing(its output)
+    -- what needed the last rank -- is all NaN, *_raises_at_once(call)); None on the last
+    rank. Every rank resets after (_then_reset_works)."""
     call()
     ctx.sync()
     timeout = ctx.timeout_s
@@ -240,24 +235,42 @@ def _gather_peer_never_pushes(ctx, gemm):
     try:
         result = None
         if ctx.rank != ctx.world_size - 1:
-            missing = call()[-8:].float()               # the last rank's rows; waits
-            result = (bool(missing.isnan().all()), *_raises_at_once(call))
+            lost = missing(call()).float()              # waits for the missing rank
+            result = (bool(lost.isnan().all()), *_raises_at_once(call))
         _then_reset_works(ctx)
         return result
     finally:
         ctx.set_timeout(timeout)
 
 
+def check_last_rank_skipped(results, op: str, what: str) -> None:
+    """last_rank_skips' results: every rank but the last saw `what` poisoned, then its
+    next call raised at once, CommTimeout or PeerFailed naming `op`."""
+    for rank, (poisoned, kind, text, took) in enumerate(results[:-1]):
+        assert poisoned, f"rank {rank}: {what} not NaN ({op})"
+        assert kind in (CommTimeout.__name__, PeerFailed.__name__), (rank, kind, text)
+        assert op in text, text                       # names the op that timed out
+        assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise"
+
+
+def _gather_peer_never_pushes(ctx, gemm):
+    """Case 2 for the fused all_gather_matmul: its last rank skips a call (so never pushes
+    its rows). On every other rank the tiles of those rows are poisoned (the tiles of rows
+    that came before the wait gave up may be right) and the next call raises at once."""
+    def call():
+        a = torch.ones(8, 32, dtype=torch.bfloat16, device=ctx.device)
+        w = torch.ones(24, 32, dtype=torch.bfloat16, device=ctx.device)
+        return ctx.all_gather_matmul(a, w, schedule="fused", gemm=gemm)
+
+    return last_rank_skips(ctx, call, lambda out: out[-8:])     # the last rank's rows
+
+
 @pytest.mark.parametrize("gemm", ["tma", "gluon"])
 def test_a_gather_whose_peer_never_pushes_is_poisoned(pool, gemm):
     """The fused all_gather_matmul on the "tma" core and on the "gluon" one (its Gluon
     kernel on sm_90 GPUs, the "tma" core on the CPU emulation)."""
-    results = pool.run(_gather_peer_never_pushes, gemm)
-    for rank, (poisoned, kind, text, took) in enumerate(results[:-1]):
-        assert poisoned, f"rank {rank}: the missing peer's rows are not NaN ({gemm})"
-        assert kind in (CommTimeout.__name__, PeerFailed.__name__), (rank, kind, text)
-        assert "all_gather_matmul" in text, text        # names the op that timed out
-        assert took < 0.5, f"rank {rank}: the next call took {took:.2f} s to raise"
+    check_last_rank_skipped(pool.run(_gather_peer_never_pushes, gemm), "all_gather_matmul",
+                            f"the missing peer's rows ({gemm})")
 
 
 def _heap_differs_then_reset(ctx):
