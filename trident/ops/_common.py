@@ -10,8 +10,9 @@ option overrides it and is part of the plan key like every option):
   fused op faster than "classic" and than NCCL + cuBLAS eagerly (docs/history.md, "Notes
   moved out of the source"); at M = 1024 and 2048 it made all three fused ops about 1.1x
   faster than "classic" from a graph where 2 ranks share one H200 (the GEMM side, not
-  NVLink: docs/history.md, "auto's GEMM core from 1024 rows"), so TMA_MIN_M is 1024. Below it the table's small-M entries are what the core
-  alone measured (or starting points), not the fused ops.
+  NVLink: docs/history.md, "auto's GEMM core from 1024 rows"), so TMA_MIN_M is 1024.
+  Below it the table's small-M entries are what the core alone measured (or starting
+  points), not the fused ops.
 - "classic": one output tile (or split-K slice) per GEMM program,
   pointer loads (gemm_tile), tile sizes from gemm_config.
 - "tma": trident/ops/gemm.py's core inside the fused kernels -- persistent GEMM programs,
@@ -25,7 +26,7 @@ option overrides it and is part of the plan key like every option):
   the producer waiting for each tile's rows before its TMA loads) and the row-parallel
   ops' (trident/ops/matmul_reduce_gluon.py, the consumers pushing each finished tile to
   its owner). sm_90 GPUs (all_gather_matmul: K % 8 == 0); elsewhere (the CPU emulation
-  too) it runs "tma". Never "auto"'s choice: not measured yet.
+  too) it runs "tma". Never "auto"'s choice: not yet measured with a GPU per rank.
 
 Epochs (trident/language/epoch.py). Every fused kernel reads its workspace's epoch word
 at the start (this call is epoch e = stored + 1) and waits for flags to reach e, so flags

@@ -34,8 +34,8 @@ The GEMM core (_common: env TRIDENT_GEMM, or the gemm= option):
   each finished tile (gemm_ws.py's kernel) -- from the same queue, in the same order,
   into the same slots. An sm_90 GPU (else, and on the CPU emulation, the "tma" core; a
   or w that TMA cannot address: the "tma" kernel with the same tiles, on that rank
-  alone); plain and split-K configs, no swap-AB. Not measured yet, so "auto" never takes
-  it.
+  alone); plain and split-K configs, no swap-AB. Not yet measured with a GPU per rank,
+  so "auto" never takes it.
 The tiles' order, the push, the reducers and the gathers are one code for both kernels
 (reduce_tiles.py), and a rank on either kernel exchanges the same slots, flags and
 fingerprint (which names the tiles and their GROUP_M order: ranks whose tiles differ

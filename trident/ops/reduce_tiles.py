@@ -8,9 +8,10 @@ The helpers are @triton.jit functions, which a Gluon kernel calls as they are
 (trident/language/gluon.py); they make no tensor from nothing: the callers pass a tile's
 row and column offsets (`rows` 0..BM-1, `cols` 0..BN-1: tl.arange in a Triton kernel,
 gl.arange with a layout in a Gluon one) and, to the reducers, the fp32 zero tile they
-sum into; `offs` is rows[:, None] * BN + cols[None, :]. THREADS: the threads that vote in each wait (tdl.wait): 0 in a Triton kernel,
-the default warps' threads in a warp-specialised Gluon kernel (inside its default
-partition or outside the partitions: Triton's own barrier 0 counts them alike there).
+sum into; `offs` is rows[:, None] * BN + cols[None, :]. THREADS: the threads that vote in
+each wait (tdl.wait): 0 in a Triton kernel, the default warps' threads in a
+warp-specialised Gluon kernel (inside its default partition or outside the partitions:
+Triton's own barrier 0 counts them alike there).
 """
 from __future__ import annotations
 
@@ -85,8 +86,8 @@ def push_partial(acc, partials, flags, sync, ctrl, heap_bases, trace_buf, epoch,
 
 
 @triton.jit
-def reduce_slot(slot, acc, offs, rows, cols, out, bias, partials, result, flags, ready, sync, ctrl,
-                heap_bases, trace_buf, epoch, fp, rank, world_size, M, N, m_local,
+def reduce_slot(slot, acc, offs, rows, cols, out, bias, partials, result, flags, ready, sync,
+                ctrl, heap_bases, trace_buf, epoch, fp, rank, world_size, M, N, m_local,
                 stride_om, num_tiles, slots, BM: tl.constexpr, BN: tl.constexpr,
                 GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ALL_REDUCE: tl.constexpr,
                 OP: tl.constexpr, TRACE: tl.constexpr, THREADS: tl.constexpr = 0):

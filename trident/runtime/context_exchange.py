@@ -87,8 +87,8 @@ def _words_name(words) -> str:
 
 class ExchangeMethods:
     """The host exchanges of trident.Context. They use the context's rank, world_size,
-    group, host_timeout_s, _check_open(), _closed, _calling, _host_step and _op_phrase() (set by
-    Context.__init__ and SyncMethods); `_init_exchanges` makes their own state."""
+    group, host_timeout_s, _check_open(), _closed, _calling, _host_step and _op_phrase()
+    (set by Context.__init__ and SyncMethods); `_init_exchanges` makes their own state."""
 
     def _init_exchanges(self) -> None:
         self._exchanges = 0          # host header exchanges made (the same on every rank)
