@@ -16,6 +16,7 @@ import trident as td
 from trident.runtime.launch import default_backend
 from trident.moe import fp8
 
+from ..faults.mismatch import assert_refused_on_the_last_rank, attempt
 from ..nodes import NODE_SIZES, WORLD, Layout, nodes_pool
 from .test_expert_parallel import (_back_to_back, _bad_ids, _bad_inputs, _check_combine,
                                    _check_dispatch, _graph_replay, _round_inputs,
@@ -75,6 +76,24 @@ def test_the_context_names_its_expert_parallel():
 ], ids=["e12k3h96-bf16", "e8k1h80-fp16"])
 def test_matches_reference(pool, E, k, H, dtype):
     pool.run(_rounds, E, k, H, 5, dtype, [11, 12])
+
+
+def _refused_on_the_last_rank(ctx):
+    last, E = ctx.world_size - 1, 2 * ctx.world_size
+    got = attempt(lambda: td.ExpertParallel(ctx, E + (1 if ctx.rank == last else 0), 2, 32, 3))
+    ctx.reset()
+    ep = td.ExpertParallel(ctx, E, 2, 32, 3)        # the heaps agree after the refusal
+    ep.close()
+    ctx.reset()                                     # a closed one, still referenced: nothing
+    return got
+
+
+def test_refused_on_one_rank_stops_every_node_at_once(pool):
+    """The last rank alone refuses its arguments: it raises its ValueError; every other
+    rank, on its node and on the others, PeerFailed naming it (world ranks), in seconds
+    rather than at the context's 60 s host timeout."""
+    assert_refused_on_the_last_rank(pool.run(_refused_on_the_last_rank),
+                                    "must be a multiple of the world size", 10.0)
 
 
 def test_split_mode(pool):

@@ -245,7 +245,10 @@ class ExpertParallel(metaclass=_NamedByContext):
     # ------------------------------------------------------------------ dispatch
     def reset(self) -> None:
         """Epochs, flags and counters back to zero (ctx.reset() calls this on every rank
-        after a failure); a Dispatched from before the reset can no longer be combined."""
+        after a failure); a Dispatched from before the reset can no longer be combined.
+        Nothing once closed (the object may outlive close(): ctx.reset() still finds it)."""
+        if self.buf is None:
+            return
         self.buf.reset()
         self._seq += 1
 

@@ -38,6 +38,7 @@ from ..moe import fp8 as F8
 from ..moe.expert_parallel import (_IDS, Dispatched, ExpertParallel, PendingCombine,
                                   PendingDispatch, check_args)
 from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached
+from ..runtime.errors import PeerFailed
 from ..runtime.plans import live_key, tensor_key
 from . import rail
 from . import rail_route as RR
@@ -52,8 +53,14 @@ class ExpertParallelAcrossNodes:
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
                  validate: bool = True, high_throughput: bool | None = None,
                  num_sms: int | None = None):
-        check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
-                   max_num_tokens, dtype)
+        node = ctx.node
+        refused = None
+        try:
+            check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
+                       max_num_tokens, dtype)
+        except (TypeError, ValueError) as exc:
+            # this node's peers stop at once in their ExpertParallel's barrier, naming it
+            refused = node.fail_call("ExpertParallel", exc)
         topo = ctx.topology
         self.ctx, self.topology = ctx, topo
         self.num_experts, self.experts_per_token = num_experts, experts_per_token
@@ -61,14 +68,20 @@ class ExpertParallelAcrossNodes:
         self.num_local_experts = num_experts // ctx.world_size
         self.experts_per_node = self.num_local_experts * topo.node_size
         self.validate = bool(validate)
-        node = ctx.node
         if high_throughput is None:
             high_throughput = max_num_tokens >= ctx.options.moe_ht_min_tokens
         # the forwarding stage: rows from every node's rank of this local index
-        self.node_ep = ExpertParallel(node, self.experts_per_node, experts_per_token,
-                                      hidden_dim, topo.num_nodes * max_num_tokens, dtype,
-                                      validate=False, high_throughput=high_throughput,
-                                      num_sms=num_sms)
+        self.node_ep = None
+        if refused is None:
+            try:
+                self.node_ep = ExpertParallel(node, self.experts_per_node, experts_per_token,
+                                              hidden_dim, topo.num_nodes * max_num_tokens,
+                                              dtype, validate=False,
+                                              high_throughput=high_throughput,
+                                              num_sms=num_sms)
+            except Exception as exc:      # noqa: BLE001 -- the world hears of it first
+                refused = exc
+        _agree(ctx, self.node_ep, refused)
         self.capacity = self.node_ep.capacity
         self.sms = self.node_ep.sms
         self.high_throughput = self.node_ep.high_throughput
@@ -93,7 +106,9 @@ class ExpertParallelAcrossNodes:
 
     def reset(self) -> None:
         """After ctx.reset(): a Dispatched from before can no longer be combined (the
-        node's ExpertParallel resets its own state)."""
+        node's ExpertParallel resets its own state). Nothing once closed."""
+        if self.rail_rows is None:
+            return
         self._seq += 1
         self._node_pending = self._combine_pending = None
         self.rail_rows.reset()
@@ -247,3 +262,29 @@ class ExpertParallelAcrossNodes:
                 f"experts_per_token={self.experts_per_token}, hidden_dim={self.hidden_dim}, "
                 f"max_num_tokens={self.max_num_tokens}, dtype={self.dtype}, "
                 f"world_size={self.ctx.world_size}, nodes={t.num_nodes}x{t.node_size})")
+
+
+def _agree(ctx, node_ep, refused: BaseException | None) -> None:
+    """The constructor's agreement over the world: where a rank refused its arguments
+    (or its node's ExpertParallel raised), every rank raises, at once: that rank its own
+    error, the others PeerFailed naming it (world ranks), not a timeout in a later round
+    that the refusing node never joins. One rail barrier (WorldContext._rail_barrier) when
+    all is well. A node that made its ExpertParallel frees it again (all of its ranks
+    raise together)."""
+    topo = ctx.topology
+    mine = None
+    if isinstance(refused, PeerFailed):            # a peer of this node refused
+        mine = PeerFailed("ExpertParallel", ctx.rank,
+                          topo.node * topo.node_size + refused.peer, refused.cause)
+    elif refused is not None:                      # this rank refused
+        mine = PeerFailed("ExpertParallel", ctx.rank, ctx.rank,
+                          f"{type(refused).__name__}: {refused}")
+    try:
+        ctx._rail_barrier(mine)
+    except PeerFailed as first:                    # a rank of another node refused
+        if node_ep is not None:
+            node_ep.close()
+        raise PeerFailed("ExpertParallel", ctx.rank, first.peer, first.cause) from None
+    if refused is not None:
+        raise refused if mine.peer == ctx.rank else mine
+
