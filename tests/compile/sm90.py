@@ -494,10 +494,8 @@ def _ops() -> list[Kernel]:
                aligned=("N", "K", "stride_am", "stride_wn", "stride_om", "half", "slot")),
         # its Lamport exchange (epilogue_lamport.py): the same tiles, data words as flags;
         # NORM (matmul_all_reduce_add_rmsnorm's one kernel): those tiles of all_reduce,
-        # then the residual add, the row blocks' counters and the rows' norm. Not at world
-        # 8: its per-peer code is unrolled 8 times, and one variant took 120-164 s (56 s
-        # with NORM) of this check's 1209 s on 2 busy cores (docs/status.md, open items:
-        # the first call at 8 ranks compiles that long); worlds 2 and 4 shape the rest alike
+        # then the residual add, the row blocks' counters and the rows' norm. At world 8
+        # too (its per-peer code unrolled 8 times): 3-8 s a variant on 2 cores now
         Kernel("trident.ops.epilogue_lamport", "_push_reduce_lamport_kernel",
                dict(data=P16, heads=P64, lsync=P64, fsync=P64, counters=P64, eps="fp32",
                     **epi_ints),
@@ -506,15 +504,18 @@ def _ops() -> list[Kernel]:
                        residual=v.types["a"], res_out=v.types["a"], norm_weight=v.types["a"]),
                   WORLD=world, NORM=False, NORM_BLOCK=16, PDL=j != 2,
                   ptx_has=PDL_PTX if j != 2 else "", **v.constexprs)
-                for j, (v, world) in enumerate(zip(epi_rs[:2] + epi_rs[4:6], (2, 4, 4, 2)))]
+                for j, (v, world) in enumerate(zip(epi_rs[:2] + epi_rs[4:6] + epi_rs[:1],
+                                                   (2, 4, 4, 2, 8)))]
                + [V("", v.num_warps, v.num_stages,
                     types={k: t for k, t in v.types.items() if k != "scratch"} | dict(
                         residual=v.types["out"], res_out=v.types["out"], counters=P32,
                         norm_weight=PF32 if i == 2 else v.types["out"]),
                     WORLD=world, NORM=True, NORM_BLOCK=block, PDL=True, ptx_has=PDL_PTX,
                     **dict(v.constexprs, OP=OP_CODES["matmul_all_reduce_add_rmsnorm"]))
-                  for i, (v, world, block) in enumerate(zip(epi_rs[1::2], (2, 4, 4, 2, 4),
-                                                            (2048, 2048, 1024, 2048, 256)))],
+                  for i, (v, world, block) in enumerate(zip(epi_rs[1::2] + epi_rs[1:2],
+                                                            (2, 4, 4, 2, 4, 8),
+                                                            (2048, 2048, 1024, 2048, 256,
+                                                             2048)))],
                aligned=("N", "K", "stride_am", "stride_wn", "stride_om", "slot")),
         Kernel("trident.ops.epilogue", "_pull_gemm_kernel",
                dict(offsets=P64, my_offset=I64, flags=P64, sync=P64, **split_k, **epi_ints),
