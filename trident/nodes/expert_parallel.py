@@ -274,11 +274,14 @@ def _agree(ctx, node_ep, refused: BaseException | None) -> None:
     topo = ctx.topology
     mine = None
     if isinstance(refused, PeerFailed):            # a peer of this node refused
-        mine = PeerFailed("ExpertParallel", ctx.rank,
-                          topo.node * topo.node_size + refused.peer, refused.cause)
+        # its cause names it in node ranks (context_exchange.py post_failure's words)
+        peer = topo.node * topo.node_size + refused.peer
+        mine = PeerFailed("ExpertParallel", ctx.rank, peer, refused.cause.replace(
+            f" on rank {refused.peer}: ", f" on rank {peer}: ", 1))
     elif refused is not None:                      # this rank refused
         mine = PeerFailed("ExpertParallel", ctx.rank, ctx.rank,
-                          f"{type(refused).__name__}: {refused}")
+                          f"ExpertParallel, which raised {type(refused).__name__} on rank "
+                          f"{ctx.rank}: {refused}")
     try:
         ctx._rail_barrier(mine)
     except PeerFailed as first:                    # a rank of another node refused
