@@ -12,10 +12,13 @@
 # for the next call.
 #
 #   POOLS     ';'-separated pools "world:gpu:workers:percent per rank"
-#             (default: 4 ranks x2 workers on GPU 0 at 11 %, 2 ranks x3 and 1 rank x3 on GPU 1)
+#             (default: 4 ranks x2 workers on GPU 0 at 11 %, 2 ranks x3 and 1 rank x3 on GPU 1;
+#             with one GPU visible, every pool on GPU 0: 4 ranks x1, 2 x2, 1 x2, at 11 %)
 #   FIRST     test files to queue first (the rest follow in path order)
 #   DEADLINE  seconds after which nothing new starts (default 480)
 #   SIDE      a command run beside the workers (e.g. the soak), its output in $OUT/side.log
+#   TREE      the tree's name for the summary (default: git log's HEAD, which a device copy
+#             of the working tree may not have moved: pass the hash sent)
 #   ONCE      files that run in the smallest pool world only (default: every test file that
 #             names no rank pool and no world size, outside the folders whose conftest
 #             parametrizes by world; its tests are the same at every world). Elsewhere the
@@ -27,6 +30,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/nvidia/bin
 export TRITON_CACHE_DIR=$PWD/.triton-cache
 OUT=${OUT:-/tmp/out}; STATE=$PWD/.triton-cache/suite-state; mkdir -p $OUT $STATE
+GPUS=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+if [ "${GPUS:-0}" -le 1 ]; then POOLS=${POOLS:-"4:0:1:11;2:0:2:11;1:0:2:11"}; fi
 POOLS=${POOLS:-"4:0:2:11;2:1:3:11;1:1:3:10"}
 DEADLINE=${DEADLINE:-480}
 T0=$SECONDS
@@ -74,7 +79,7 @@ echo quit | nvidia-cuda-mps-control
 
 # summary: per world, files done / left, and pytest's last line of each file
 S=$OUT/suite-summary.txt
-{ echo "suite at $(git log --oneline -1 2>/dev/null | cut -c1-60), this call $((SECONDS - T0)) s, pools $POOLS"
+{ echo "suite at ${TREE:-$(git log --oneline -1 2>/dev/null | cut -c1-60)}, this call $((SECONDS - T0)) s, pools $POOLS"
   for p in "${pools[@]}"; do
     w=${p%%:*}; done_n=0; left=()
     once_n=0

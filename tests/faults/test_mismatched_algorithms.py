@@ -7,7 +7,9 @@ then did its epoch show the Lamport rank the other call (ccl/lamport.py
 PROGRAMS_IN_TURN): CommTimeout on both ranks.
 
 Two flag-protocol algorithms whose first handshake differs (push's DATA, pull's ARRIVE:
-one_shot and two_shot) still end in CommTimeout: docs/status.md, "Open"."""
+one_shot and two_shot; all_gather push and pull) each wait for a flag the other never
+sets: the wait also polls the peer's other flags of the launch, and a peer in it with
+another fingerprint is a CallMismatch (language/sync.py `other_call`), not a timeout."""
 import pytest
 import torch
 
@@ -38,7 +40,11 @@ def _algorithms_differ(ctx, op, pair):
 @pytest.mark.parametrize("op,pair", [("all_reduce", "lamport|one_shot"),
                                      ("all_reduce", "one_shot|lamport"),
                                      ("all_reduce", "lamport|two_shot"),
-                                     ("all_gather", "push|lamport")])
+                                     ("all_gather", "push|lamport"),
+                                     ("all_reduce", "one_shot|two_shot"),
+                                     ("all_reduce", "two_shot|one_shot"),
+                                     ("all_gather", "push|pull"),
+                                     ("all_gather", "pull|push")])
 def test_algorithms_that_differ_are_poisoned_and_raised(pool, op, pair):
     if pool.world_size == 1:
         pytest.skip("needs two ranks")

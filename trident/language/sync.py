@@ -152,23 +152,44 @@ def signal_ranks(flag, values, rank, world, heap_bases, WP: tl.constexpr):
 
 
 @triton.jit
-def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0, THREADS: tl.constexpr = 0):
+def other_call(siblings, fp_at, value, fp, SIBLINGS: tl.constexpr,
+               SIBLING_STRIDE: tl.constexpr):
+    """Whether the peer is in the launch of `value` with another call: one of its
+    SIBLINGS flags of this launch (SIBLING_STRIDE words apart from `siblings`, read with
+    acquire) holds `value`, and the fingerprint it stored at `fp_at` before its first
+    signal is not `fp` (fp = 0: nothing to compare)."""
+    entered = tl.cast(0, tl.int1)
+    for i in tl.static_range(SIBLINGS):
+        entered = entered | (load_acquire(siblings + i * SIBLING_STRIDE) == value)
+    theirs = tl.load(fp_at, volatile=True)
+    return entered & (fp != 0) & (theirs != tl.cast(fp, tl.int64))
+
+
+@triton.jit
+def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0, THREADS: tl.constexpr = 0,
+         siblings=0, fp_at=0, fp=0, SIBLINGS: tl.constexpr = 0,
+         SIBLING_STRIDE: tl.constexpr = 0):
     """Wait until the local `flag` >= `value` (acquire, system scope). Returns True if it did.
 
     `ctrl` is the context's control block (`ctx.ctrl`); `peer` and `op` only label a timeout.
     THREADS: the threads that wait together and vote (program_all): 0, the whole program;
     in a warp-specialised Gluon kernel 32 in a one-warp partition, or the default warps'
     threads outside the partitions (the worker warps would never reach a block barrier).
+    SIBLINGS > 0: the peer's other flags of the launch of `value` (`other_call`), polled
+    with its control block: a peer that entered this launch with another call's
+    fingerprint (a kernel whose first signal is another flag: a push against a pull)
+    stops the wait with KIND_MISMATCH (CallMismatch), not at the timeout.
     """
     cur = load_acquire(flag)
     gone = tl.cast(0, tl.int1)      # polled in the loop only: no peer read on a fast wait
     elsewhere = tl.cast(0, tl.int1)
+    wrong = tl.cast(0, tl.int1)
     if cur < value:
         failed = tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
         limit = tl.load(ctrl + CTRL_TIMEOUT)
         start = timestamp()
         rounds = 0
-        while (cur < value) & (not failed) & (not gone) & (not elsewhere):
+        while (cur < value) & (not failed) & (not gone) & (not elsewhere) & (not wrong):
             backoff()
             cur = load_acquire(flag)
             failed = (timestamp() - start) > limit
@@ -177,6 +198,8 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0, THREADS: tl.conste
                 gone = peer_failed(ctrl, peer) | (tl.load(ctrl + CTRL_ERROR, volatile=True) != 0)
                 # a peer in a host-side call: the flag it may have set before is read again
                 elsewhere = peer_in_host_call(ctrl, peer)
+                if SIBLINGS > 0:
+                    wrong = other_call(siblings, fp_at, value, fp, SIBLINGS, SIBLING_STRIDE)
                 cur = load_acquire(flag)
     # The warps of a program poll on their own and may leave the loop at different times,
     # one with the flag, another on a timeout, a failed peer or a peer in a host call. One
@@ -187,21 +210,25 @@ def wait(flag, value, ctrl, rank, peer, op: tl.constexpr = 0, THREADS: tl.conste
     # in every warp.
     came = program_all(cur >= value, THREADS)
     if not came:
-        record_failed_wait(gone, elsewhere, ctrl, rank, peer, op, THREADS)
+        record_failed_wait(gone, elsewhere, ctrl, rank, peer, op, THREADS, wrong)
     return came
 
 
 @triton.jit
 def record_failed_wait(gone, elsewhere, ctrl, rank, peer, op: tl.constexpr,
-                       THREADS: tl.constexpr = 0):
-    """Record why a wait of every thread of the program failed (each thread's own `gone`
-    and `elsewhere`, voted over THREADS as in `wait`): KIND_TIMEOUT is 0; KIND_PEER_FAILED
-    when a warp saw the peer (or this rank) fail; KIND_HOST_CALL (a CallMismatch) when it
-    waits in a host-side call instead."""
+                       THREADS: tl.constexpr = 0, wrong=False):
+    """Record why a wait of every thread of the program failed (each thread's own `gone`,
+    `elsewhere` and `wrong`, voted over THREADS as in `wait`): KIND_TIMEOUT is 0;
+    KIND_PEER_FAILED when a warp saw the peer (or this rank) fail; else KIND_MISMATCH when
+    it saw the peer in this launch with another call (`other_call`), KIND_HOST_CALL (a
+    CallMismatch too) when it waits in a host-side call instead."""
     gone = program_any(gone, THREADS)
     elsewhere = program_any(elsewhere, THREADS)
+    wrong = program_any(wrong, THREADS)
     kind = tl.cast(gone, tl.int64) * KIND_PEER_FAILED
-    if elsewhere & (not gone):
+    if wrong & (not gone):
+        kind = tl.cast(KIND_MISMATCH, tl.int64)
+    elif elsewhere & (not gone):
         kind = tl.cast(KIND_HOST_CALL, tl.int64)
     record_error(ctrl, rank, peer, op, kind)
 

@@ -206,13 +206,15 @@ class SyncMethods:
         if not self._error_view[CTRL_ERROR]:      # the next call meets the peers first
             self._error_view[CTRL_ERROR] = ERROR_PUBLISHED
 
-    def _peer_message(self, peer: int) -> str:
+    def _peer_message(self, peer: int, depth: int = 0) -> str:
         """Why rank `peer` failed: the message of the last error it published (read from
         its control block; a copy over the link on GPUs: an error path only), else what
         its error word records. A wait stops on a peer whose error word is set as soon as
         it sees it, but the peer publishes its message only when its host raises (its next
         call, sync or barrier), which may come after this rank's: the word names the
-        cause meanwhile (a CallMismatch the peer found, quoted by this PeerFailed)."""
+        cause meanwhile (a CallMismatch the peer found, quoted by this PeerFailed), and a
+        word that is itself PeerFailed is followed to the rank it names (at most
+        world_size ranks deep), so the root cause is quoted."""
         try:
             words = self._heap.peer_view(peer, self.ctrl, CTRL_TEXT, CTRL_TEXT_WORDS).cpu()
             text = bytes(words.numpy().tobytes()).rstrip(b"\0").decode(errors="replace")
@@ -221,7 +223,9 @@ class SyncMethods:
             word = int(self._heap.peer_view(peer, self.ctrl, CTRL_ERROR, 1).item())
             if not word or word == ERROR_MARK:
                 return ""
-            exc = device_error(word, self.timeout_s)       # one level: no peer's peer
+            deeper = depth + 1 < self.world_size
+            exc = device_error(word, self.timeout_s,
+                               (lambda p: self._peer_message(p, depth + 1)) if deeper else None)
             return f"{type(exc).__name__} on rank {peer}: {exc}"
         except Exception:         # the message is a courtesy: never hide the failure
             return ""
