@@ -157,12 +157,14 @@ def other_call(siblings, fp_at, value, fp, SIBLINGS: tl.constexpr,
     """Whether the peer is in the launch of `value` with another call: one of its
     SIBLINGS flags of this launch (SIBLING_STRIDE words apart from `siblings`, read with
     acquire) holds `value`, and the fingerprint it stored at `fp_at` before its first
-    signal is not `fp` (fp = 0: nothing to compare)."""
+    signal is not `fp` (fp = 0: nothing to compare). The slot is read only after such a
+    flag (its store happens before): otherwise the peer may be writing it."""
     entered = tl.cast(0, tl.int1)
     for i in tl.static_range(SIBLINGS):
         entered = entered | (load_acquire(siblings + i * SIBLING_STRIDE) == value)
-    theirs = tl.load(fp_at, volatile=True)
-    return entered & (fp != 0) & (theirs != tl.cast(fp, tl.int64))
+    entered = entered & (fp != 0)
+    theirs = tl.load(fp_at, mask=entered, other=0, volatile=True)
+    return entered & (theirs != tl.cast(fp, tl.int64))
 
 
 @triton.jit
