@@ -226,7 +226,7 @@ def record_failed_wait(gone, elsewhere, ctrl, rank, peer, op: tl.constexpr,
     CallMismatch too) when it waits in a host-side call instead."""
     gone = program_any(gone, THREADS)
     elsewhere = program_any(elsewhere, THREADS)
-    wrong = program_any(wrong, THREADS)
+    wrong = program_any(tl.cast(wrong, tl.int1), THREADS)     # a constant False by default
     kind = tl.cast(gone, tl.int64) * KIND_PEER_FAILED
     if wrong & (not gone):
         kind = tl.cast(KIND_MISMATCH, tl.int64)
