@@ -215,10 +215,10 @@ def wait_for(flags, phase: tl.constexpr, epoch, src, ctrl, rank, op: tl.constexp
     # polled beside the peer's control block: its flags of the other phases, so that a
     # peer in this launch with another call (a push against a pull: each waits for a
     # flag the other never sets) is a CallMismatch at once, not a timeout
+    slot = _fp_slot(flags, epoch, src)
     ok = tdl.wait(_flag(flags, phase, src), epoch, ctrl, rank, src, op, 0,
-                  _flag(flags, ARRIVE, src), _fp_slot(flags, epoch, src), fp, NUM_PHASES,
-                  MAX_RANKS * MAX_PROGRAMS)
-    theirs = tl.load(_fp_slot(flags, epoch, src), volatile=True)
+                  _flag(flags, ARRIVE, src), slot, fp, NUM_PHASES, MAX_RANKS * MAX_PROGRAMS)
+    theirs = tl.load(slot, volatile=True)
     return same_call(theirs, fp, ok, ctrl, rank, src, op)
 
 

@@ -290,4 +290,3 @@ def _agree(ctx, node_ep, refused: BaseException | None) -> None:
         raise PeerFailed("ExpertParallel", ctx.rank, first.peer, first.cause) from None
     if refused is not None:
         raise refused if mine.peer == ctx.rank else mine
-
