@@ -104,31 +104,6 @@ def test_tail_split_values_deterministic_and_rearmed(name, split):
     assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
 
 
-MULTI = sorted(name for name, cfg in WS.items() if cfg.get("UNITS", 1) > 1)
-
-
-@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only")
-@pytest.mark.parametrize("name", MULTI)
-def test_split_of_several_units_a_program(name):
-    """A UNITS config on a shape of fewer tiles than SMs but more than half of them (one
-    row of tiles, 0.6 x this GPU's SMs): split_k_for's slices give more units than
-    programs, so programs take two (the producer feeding across them): right values, the
-    same bits twice, the counters back at 0."""
-    cfg = WS[name]
-    sms = gemm.num_sms(torch.device(DEVICE))
-    cols = max(-(-sms * 3 // 5), 2)
-    m, n, k = cfg["BM"] - 5, cols * cfg["BN"] - 8, 40 * cfg["BK"] + 8
-    split = gemm.split_k_for(m, n, k, cfg, sms)
-    assert cols * split > sms, (cols, split, sms)
-    a, w = _inputs(m, n, k, seed=len(name))
-    assert _kernel_of(a, w, cfg) is not gemm._gemm_kernel
-    first = gemm.matmul(a, w, config=cfg)
-    assert_close(first, a.float() @ w.float().T, f"{name} {m}x{n}x{k} split {split}")
-    assert torch.equal(first, gemm.matmul(a, w, config=cfg))
-    torch.cuda.synchronize()
-    assert all(int(c.abs().sum()) == 0 for _, c in gemm._split_workspaces.values())
-
-
 @pytest.mark.parametrize("name", ["ws128x128x64_s6_w8", "ws64x64x128_s6_w4_sk8"])
 def test_twin_where_gluon_cannot_run(name):
     cfg = WS[name]

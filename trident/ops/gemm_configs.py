@@ -133,19 +133,16 @@ DEEP_CANDIDATES = {
 
 
 def _ws(bm: int, bn: int, bk: int, stages: int, warps: int, twin: str,
-        split_k: int = 1, tail: bool = False, units: int = 1) -> dict:
+        split_k: int = 1, tail: bool = False) -> dict:
     """A config of the warp-specialised Gluon kernel (trident/ops/gemm_ws.py: GLUON):
     `warps` consumer warps, one producer warp on top, `stages` TMA slots. TWIN: the
     candidate of gemm.py's kernel that runs instead where this one cannot (the CPU
     emulation, a GPU other than sm_90, tensors TMA cannot take, in-kernel descriptors,
     the fused kernels). TAIL: split only the last wave's tiles (split_k_for), at most
-    split_k slices each. UNITS: split-K may give a program up to this many work units
-    (split_for_tiles; 1: one wave)."""
+    split_k slices each."""
     cfg = dict(_config(bm, bn, bk, stages, warps, split_k=split_k), GLUON=True, TWIN=twin)
     if tail:                           # only these carry the key (table files stay as they are)
         cfg["TAIL"] = True
-    if units > 1:
-        cfg["UNITS"] = units
     return cfg
 
 
@@ -177,14 +174,6 @@ WS_CANDIDATES = {
     "ws128x64x64_s8_w4_tail4": _ws(128, 64, 64, 8, 4, "128x64x64_s6_w4_sk8", 4, tail=True),
     "ws64x128x128_s4_w4_tail4": _ws(64, 128, 128, 4, 4, "64x128x64_s4_w4", 4, tail=True),
     "ws64x64x128_s6_w4_tail4": _ws(64, 64, 128, 6, 4, "64x128x64_s4_w4", 4, tail=True),
-    # split-K of up to 2 units a program (UNITS), for shapes of fewer tiles than SMs but
-    # more than half (M = 128, N = 5120: 80 tiles of 64x128 on 132 SMs, which one wave
-    # of units cannot split; 3 slices are 240 units). gemm.py's kernel refills its
-    # pipeline per unit (docs/history.md, "The GEMM core at mid M: what ncu shows"); the
-    # producer warp here feeds across the units' boundaries.
-    "ws64x64x128_s6_w4_multi8": _ws(64, 64, 128, 6, 4, "64x64x128_s6_w4_sk8", 8, units=2),
-    "ws64x128x128_s4_w4_multi4": _ws(64, 128, 128, 4, 4, "64x128x64_s4_w4_sk8", 4, units=2),
-    "ws128x128x64_s6_w8_multi4": _ws(128, 128, 64, 6, 8, "128x128x64_s4_w8_sk8", 4, units=2),
 }
 # what `python -m trident.bench.gemm` (and `trident tune --gemm`) times by default: all
 # but stream-K, which lost wherever it ran (docs/history.md)
@@ -204,7 +193,7 @@ def base_candidate(name: str) -> str | None:
     if name.endswith("_streamk"):
         head = name[:-len("_streamk")]
         return head if head in KNOWN else None
-    for mark in ("_sk", "_tail", "_multi"):
+    for mark in ("_sk", "_tail"):
         head, sep, tail = name.rpartition(mark)
         if sep and tail.isdigit():
             return head if head in KNOWN else None
@@ -276,12 +265,13 @@ def split_for_tiles(tiles: int, K: int, cfg: dict, sms: int) -> int:
     Why one wave: on one H200 (M = 64) split-K launches of gemm.py's kernel whose
     programs took several units each ran 2-3x slower than the kernel with one slice (its
     pipeline refills per unit), while those of one unit a program matched cuBLAS
-    (figures: docs/history.md, "Notes moved out of the source"). A config's UNITS (the
-    Gluon kernel's, whose producer feeds across units) allows that many units a program."""
+    (figures: docs/history.md, "Notes moved out of the source"). The Gluon kernel, whose
+    producer warp feeds across units, lost with two units a program too (docs/history.md,
+    "Two work units a program")."""
     most = int(cfg.get("SPLIT_K", 1))
     if most <= 1 or tiles >= sms:
         return 1
-    most = min(most, triton.cdiv(K, cfg["BK"]) // 2, int(cfg.get("UNITS", 1)) * sms // tiles)
+    most = min(most, triton.cdiv(K, cfg["BK"]) // 2, sms // tiles)
     if most <= 1:                  # K too short for two slices of two BK-steps each
         return 1
     partial = cfg["BM"] * cfg["BN"] * 4 / (K * (cfg["BM"] + cfg["BN"]) * 2)
