@@ -8,7 +8,7 @@ PROGRAMS_IN_TURN): CommTimeout on both ranks.
 
 Two flag-protocol algorithms whose first handshake differs (push's DATA, pull's ARRIVE:
 one_shot and two_shot; all_gather push and pull) each wait for a flag the other never
-sets: the wait also polls the peer's other flags of the launch, and a peer in it with
+sets (all_to_all's one_shot and push too): the wait also polls the peer's other flags of the launch, and a peer in it with
 another fingerprint is a CallMismatch (language/sync.py `other_call`), not a timeout."""
 import pytest
 import torch
@@ -27,6 +27,11 @@ def _algorithms_differ(ctx, op, pair):
             t = torch.randn(n, device=ctx.device)
             ctx.all_reduce(t, algorithm=algorithm)
             return t
+        if op == "all_to_all":
+            out = torch.empty(ctx.world_size * n, device=ctx.device)
+            ctx.all_to_all(out, torch.randn(ctx.world_size * n, device=ctx.device),
+                           algorithm=algorithm)
+            return out
         out = torch.empty(ctx.world_size * n, device=ctx.device)
         ctx.all_gather(out, torch.randn(n, device=ctx.device), algorithm=algorithm)
         return out
@@ -44,7 +49,11 @@ def _algorithms_differ(ctx, op, pair):
                                      ("all_reduce", "one_shot|two_shot"),
                                      ("all_reduce", "two_shot|one_shot"),
                                      ("all_gather", "push|pull"),
-                                     ("all_gather", "pull|push")])
+                                     ("all_gather", "pull|push"),
+                                     ("all_to_all", "one_shot|push"),
+                                     ("all_to_all", "push|one_shot"),
+                                     ("all_to_all", "lamport|push"),
+                                     ("all_to_all", "one_shot|lamport")])
 def test_algorithms_that_differ_are_poisoned_and_raised(pool, op, pair):
     if pool.world_size == 1:
         pytest.skip("needs two ranks")

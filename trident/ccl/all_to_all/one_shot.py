@@ -41,7 +41,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from .. import common
-from ..device import (DATA, MAX_RANKS, OP_ALL_TO_ALL, begin_epoch, fingerprint, fp_slot,
+from ..device import (ARRIVE, DATA, MAX_RANKS, OP_ALL_TO_ALL, begin_epoch, fingerprint, fp_slot,
                       poison_blocks, same_call, scratch_half)
 from .rows import (alignment, check_no_overlap, copy_own_rows, copy_rows, even_count, grid_size,
                    pair_flag, pair_programs, rows_from, rows_to, splits_tensor)
@@ -94,8 +94,13 @@ def _one_shot_kernel(out, inp, splits, slots, counts, flags, sync, ctrl, heap_ba
     used = pair_programs(got, BLOCK, cap)      # the pair's programs, if the counts agree
     if v < used:
         t0 = trd.begin(TRACE)
+        # polled beside the peer's control block: its program 0's ARRIVE flag, which
+        # one_shot never sets and push (and every wait_for kernel) sets after storing its
+        # fingerprint, so a peer in this launch with push is a CallMismatch at once (its
+        # programs wait for an ARRIVE of this rank's that never comes)
         ok = tdl.wait(pair_flag(flags, DATA, src_rank, k - 1), epoch, ctrl, rank, src_rank,
-                      OP_ALL_TO_ALL)
+                      OP_ALL_TO_ALL, 0, pair_flag(flags, ARRIVE, src_rank, 0),
+                      fp_slot(flags, epoch, src_rank, 0), fp, 1, 0)
         # the same call, and the count the sender sent is the one this rank expects
         # (else CallMismatch: the sender's programs and this rank's would not pair up)
         theirs = tl.load(fp_slot(flags, epoch, src_rank, k - 1), volatile=True)

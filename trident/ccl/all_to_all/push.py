@@ -120,7 +120,9 @@ def _push_kernel(anchor, inp, splits, meta, flags, sync, ctrl, heap_bases, trace
             tdl.signal(pair_flag(flags, DATA, rank, pid), epoch, rank, peer, heap_bases)
             trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     # done once every program that writes into my output (same id as mine) has signalled;
-    # the rows of a sender whose flag never came are poisoned (all bits set: NaN)
+    # the rows of a sender whose flag never came are poisoned (all bits set: NaN), and so
+    # are all of them after a failed announcement: a peer in another call (one_shot) may
+    # set these flags without writing my output
     t0 = trd.begin(TRACE)
     for k in range(1, world_size):
         src_rank = (rank + world_size - k) % world_size
@@ -128,8 +130,11 @@ def _push_kernel(anchor, inp, splits, meta, flags, sync, ctrl, heap_bases, trace
         expect = tl.load(splits + 3 * world_size + src_rank)
         used = pair_programs(expect, BLOCK, grid)
         if v < used:
-            if not tdl.wait(pair_flag(flags, DATA, src_rank, pid), epoch, ctrl, rank, src_rank,
-                            OP_ALL_TO_ALL):
+            came = ok
+            if came:
+                came = tdl.wait(pair_flag(flags, DATA, src_rank, pid), epoch, ctrl, rank,
+                                src_rank, OP_ALL_TO_ALL)
+            if not came:
                 poison_blocks(anchor + tl.load(splits + 2 * world_size + src_rank), expect, v,
                               used, BLOCK)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
