@@ -267,7 +267,7 @@ def split_for_tiles(tiles: int, K: int, cfg: dict, sms: int) -> int:
     pipeline refills per unit), while those of one unit a program matched cuBLAS
     (figures: docs/history.md, "Notes moved out of the source"). The Gluon kernel, whose
     producer warp feeds across units, lost with two units a program too (docs/history.md,
-    "Two work units a program")."""
+    "The GEMM core: two work units a program")."""
     most = int(cfg.get("SPLIT_K", 1))
     if most <= 1 or tiles >= sms:
         return 1
