@@ -7,9 +7,10 @@ then did its epoch show the Lamport rank the other call (ccl/lamport.py
 PROGRAMS_IN_TURN): CommTimeout on both ranks.
 
 Two flag-protocol algorithms whose first handshake differs (push's DATA, pull's ARRIVE:
-one_shot and two_shot; all_gather push and pull) each wait for a flag the other never
-sets (all_to_all's one_shot and push too): the wait also polls the peer's other flags of the launch, and a peer in it with
-another fingerprint is a CallMismatch (language/sync.py `other_call`), not a timeout."""
+one_shot and two_shot; all_gather push and pull; all_to_all one_shot and push) each wait
+for a flag the other never sets: the wait also polls the peer's other flags of the
+launch, and a peer in it with another fingerprint is a CallMismatch (language/sync.py
+`other_call`), not a timeout."""
 import pytest
 import torch
 
