@@ -159,24 +159,40 @@ def _noop_step(tensors=()):
     return None
 
 
+class _SilentGraph:
+    """A plan's CUDA graph while silenced: its replay does nothing."""
+    @staticmethod
+    def replay():
+        return None
+
+
 def _silence(ctx):
-    """Make every plan's steps no-ops; returns the function that undoes it."""
+    """Make every plan's steps and CUDA graphs no-ops, and keep plans from capturing new
+    graphs (which would hold the silenced steps); returns the function that undoes it."""
     from trident.runtime.triton_launch import Launch
     saved_call = Launch.__call__
     Launch.__call__ = lambda self, tensors=(): None
     saved = []
     ctx.plans.drop_shortcuts()      # shortcuts hold plans' runs: fill them again silenced
+    silent = _SilentGraph()
     for plan in list(ctx.plans._plans.values()):
-        saved.append((plan, plan.steps, plan.run))
+        saved.append((plan, plan.steps, plan.run, plan.graph, plan.at_graphs, plan.runs,
+                      plan.captures, plan.last_at))
         plan.steps = tuple(s if isinstance(s, Launch) else _noop_step for s in plan.steps)
         run = plan.run
         if not isinstance(run, Launch) and getattr(run, "__self__", None) is not plan:
             plan.run = _noop_step          # a single host step (or a graph replay)
+        # a graph made before (a plain tensor's, per address) would run the real kernels
+        # on this rank alone; a graph captured now would keep the no-op steps after undo
+        plan.graph = silent if plan.graph is not None else None
+        plan.at_graphs = dict.fromkeys(plan.at_graphs, silent)
+        plan.runs, plan.captures = -(1 << 62), 1 << 62
 
     def undo():
         Launch.__call__ = saved_call
-        for plan, steps, run in saved:
-            plan.steps, plan.run = steps, run
+        for plan, steps, run, graph, at_graphs, runs, captures, last_at in saved:
+            plan.steps, plan.run, plan.graph, plan.at_graphs = steps, run, graph, at_graphs
+            plan.runs, plan.captures, plan.last_at = runs, captures, last_at
         ctx.plans.drop_shortcuts()
     return undo
 
