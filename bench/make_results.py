@@ -6,28 +6,36 @@ the committed run files in bench/results/, so that no figure is typed by hand.
 
 For each family of `trident bench` (ccl, ops, moe, gemm, p2p, tp), docs/results.md holds the
 latest run of each device kind (the JSON's "device", plus its "nodes" across nodes), with
-its date, device, versions and file, trident beside the baseline of the same run, eager and
-graph. The README's compact table of a family comes from that family's latest run on GPUs of
-their own (not shared, not across nodes); it sits between `<!-- results:FAMILY -->` and
-`<!-- /results:FAMILY -->` and is rewritten in place (the ops table ends with which schedule
-was fastest where, over the run's layers). bench/results/README.md lists every
-file of bench/results/ with what it is.
+its date, device, versions and file, trident beside the baselines of the same run, eager and
+graph (the tables: bench/results_tables.py); kinds of a GPU other than CURRENT_GPU are
+labelled history.
 
-Cells "a · b · c" are eager · graph · host in microseconds (bench/common.py: eager = calls
-queued back to back, device time per call; graph = the same calls replayed from one CUDA
-graph; host = Python time per call; all max over ranks). "x×" = baseline time / trident
-time in the same mode (above 1: trident is faster).
+The README's compact tables come from each family's newest runs on CURRENT_GPU GPUs of
+their own (not shared, not across nodes, of every op: `part`), one per world size, side by
+side: per op its smallest and its largest case, trident (auto's pick) against the fastest
+baseline of the same run in each mode, named; the GEMM core's per M bucket. A block starts
+at `<!-- results:FAMILY -->` and runs to the next such marker or to `<!-- /results -->`;
+each is rewritten in place. docs/results.md ends with the same tables of the other GPUs'
+runs (the README's before it moved to CURRENT_GPU), as history. bench/results/README.md
+lists every file of bench/results/ with what it is.
 """
 from __future__ import annotations
 
 import argparse
 import glob
 import json
+import math
 import os
 import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+from bench.results_tables import (  # noqa: E402
+    DASH, EPILOGUE_TARGET, FULL, MODES, RIVALS, SMALL_M, epilogue_met, grouped, kind,
+    layer_name, rivals, setup, table, table_pick, versus)
+
 RESULTS = os.path.join(ROOT, "bench", "results")
 DOC = os.path.join(ROOT, "docs", "results.md")
 README = os.path.join(ROOT, "README.md")
@@ -39,7 +47,7 @@ TITLES = {"ccl": "Collectives (`trident bench ccl`)",
           "gemm": "The GEMM core alone (`trident bench gemm`)",
           "p2p": "Point to point (`trident bench p2p`)",
           "tp": "Tensor-parallel decode step (`trident bench tp`)"}
-DASH = "–"
+CURRENT_GPU = "H200"    # the GPU measured on now, the README's; other GPUs' runs are history
 
 
 # ---------------------------------------------------------------- loading and choosing runs
@@ -54,11 +62,6 @@ def load_runs(folder: str = RESULTS) -> list[dict]:
         if isinstance(doc, dict) and doc.get("suite") in FAMILIES and doc.get("rows"):
             runs.append({**doc, "_file": os.path.basename(path)})
     return runs
-
-
-def kind(run: dict) -> str:
-    """A run's device kind: its device, and its node layout across nodes."""
-    return run["device"] + (f", nodes {run['nodes']}" if run.get("nodes") else "")
 
 
 def _ops(run: dict) -> frozenset:
@@ -103,373 +106,238 @@ def latest(runs: list[dict], family: str) -> list[dict]:
                                                 part(r, runs)))
 
 
-def headline_run(runs: list[dict], family: str) -> dict | None:
-    """The newest run of `family` on GPUs of their own (not marked, not across nodes) that
-    ran every op of the family."""
-    own = [r for r in latest(runs, family) if not r.get("marked") and not r.get("nodes")
-           and r.get("backend", "cuda") == "cuda" and not part(r, runs)]
-    return max(own, key=lambda r: r["date"]) if own else None
+def gpu(run: dict) -> str:
+    """A run's GPU model: 'H200' of '2x NVIDIA H200' (the device itself if it names none)."""
+    m = re.search(r"NVIDIA (\S+)", run["device"])
+    return m.group(1) if m else run["device"]
 
 
-# ---------------------------------------------------------------- formatting
-
-def us(v) -> str:
-    if v is None:
-        return DASH
-    return f"{v:.2f}" if v < 1 else f"{v:.1f}" if v < 1000 else f"{v:.0f}"
-
-
-def rate(v) -> str:
-    return DASH if not v else f"{v:.1f}" if v < 10 else f"{v:.0f}"
-
-
-def cells(r: dict | None, keys=("eager_us", "graph_us", "host_us")) -> str:
-    return DASH if r is None else " · ".join(us(r.get(k)) for k in keys)
+def headline_runs(runs: list[dict], family: str, model: str = CURRENT_GPU) -> list[dict]:
+    """The newest run of `family` per world size on `model` GPUs of their own (not marked,
+    not across nodes) that ran every op of the family, by world size."""
+    best: dict = {}
+    for r in latest(runs, family):
+        w = r.get("world_size", 0)
+        if (gpu(r) == model and not r.get("marked") and not r.get("nodes")
+                and r.get("backend", "cuda") == "cuda" and not part(r, runs)
+                and (w not in best or r["date"] > best[w]["date"])):
+            best[w] = r
+    return [best[w] for w in sorted(best)]
 
 
-def times(base, mine) -> str:
-    return f"{base / mine:.2f}×" if base and mine else DASH
+def newer_parts(runs: list[dict], run: dict) -> list[dict]:
+    """The runs of some ops (or Ms) only of `run`'s kind that are newer than it."""
+    return [r for r in latest(runs, run["suite"]) if kind(r) == kind(run)
+            and part(r, runs) and r["date"] > run["date"]]
 
 
-def speedups(base: dict | None, mine: dict | None) -> str:
-    if base is None or mine is None:
-        return DASH
-    return " · ".join(times(base.get(k), mine.get(k)) for k in ("eager_us", "graph_us"))
+# ---------------------------------------------------------------- the README's tables
+
+def ccl_cases(run: dict) -> dict:
+    """{op: {bytes: (size, cell)}}: auto against the fastest baseline, per size."""
+    out: dict = {}
+    for (op, nbytes, size), impls in grouped(run["rows"], "op", "bytes", "size").items():
+        out.setdefault(op, {})[nbytes] = (size, versus(impls.get("trident_auto"),
+                                                       rivals(impls, "ccl")))
+    return out
 
 
-def table(header: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    return out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+def ops_cases(run: dict) -> dict:
+    """{'op (layer)': {M: ('M m', cell)}} on each op's first layer: auto (its pick, eager /
+    graph) against the fastest baseline."""
+    out: dict = {}
+    first: dict = {}
+    for (op, model, layer, m), impls in grouped(run["rows"], "op", "model", "layer", "M").items():
+        if first.setdefault(op, (model, layer)) == (model, layer):
+            auto = impls.get("trident_auto")
+            pick = f" ({auto['choice']})" if auto and auto.get("choice") else ""
+            out.setdefault(f"{op} ({layer_name(model, layer)})", {})[m] = (
+                f"M {m}", versus(auto, rivals(impls, "ops"), pick))
+    return out
 
 
-def setup(run: dict, link_prefix: str, where: bool = True) -> str:
-    """One line: (with `where`) date and device, then world size, versions, the file and
-    what the figures are not."""
-    parts = [run["date"][:10], kind(run)] if where else []
-    parts.append(f"world size {run.get('world_size', '?')}")
-    if run.get("dtype"):
-        parts.append(str(run["dtype"]).replace("torch.", ""))
-    parts.append(f"torch {run.get('torch', '?')}, triton {run.get('triton', '?')}"
-                 + (f", NCCL {run['nccl']}" if run.get("nccl") else ""))
-    if run.get("trident_gemm"):
-        parts.append(f"TRIDENT_GEMM={run['trident_gemm']}")
-    line = " · ".join(parts) + f" · [{run['_file']}]({link_prefix}{run['_file']})"
-    if run.get("marked"):
-        line += f" · **{run['marked']}**"
-    return line
+def moe_cases(run: dict) -> dict:
+    """{model: {tokens: ('n tokens', cell)}}: trident's round against torch's."""
+    out: dict = {}
+    for (model, tokens, phase), impls in grouped(run["rows"], "model", "tokens", "phase").items():
+        if phase == "total":
+            out.setdefault(model, {})[tokens] = (
+                f"{tokens} token{'s' * (tokens != 1)}",
+                versus(impls.get("trident"), rivals(impls, "moe")))
+    return out
 
 
-def _by(rows, *keys):
-    """Rows grouped by `keys`, in first-seen order: {(values): {impl: row}}."""
+CASES = {"ccl": ccl_cases, "ops": ops_cases, "moe": moe_cases}
+FIRST = {"ccl": "op", "ops": "op (layer)", "moe": "model (round: dispatch + combine)"}
+
+
+def side_by_side(runs: list[dict], family: str) -> list[str]:
+    """One row per op (model, for MoE); per run two columns, its smallest and its largest
+    case: 'w GPUs, <case>' where every row's is the same, else the case leads the cell."""
+    columns = []
+    for run in runs:
+        cases = CASES[family](run)
+        for end, word in ((0, "smallest"), (-1, "largest")):
+            picks = {row: sorted(c)[end] for row, c in cases.items()}
+            labels = {cases[row][k][0] for row, k in picks.items()}
+            same = labels.pop() if len(labels) == 1 else None
+            columns.append((f"{run.get('world_size')} GPUs, {same or word}",
+                            {row: ("" if same else cases[row][k][0] + ": ") + cases[row][k][1]
+                             for row, k in picks.items()}))
+            if all(len(c) == 1 for c in cases.values()):
+                break
+    rows = dict.fromkeys(row for _, col in columns for row in col)
+    return table([FIRST[family], *(head for head, _ in columns)],
+                 [[row, *(col.get(row, DASH) for _, col in columns)] for row in rows])
+
+
+def _seen(runs: list[dict], family: str) -> dict:
+    """{baseline's name: the ops it was timed for} over `runs`."""
+    seen: dict = {}
+    for r in (r for run in runs for r in run["rows"]):
+        name = RIVALS[family].get(r["impl"])
+        if name and r.get("status", "ok") == "ok" and any(r.get(k) for k in MODES):
+            seen.setdefault(name, set()).add(r.get("op"))
+    return seen
+
+
+def baselines(runs: list[dict], family: str) -> str:
+    """'NCCL; symm-mem one_shot, symm-mem two_shot (all_reduce only)': the baselines the
+    runs timed, with the ops of those not timed for every op."""
+    every = {r.get("op") for run in runs for r in run["rows"]}
     groups: dict = {}
-    for r in rows:
-        groups.setdefault(tuple(r.get(k) for k in keys), {})[r.get("impl")] = r
-    return groups
+    for name, ops in _seen(runs, family).items():
+        groups.setdefault(frozenset(ops), []).append(name)
+    return "; ".join(", ".join(names) + ("" if ops >= every else
+                                         f" ({', '.join(sorted(ops))} only)")
+                     for ops, names in groups.items())
 
 
-# ---------------------------------------------------------------- one family each
-
-def _ccl_baseline(impls: dict) -> tuple[str, dict | None]:
-    for name in ("nccl", "gloo"):
-        if name in impls:
-            return name, impls[name]
-    return "nccl", None
+def _geomean(xs: list) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def ccl_full(run: dict) -> list[str]:
+def gemm_buckets(run: dict) -> dict:
+    """{M: (shapes, [geometric mean over them of cuBLAS time / the table's pick's, per
+    mode])} of a GEMM core run."""
+    by_m: dict = {}
+    for (_, m, _, _), impls in grouped(run["rows"], "shape", "M", "N", "K").items():
+        pick, cublas = table_pick(impls), impls.get("cublas")
+        if pick and cublas and pick.get("status", "ok") == "ok":
+            by_m.setdefault(m, []).append([cublas[k] / pick[k] if cublas.get(k) and pick.get(k)
+                                           else None for k in MODES])
+    return {m: (len(v), [_geomean([x[i] for x in v]) for i in range(len(MODES))])
+            for m, v in sorted(by_m.items())}
+
+
+def _picks(run: dict) -> dict:
+    """{(shape, M, N, K): the candidate the table picked} of a GEMM core run (None: no
+    candidate row is the table's pick)."""
+    return {key: (table_pick(impls, fallback=False) or {}).get("impl")
+            for key, impls in grouped(run["rows"], "shape", "M", "N", "K").items()}
+
+
+def gemm_runs(runs: list[dict], model: str = CURRENT_GPU) -> list[dict]:
+    """The newest GEMM core run over every M of `model`, then the newer runs of its kind
+    over some M only that timed the table's pick on every shape they ran."""
+    whole = headline_runs(runs, "gemm", model)[:1]
+    return whole + [r for r in (newer_parts(runs, whole[0]) if whole else [])
+                    if None not in _picks(r).values()]
+
+
+def gemm_compact(rows_of: list[dict]) -> list[str]:
+    """One row per run (gemm_runs), one column per M bucket of the first: cuBLAS / the
+    table's pick, eager · graph, with the shapes where fewer than the first run's."""
+    first = gemm_buckets(rows_of[0])
     rows = []
-    has_symm = any(r["impl"] == "nccl_symm" for r in run["rows"])
-    for (op, size, _), impls in _by(run["rows"], "op", "size", "bytes").items():
-        auto = impls.get("trident_auto")
-        name, base = _ccl_baseline(impls)
-        algos = [(r.get("graph_us") or r.get("eager_us"), n[len("trident_"):])
-                 for n, r in impls.items() if n.startswith("trident_") and n != "trident_auto"
-                 and (r.get("graph_us") or r.get("eager_us"))]
-        best = min(algos) if algos else None
-        bw = " / ".join(rate(x) for x in
-                        ((auto or {}).get("busbw_GBps"), (base or {}).get("busbw_GBps")))
-        symm = [cells(impls.get("nccl_symm"))] if has_symm else []
-        rows.append([op, size, (auto or {}).get("choice") or DASH, cells(auto),
-                     f"{best[1]}: {us(best[0])}" if best else DASH, cells(base), *symm,
-                     speedups(base, auto), bw, us((auto or {}).get("floor_us"))])
-    base_name = _ccl_baseline({r["impl"]: r for r in run["rows"]})[0]
-    return table(["op", "bytes per rank", "auto's choice (eager / graph)",
-                  "trident auto", "fastest trident algorithm (graph)", base_name,
-                  *(["nccl_symm (NCCL's symmetric kernels)"] if has_symm else []),
-                  f"auto vs {base_name} (eager · graph)", f"busbw auto / {base_name} GB/s",
-                  "floor"], rows)
+    for run in rows_of:
+        mine = gemm_buckets(run)
+        rows.append([f"`{run['_file']}`"] + [
+            DASH if m not in mine else " · ".join(f"{x:.2f}×" if x else DASH for x in mine[m][1])
+            + ("" if mine[m][0] >= n else f" ({mine[m][0]} of {n} shapes)")
+            for m, (n, _) in first.items()])
+    return table(["run", *(f"M {m} ({n})" for m, (n, _) in first.items())], rows)
 
 
-def ccl_compact(run: dict) -> list[str]:
-    """One row per op: its smallest and its largest size, auto against the baseline."""
-    rows = []
-    groups = _by(run["rows"], "op", "bytes", "size")
-    name = _ccl_baseline({r["impl"]: r for r in run["rows"]})[0]
-    for op in dict.fromkeys(k[0] for k in groups):
-        sizes = sorted(k for k in groups if k[0] == op)
-        row = [op]
-        for key in (sizes[0], sizes[-1]):
-            base, auto = _ccl_baseline(groups[key])[1], groups[key].get("trident_auto")
-            row += [key[2], cells(auto, ("eager_us", "graph_us")),
-                    cells(base, ("eager_us", "graph_us")), speedups(base, auto)]
-        rows.append(row)
-    return table(["op", "size", "trident µs", f"{name} µs", "×",
-                  "size", "trident µs", f"{name} µs", "×"], rows)
+SHORT = {"ccl": "Collectives", "ops": "Fused GEMM + communication", "moe": "MoE round",
+         "gemm": "GEMM core alone"}
+ABOUT = {"ccl": "trident = auto's pick",
+         "ops": "trident = auto (its pick, eager / graph); plain = NCCL + cuBLAS, async_tp = "
+                "torch's fused ops",
+         "moe": "tokens per rank; torch a2a = torch.distributed all_to_all_single of the "
+                "(token, expert) rows, eager only",
+         "gemm": "cuBLAS time / trident's with the config its table picks, geometric mean "
+                 "over each M's shapes (how many: header; the layers' GEMMs at tensor "
+                 "parallelism 2), eager · graph"}
 
 
-def ops_full(run: dict) -> list[str]:
-    rows = []
-    for (op, model, layer, m), impls in _by(run["rows"], "op", "model", "layer", "M").items():
-        fused, auto, plain = (impls.get(k) for k in ("trident_fused", "trident_auto", "plain"))
-        rows.append([op, _layer(model, layer), m, cells(fused),
-                     f"{cells(auto)} ({(auto or {}).get('choice') or DASH})", cells(plain),
-                     speedups(plain, fused), speedups(plain, auto),
-                     cells(impls.get("torch_symm_mem"), ("eager_us", "graph_us"))])
-    return table(["op", "layer", "M", "trident fused", "trident auto (choice)",
-                  "plain: NCCL + cuBLAS", "fused vs plain", "auto vs plain",
-                  "torch symm-mem (eager · graph)"], rows)
+def _newer(runs: list[dict], run: dict, link: str) -> str:
+    """' · newer, all_reduce only: [file](..) (2026-11-28, adds NCCL symmetric; ...)'."""
+    out = ""
+    for r in newer_parts(runs, run):
+        adds = [n for n in _seen([r], r["suite"]) if n not in _seen([run], run["suite"])]
+        out += (f" · newer, {part(r, runs)} only: [{r['_file']}]({link}{r['_file']}) "
+                f"({r['date'][:10]}{', adds ' + ', '.join(adds) if adds else ''}; "
+                "docs/results.md)")
+    return out
 
 
-def _layer(model, layer) -> str:
-    """'llama3-70b attn_out' (the model is part of a layer's name: two models' layers of
-    the same name have different shapes)."""
-    return f"{model} {layer}" if model else str(layer)
+def _why_gemm(runs: list[dict], shown: list[dict]) -> str:
+    """Why the first run of `shown` (gemm_runs) heads, and what the later rows are."""
+    first, n = shown[0], len(_picks(shown[0]))
+    ms = sorted(r["M"] for r in first["rows"])
+    text = (f" · `{first['_file']}` is the newest run over every M ({ms[0]}-{ms[-1]}, {n} "
+            "shapes), so it heads")
+    for r in shown[1:]:
+        mine, theirs = _picks(r), _picks(first)
+        both = [k for k in mine if k in theirs]
+        moved = sum(mine[k] != theirs[k] for k in both)
+        text += (f"; `{r['_file']}`, newer, ran {part(r, runs)} only ({len(mine)} shapes), so "
+                 f"it does not replace it: its table picks differ from the first row's on "
+                 f"{moved} of the {len(both)} shapes both ran (the table changed between them)")
+    return text
 
 
-def ops_compact(run: dict) -> list[str]:
-    """One row per op, on its first layer (model and layer): the smallest and the largest
-    M, auto (what a call gets) against NCCL + cuBLAS."""
-    rows = []
-    groups = _by(run["rows"], "op", "model", "layer", "M")
-    for op in dict.fromkeys(k[0] for k in groups):
-        first = next(k[:3] for k in groups if k[0] == op)
-        ms = sorted(k[3] for k in groups if k[:3] == first)
-        row = [f"{op} ({_layer(*first[1:])})"]
-        for m in (ms[0], ms[-1]):
-            auto, plain = (groups[(*first, m)].get(k) for k in ("trident_auto", "plain"))
-            row += [m, f"{cells(auto, ('eager_us', 'graph_us'))} "
-                       f"({(auto or {}).get('choice') or DASH})",
-                    cells(plain, ("eager_us", "graph_us")), speedups(plain, auto)]
-        rows.append(row + [_winners_by_m(groups, op, "graph_us")])
-    return table(["op (layer)", "M", "trident µs (auto's pick)", "NCCL + cuBLAS µs", "×",
-                  "M", "trident µs (auto's pick)", "NCCL + cuBLAS µs", "×",
-                  "fastest from graphs, by M (layers won, all of the run's)"], rows)
+def compact_block(runs: list[dict], family: str, link: str = "bench/results/",
+                  model: str = CURRENT_GPU) -> list[str]:
+    """A family's caption (every run's date, device, world size, versions and file) and
+    its compact table, of `model`'s runs."""
+    shown = gemm_runs(runs, model) if family == "gemm" else headline_runs(runs, family, model)
+    title = f"**{SHORT[family]}** (`trident bench {family}`; {ABOUT[family]}"
+    if not shown:
+        return [f"{title}): no run on {model} GPUs of their own yet."]
+    if family != "gemm":
+        title += f"; baselines: {baselines(shown, family)}"
+    caption = title + "): " + "; ".join(setup(r, link) for r in shown)
+    if family == "gemm":
+        return [caption + _why_gemm(runs, shown), ""] + gemm_compact(shown)
+    caption += "".join(_newer(runs, r, link) for r in shown)
+    met = [f"{r.get('world_size')} GPUs: {epilogue_met(r)}" for r in shown
+           if family == "ops" and epilogue_met(r)]
+    if met:
+        caption += (f" · `epilogue` >= {EPILOGUE_TARGET}× `sequential` at M <= {SMALL_M}: "
+                    f"{'; '.join(met)} (why: docs/fused-ops.md)")
+    return [caption, ""] + side_by_side(shown, family)
 
 
-OPS_RIVALS = ("plain", "torch_symm_mem")    # besides the trident_<schedule> rows
-# the rivals as the API names them (bench ops' row "torch_symm_mem" is torch's async-TP,
-# the schedule "async_tp")
-SHOWN = {"torch_symm_mem": "async_tp (torch)"}
+BLOCK = re.compile(r"<!-- results:(\w+) -->\n.*?(?=<!-- results:\w+ -->|<!-- /results -->)",
+                   re.S)
 
 
-def _fastest(impls: dict, key: str):
-    """(name, us) of the fastest schedule or baseline of one ops case in mode `key`
-    (trident_<name> as <name>; auto's own row left out), or None."""
-    times = {n[len("trident_"):] if n.startswith("trident_") else SHOWN.get(n, n): r.get(key)
-             for n, r in impls.items()
-             if (n.startswith("trident_") or n in OPS_RIVALS) and n != "trident_auto"
-             and r.get("status", "ok") == "ok" and r.get(key)}      # (older runs: no status)
-    return min(times.items(), key=lambda kv: kv[1]) if times else None
-
-
-def _wins(groups: dict, op: str, m: int, key: str) -> dict:
-    """{schedule or baseline: on how many of the run's layers it was fastest} at op, M."""
-    wins: dict = {}
-    for k, impls in groups.items():
-        best = _fastest(impls, key) if k[0] == op and k[3] == m else None
-        if best is not None:
-            wins[best[0]] = wins.get(best[0], 0) + 1
-    return wins
-
-
-def _winners_by_m(groups: dict, op: str, key: str) -> str:
-    """'1: plain 2/4 · 64-1024: sequential 4/4 · ...': per M the schedule fastest on the
-    most layers (ties: each), consecutive Ms of the same text merged."""
-    parts: list = []
-    for m in sorted({k[3] for k in groups if k[0] == op}):
-        wins = _wins(groups, op, m, key)
-        if not wins:
-            continue
-        top = max(wins.values())
-        text = ", ".join(f"{n} {c}/{sum(wins.values())}" for n, c in sorted(wins.items())
-                         if c == top)
-        if parts and parts[-1][2] == text:
-            parts[-1][1] = m
-        else:
-            parts.append([m, m, text])
-    return " · ".join(f"{a}{'' if a == b else f'-{b}'}: {t}" for a, b, t in parts) or DASH
-
-
-def ops_winners(run: dict) -> list[str]:
-    """Which schedule (or baseline) was fastest, per op and M, over the run's layers:
-    'sequential 3, plain 1' = fastest on 3 layers, plain on 1; graph and eager; and on
-    how many layers auto's own row was within 2 % of that fastest."""
-    groups = _by(run["rows"], "op", "model", "layer", "M")
-    rows = []
-    for op in dict.fromkeys(k[0] for k in groups):
-        for m in sorted({k[3] for k in groups if k[0] == op}):
-            cases = [impls for k, impls in groups.items() if k[0] == op and k[3] == m]
-            row = [op, m]
-            for key in ("graph_us", "eager_us"):
-                wins, near = _wins(groups, op, m, key), 0
-                for impls in cases:
-                    best = _fastest(impls, key)
-                    mine = (impls.get("trident_auto") or {}).get(key)
-                    near += bool(best and mine and mine <= 1.02 * best[1])
-                row += [", ".join(f"{n} {c}" for n, c in sorted(
-                    wins.items(), key=lambda kv: (-kv[1], kv[0]))) or DASH,
-                        f"{near} of {sum(wins.values())}"]
-            rows.append(row)
-    return table(["op", "M", "fastest from graphs (layers)", "auto within 2 %",
-                  "fastest eagerly (layers)", "auto within 2 %"], rows)
-
-
-SMALL_M = 64        # issue 30's decode sizes: where "epilogue" is meant to beat "sequential"
-EPILOGUE_TARGET = 1.1
-
-
-def ops_small_m(run: dict) -> list[str]:
-    """Per op, layer and M <= SMALL_M of a run that timed the schedules: plain, sequential,
-    epilogue and fused (eager · graph), the GEMM alone (cuBLAS; trident's core), NCCL's
-    collective alone, the run's floor; epilogue against sequential; and sequential over the
-    faster GEMM alone (graph): what a schedule whose communication cost nothing would gain
-    over sequential -- below the 1.1× target, no fusion that runs these GEMMs reaches it.
-    Empty for runs without epilogue and sequential rows."""
-    groups = _by(run["rows"], "op", "model", "layer", "M")
-    rows = []
-    for (op, model, layer, m), impls in sorted(groups.items(),
-                                              key=lambda kv: (kv[0][0], kv[0][3])):
-        seq, epi = impls.get("trident_sequential"), impls.get("trident_epilogue")
-        if m > SMALL_M or seq is None or epi is None:
-            continue
-        any_row = next(iter(impls.values()))
-        gemms = [v for v in (any_row.get("gemm_us"), any_row.get("gemm_only_us")) if v]
-        rows.append([op, _layer(model, layer), m,
-                     *(cells(impls.get(k), ("eager_us", "graph_us")) for k in
-                       ("plain", "trident_sequential", "trident_epilogue", "trident_fused")),
-                     us(any_row.get("gemm_us")), us(any_row.get("gemm_only_us")),
-                     us(any_row.get("comm_us")), us(any_row.get("floor_us")),
-                     speedups(seq, epi),
-                     times(seq.get("graph_us"), min(gemms)) if gemms else DASH])
-    if not rows:
-        return []
-    return [f"At M <= {SMALL_M}, the schedules against `sequential` (µs, eager · graph; "
-            "the GEMM and NCCL alone and the floor from graphs). `epilogue vs sequential`: "
-            f"above 1, epilogue is faster; issue 30's target is {EPILOGUE_TARGET}×. `bound`: "
-            "sequential's graph time over the faster GEMM alone (cuBLAS or trident's core): "
-            "the most any schedule running that GEMM could gain over sequential if its "
-            "communication cost nothing (docs/fused-ops.md).", ""] + table(
-        ["op", "layer", "M", "plain", "sequential", "epilogue", "fused", "cuBLAS alone",
-         "trident core alone", "NCCL alone", "floor", "epilogue vs sequential", "bound"],
-        rows)
-
-
-def epilogue_met(run: dict) -> str | None:
-    """'3 of 28 from graphs, 12 of 28 eagerly': cases at M <= SMALL_M where epilogue
-    reached EPILOGUE_TARGET× sequential; None if the run timed neither."""
-    parts = []
-    for key, how in (("graph_us", "from graphs"), ("eager_us", "eagerly")):
-        met = total = 0
-        for (_, _, _, m), impls in _by(run["rows"], "op", "model", "layer", "M").items():
-            seq, epi = impls.get("trident_sequential"), impls.get("trident_epilogue")
-            if m <= SMALL_M and seq and epi and seq.get(key) and epi.get(key):
-                total += 1
-                met += seq[key] >= EPILOGUE_TARGET * epi[key]
-        if total:
-            parts.append(f"{met} of {total} {how}")
-    return ", ".join(parts) or None
-
-
-def _moe_phase(impls_rows, impl, phase):
-    return next((r for r in impls_rows if r["impl"] == impl and r["phase"] == phase), None)
-
-
-def moe_full(run: dict) -> list[str]:
-    """One row per trident path and phase (dispatch, combine, their round, and the variants
-    the run measured), beside torch.distributed's same phase."""
-    rows = []
-    cases: dict = {}
-    for r in run["rows"]:
-        cases.setdefault((r["model"], r["tokens"]), []).append(r)
-    for (model, tokens), rs in cases.items():
-        for r in rs:
-            if r["impl"] == "torch.distributed":
-                continue
-            base = _moe_phase(rs, "torch.distributed", r["phase"])
-            rows.append([model, tokens, r["impl"], r["phase"], cells(r),
-                         cells(base, ("eager_us", "host_us")),
-                         times((base or {}).get("eager_us"), r.get("eager_us")),
-                         rate(r.get("GBps")), us(r.get("floor_us"))])
-    return table(["model", "tokens per rank", "trident path", "phase", "trident",
-                  "torch.distributed (eager · host)", "× (eager)", "GB/s", "floor"], rows)
-
-
-def moe_compact(run: dict) -> list[str]:
-    rows = []
-    cases: dict = {}
-    for r in run["rows"]:
-        cases.setdefault((r["model"], r["tokens"]), []).append(r)
-    for (model, tokens), rs in cases.items():
-        total = _moe_phase(rs, "trident", "total")
-        base = _moe_phase(rs, "torch.distributed", "total")
-        rows.append([model, tokens, cells(total), cells(base, ("eager_us",)),
-                     times((base or {}).get("eager_us"), (total or {}).get("eager_us"))])
-    return table(["model", "tokens per rank", "trident round µs (eager · graph · host)",
-                  "torch.distributed round µs (eager)", "× (eager)"], rows)
-
-
-def gemm_full(run: dict) -> list[str]:
-    rows = []
-    for (shape, m, n, k), impls in _by(run["rows"], "shape", "M", "N", "K").items():
-        cublas = impls.get("cublas")
-        mine = next((r for name, r in impls.items() if str(name).startswith("table:")), None) \
-            or next((r for r in impls.values() if r.get("table") is True), None)
-        timed = [(r["graph_us"], name) for name, r in impls.items()
-                 if name != "cublas" and r.get("graph_us")]
-        best = min(timed) if timed else None
-        rows.append([shape, m, n, k, cells(cublas, ("eager_us", "graph_us")),
-                     cells(mine, ("eager_us", "graph_us")),
-                     times((cublas or {}).get("graph_us"), (mine or {}).get("graph_us")),
-                     f"{_config(best[1])}: {times((cublas or {}).get('graph_us'), best[0])}"
-                     if best else DASH, us((cublas or {}).get("floor_us"))])
-    return table(["shape", "M", "N", "K", "cuBLAS (eager · graph)",
-                  "trident, the table's config (eager · graph)", "trident vs cuBLAS (graph)",
-                  "fastest config vs cuBLAS (graph)", "floor"], rows)
-
-
-def _config(name: str) -> str:
-    return "the table's" if name.startswith("table:") else name
-
-
-def p2p_full(run: dict) -> list[str]:
-    rows = [[r["impl"], r.get("grid") or DASH, r["bytes_per_peer"] >> 20, us(r["us"]),
-             f"{r['GBps']:.0f}", us(r.get("floor_us"))] for r in run["rows"]]
-    return table(["impl", "programs", "MiB per peer", "µs", "GB/s", "floor µs"], rows)
-
-
-def tp_full(run: dict) -> list[str]:
-    impls = list(dict.fromkeys(r["impl"] for r in run["rows"]))
-    base_name = "nccl" if "nccl" in impls else ("gloo" if "gloo" in impls else None)
-    rows = []
-    for (kind_, batch), group in _by(run["rows"], "kind", "batch").items():
-        base = group.get(base_name)
-        fused = group.get("trident_fused")
-        rows.append([kind_, batch, *(cells(group.get(i), ("eager_us", "graph_us"))
-                                     for i in impls), speedups(base, fused),
-                     f"{fused['rel_err']:.3f}" if fused and fused.get("rel_err") is not None
-                     else DASH])
-    return table(["kind", "batch", *impls, f"trident_fused vs {base_name}",
-                  "trident_fused rel_err"], rows)
-
-
-def ops_all(run: dict) -> list[str]:
-    small = ops_small_m(run)
-    return ops_full(run) + [""] + ops_winners(run) + ([""] + small if small else [])
-
-
-FULL = {"ccl": ccl_full, "ops": ops_all, "moe": moe_full, "gemm": gemm_full,
-        "p2p": p2p_full, "tp": tp_full}
-COMPACT = {"ccl": ccl_compact, "ops": ops_compact, "moe": moe_compact}
+def rewrite_blocks(text: str, runs: list[dict]) -> str:
+    """`text` with every block from `<!-- results:FAMILY -->` to the next marker (or
+    `<!-- /results -->`) regenerated."""
+    def block(m):
+        family = m.group(1)
+        if family not in SHORT:
+            raise ValueError(f"README: no compact table for family {family!r}")
+        return f"<!-- results:{family} -->\n" + "\n".join(compact_block(runs, family)) + "\n"
+    new, found = BLOCK.subn(block, text)
+    if found != text.count("<!-- results:"):
+        raise ValueError("README: a `<!-- results:FAMILY -->` block without a next marker or "
+                         "`<!-- /results -->` after it")
+    return new
 
 
 # ---------------------------------------------------------------- the three documents
@@ -478,48 +346,33 @@ def results_md(runs: list[dict]) -> str:
     out = ["# Results", "",
            "Generated by `python bench/make_results.py` from the JSON in `bench/results/` "
            "(do not edit by hand: rerun it). For each family, the latest run of each device "
-           "kind (a run of some ops only is listed beside it). Cells `a · b · c` are **eager · graph · host** µs: eager = calls queued back "
-           "to back, device time per call; graph = the same calls replayed from one CUDA graph; "
-           "host = Python time per call; all max over ranks (`trident/bench/common.py`). "
-           "`x×` = the baseline's time / trident's in the same run and mode (above 1: trident "
-           "is faster). floor = the bytes over the usable NVLink rate (370 GB/s), or the GEMM's "
-           "own floor. A run marked *ranks share one GPU* checks correctness and host cost, "
-           "not link speed. Every run file is listed in "
-           "[bench/results/README.md](../bench/results/README.md).", ""]
+           "kind (a run of some ops only is listed beside it); runs of a GPU other than the "
+           f"{CURRENT_GPU} are history (the project measures on {CURRENT_GPU}s now), and the "
+           "README's tables of those GPUs close the page. Cells `a · b · c` are "
+           "**eager · graph · host** µs: eager = calls queued back to back, device time per "
+           "call; graph = the same calls replayed from one CUDA graph; host = Python time per "
+           "call; all max over ranks (`trident/bench/common.py`). `x×` = the baseline's time "
+           "/ trident's in the same run and mode (above 1: trident is faster); \"the fastest "
+           "baseline\" is the fastest of the run's baselines in each mode, named. floor = the "
+           "bytes over the usable NVLink rate (370 GB/s), or the GEMM's own floor. A run "
+           "marked *ranks share one GPU* checks correctness and host cost, not link speed. "
+           "Every run file is listed in [bench/results/README.md](../bench/results/README.md).",
+           ""]
     for family in FAMILIES:
         out += [f"## {TITLES[family]}", ""]
-        for run in latest(runs, family):
+        for run in sorted(latest(runs, family), key=lambda r: gpu(r) != CURRENT_GPU):
             only = part(run, runs)
-            out += [f"### {kind(run)}, {run['date'][:10]}" + (f" ({only} only)" if only else ""), "",
-                    setup(run, "../bench/results/", where=False), ""] + FULL[family](run) + [""]
+            old = "" if gpu(run) == CURRENT_GPU else f" — history ({gpu(run)})"
+            out += [f"### {kind(run)}, {run['date'][:10]}" + (f" ({only} only)" if only else "")
+                    + old, "", setup(run, "../bench/results/", where=False), ""]
+            out += FULL[family](run) + [""]
+    for model in sorted({gpu(r) for r in runs if r.get("rows")} - {CURRENT_GPU}):
+        blocks = [compact_block(runs, f, "../bench/results/", model) for f in SHORT]
+        out += [f"## History: the README's tables on {model}", "",
+                f"The README showed these until its results moved to {CURRENT_GPU} runs: the "
+                f"newest {model} runs on GPUs of their own, in the README's layout.", ""]
+        out += [line for b in blocks for line in b + [""]]
     return "\n".join(out).rstrip() + "\n"
-
-
-SHORT = {"ccl": "Collectives", "ops": "Fused GEMM + communication", "moe": "MoE round"}
-
-
-def compact_block(runs: list[dict], family: str) -> list[str]:
-    run = headline_run(runs, family)
-    title = f"**{SHORT[family]}** (`trident bench {family}`)"
-    if run is None:
-        return [f"{title}: no run on GPUs yet."]
-    extra = ""
-    if family == "ops" and epilogue_met(run):
-        extra = (f" · `epilogue` >= {EPILOGUE_TARGET}× `sequential` at M <= {SMALL_M}: "
-                 f"{epilogue_met(run)} (why: docs/fused-ops.md)")
-    return [f"{title}: {setup(run, 'bench/results/')}{extra}", ""] + COMPACT[family](run)
-
-
-def rewrite_blocks(text: str, runs: list[dict]) -> str:
-    """`text` with every `<!-- results:FAMILY -->...<!-- /results:FAMILY -->` block
-    regenerated."""
-    def block(m):
-        family = m.group(1)
-        if family not in COMPACT:
-            raise ValueError(f"README: no compact table for family {family!r}")
-        return (f"<!-- results:{family} -->\n" + "\n".join(compact_block(runs, family))
-                + f"\n<!-- /results:{family} -->")
-    return re.sub(r"<!-- results:(\w+) -->.*?<!-- /results:\1 -->", block, text, flags=re.S)
 
 
 # what a run log is, by the start of its name (the files whose JSON sits beside them are
