@@ -18,6 +18,9 @@
 #   ops     bench ops at decode M (1 .. 256): the Lamport epilogue, the new
 #           matmul_all_reduce_add_rmsnorm, beside sequential and NCCL + cuBLAS
 #   moe     bench moe, DeepSeek-V3 at 1 and 128 tokens per rank
+#   graphs  bench/lab/plan_graphs.py: eager host and device us per call with each plan
+#           launched directly against replayed as a one-node CUDA graph (plan graphs
+#           multi / all), all_reduce 1/16 KiB and the MoE round at 128 tokens
 #   tp      bench tp (Llama-3-8B decode step): fused all_reduce_add_rmsnorm, its Lamport form
 #   select  trident bench ccl --update-selector (the shipped table of this world), then
 #           bench/make_results.py: run it once the rows say where lamport wins
@@ -84,6 +87,10 @@ run_world() {       # $1: world, $2: step
     $T 200 python3 -m trident.bench.moe --models deepseek-v3 --tokens 1,128 \
       --out-dir /tmp/lat/moe-$w > /tmp/lat/moe-$w.log 2>&1
     say "== bench moe world $w rc=$?"; cp /tmp/lat/moe-$w/*.json $OUT/ 2>/dev/null ;;
+  graphs)
+    $T 240 python3 -m bench.lab.plan_graphs --world $w --json $OUT/plan-graphs-$tag-$DAY.json \
+      > /tmp/lat/graphs-$w.log 2>&1
+    say "== plan graphs A/B world $w rc=$?"; tail -13 /tmp/lat/graphs-$w.log | tee -a $LOG ;;
   tp)
     $T 200 python3 -m trident.bench.tp --out-dir /tmp/lat/tp-$w > /tmp/lat/tp-$w.log 2>&1
     say "== bench tp world $w rc=$?"; cp /tmp/lat/tp-$w/*.json $OUT/ 2>/dev/null ;;

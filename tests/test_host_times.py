@@ -36,3 +36,27 @@ def test_host_times_runs_and_reports_every_stage():
     assert "all_reduce" in host_times.table(result["ranks"])
     plans, value = pool.run(_after)[0]
     assert plans >= 1 and value == 1.0
+
+
+def _graphs_setting(ctx):
+    return ctx.plans.graphs
+
+
+def test_plan_graphs_ab_runs_and_restores_the_setting():
+    """bench/lab/plan_graphs.py: both modes timed for every case, the cache's setting
+    back after it; on GPUs the "all" mode's MoE plans replay as graphs, "multi"'s
+    single-kernel plans do not."""
+    from bench.lab import plan_graphs
+    pool = get_pool(1)
+    before = pool.run(_graphs_setting)[0]
+    result = plan_graphs.run(1, calls=2, rounds=2, warmup=1, pool=pool)
+    (rank,) = result["ranks"]
+    assert len(rank["rows"]) == 6, sorted(rank["rows"])
+    for name, modes in rank["rows"].items():
+        for mode in plan_graphs.MODES:
+            assert modes[mode]["host_us"] > 0 and modes[mode]["eager_us"] > 0, (name, mode)
+    moe = next(v for k, v in rank["rows"].items() if k.startswith("moe"))
+    if BACKEND == "cuda":
+        assert moe["all"]["plans_as_graphs"] >= 1, moe
+    assert "moe round" in plan_graphs.table(result["ranks"])
+    assert pool.run(_graphs_setting)[0] == before
