@@ -114,25 +114,28 @@ def run(world: int, calls: int = 500, rounds: int = 8, backend: str | None = Non
         warmup: int = 20, pool=None) -> dict:
     ranks = pool.run(main, calls, rounds, warmup) if pool is not None else \
         td.launch(main, world, calls, rounds, warmup, backend=backend)
-    return {"what": "eager host and device us per call, plans launched directly (multi) "
-                    "against replayed as CUDA graphs (all); medians over interleaved "
-                    "rounds, per rank",
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": ranks[0]["device"], "world": len(ranks), "torch": torch.__version__,
-            "triton": triton.__version__, "calls": calls, "rounds": rounds, "ranks": ranks}
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return dict(what="eager host and device us per call, plans launched directly (multi) "
+                     "against replayed as CUDA graphs (all); medians over interleaved "
+                     "rounds, per rank", date=now, device=ranks[0]["device"],
+                world=len(ranks), torch=torch.__version__, triton=triton.__version__,
+                calls=calls, rounds=rounds, ranks=ranks)
 
 
-if __name__ == "__main__":
+def _cli() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--world", type=int, default=2)
-    p.add_argument("--calls", type=int, default=500)
-    p.add_argument("--rounds", type=int, default=8)
+    for flag, default in (("--world", 2), ("--calls", 500), ("--rounds", 8)):
+        p.add_argument(flag, type=int, default=default)
     p.add_argument("--backend", default=None)
-    p.add_argument("--json", default=None)
+    p.add_argument("--json", default=None, help="also write the JSON here")
     a = p.parse_args()
     result = run(a.world, a.calls, a.rounds, a.backend)
     print(table(result["ranks"]))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    _cli()
