@@ -59,6 +59,15 @@ def _cases(ctx):
     return out
 
 
+def _plans(plans) -> list:
+    """What ran: each plan's name, its steps, whether it is a graph (one, or per address),
+    and what its run is."""
+    return [dict(name=p.name, steps=len(p.steps), graph=p.graph is not None,
+                 address_graphs=len(p.at_graphs),
+                 run=getattr(p.run, "__name__", type(p.run).__name__))
+            for p in plans._plans.values()]
+
+
 def _round(ctx, fn, calls: int, warmup: int) -> tuple[float, float]:
     for _ in range(warmup):
         fn()
@@ -79,7 +88,8 @@ def main(ctx, calls: int = 500, rounds: int = 8, warmup: int = 20) -> dict:
     rows: dict = {}
     try:
         for name, fn in _cases(ctx):
-            got = {m: {"host_us": [], "eager_us": [], "graph": []} for m in MODES}
+            got = {m: {"host_us": [], "eager_us": [], "graph": [], "plans": None}
+                   for m in MODES}
             for r in range(rounds):
                 for mode in (MODES if r % 2 == 0 else MODES[::-1]):
                     plans.clear()
@@ -89,9 +99,11 @@ def main(ctx, calls: int = 500, rounds: int = 8, warmup: int = 20) -> dict:
                     got[mode]["eager_us"].append(eager)
                     got[mode]["graph"].append(sum(p.graph is not None
                                                   for p in plans._plans.values()))
+                    got[mode]["plans"] = _plans(plans)
             rows[name] = {m: {"host_us": statistics.median(v["host_us"]),
                               "eager_us": statistics.median(v["eager_us"]),
-                              "plans_as_graphs": max(v["graph"])} for m, v in got.items()}
+                              "plans_as_graphs": max(v["graph"]), "plans": v["plans"]}
+                          for m, v in got.items()}
     finally:
         plans.clear()
         plans.graphs = saved
