@@ -38,7 +38,7 @@ from ..moe import fp8 as F8
 from ..moe.expert_parallel import (_IDS, Dispatched, ExpertParallel, PendingCombine,
                                   PendingDispatch, check_args)
 from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached
-from ..runtime.errors import PeerFailed
+from ..runtime.errors import Failure, PeerFailed
 from ..runtime.plans import live_key, tensor_key
 from . import rail
 from . import rail_route as RR
@@ -274,14 +274,12 @@ def _agree(ctx, node_ep, refused: BaseException | None) -> None:
     topo = ctx.topology
     mine = None
     if isinstance(refused, PeerFailed):            # a peer of this node refused
-        # its cause names it in node ranks (context_exchange.py post_failure's words)
-        peer = topo.node * topo.node_size + refused.peer
-        mine = PeerFailed("ExpertParallel", ctx.rank, peer, refused.cause.replace(
-            f" on rank {refused.peer}: ", f" on rank {peer}: ", 1))
+        # it names ranks of the node: the world's are the node's first rank's on
+        first = topo.node * topo.node_size
+        mine = refused.renumbered(lambda r: first + r, "ExpertParallel")
     elif refused is not None:                      # this rank refused
         mine = PeerFailed("ExpertParallel", ctx.rank, ctx.rank,
-                          f"ExpertParallel, which raised {type(refused).__name__} on rank "
-                          f"{ctx.rank}: {refused}")
+                          Failure.of(refused, ctx.rank, "ExpertParallel"))
     try:
         ctx._rail_barrier(mine)
     except PeerFailed as first:                    # a rank of another node refused
