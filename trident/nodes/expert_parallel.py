@@ -37,7 +37,7 @@ import torch
 from ..moe import fp8 as F8
 from ..moe.expert_parallel import (_IDS, Dispatched, ExpertParallel, PendingCombine,
                                   PendingDispatch, check_args)
-from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached
+from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached, check_open
 from ..runtime.errors import Failure, PeerFailed
 from ..runtime.plans import live_key, tensor_key
 from . import rail
@@ -145,6 +145,7 @@ class ExpertParallelAcrossNodes:
 
     def _pack_plan(self, x, topk_idx, w, check: bool, fp8: bool):
         """dispatch's checks (once per signature, as on one node) and its packing plan."""
+        check_open(self.node_ep, "dispatch")
         if fp8:
             F8.check_hidden(self.hidden_dim)
         _check_tokens(self, x, topk_idx)
@@ -219,6 +220,7 @@ class ExpertParallelAcrossNodes:
     def _unpack_plan(self, expert_y, w, out, T: int):
         """combine's checks (once per signature; expert_y's with the node's messages,
         before anything is sent) and the plan of its last step, the sum at the sender."""
+        check_open(self.node_ep, "combine")
         node, H = self.ctx.node, self.hidden_dim
         if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H)
                 or out.dtype != self.dtype or not out.is_contiguous()

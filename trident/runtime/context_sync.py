@@ -21,6 +21,15 @@ from .control import (CTRL_BASES, CTRL_ERROR, CTRL_FAILED, CTRL_HOST_CALL, CTRL_
                       CTRL_WORDS, MAX_RANKS)
 
 
+def check_timeout(seconds, name: str = "timeout") -> None:
+    """A timeout (td.init's, set_timeout's): a positive, finite number of seconds."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        raise TypeError(f"{name} must be a number of seconds, got {type(seconds).__name__} "
+                        f"{seconds!r}")
+    if not 0 < seconds < float("inf"):            # also NaN
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {seconds!r}")
+
+
 class SyncMethods:
     """The synchronisation methods of trident.Context. They use the context's rank,
     world_size, group, backend, device, debug, ctrl, allocator, plans, capturing,
@@ -240,8 +249,7 @@ class SyncMethods:
 
     def set_timeout(self, seconds: float) -> None:
         """Limit of every device-side wait. Past it, the wait gives up and CommTimeout follows."""
-        if seconds <= 0:
-            raise ValueError(f"timeout must be positive, got {seconds}")
+        check_timeout(seconds)
         self.timeout_s = float(seconds)
         self.ctrl[CTRL_TIMEOUT] = int(seconds * 1e9)
 
