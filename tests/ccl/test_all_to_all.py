@@ -295,6 +295,16 @@ def _bad_inputs(ctx, algorithm):
     if w > 1:       # every row count is a multiple of one
         with pytest.raises(ValueError, match="not a multiple of world size"):
             ctx.all_to_all(torch.empty(w + 1, device=ctx.device), torch.ones(w + 1, device=ctx.device))
+        # named as the argument is: inp (it said "in has ... rows")
+        with pytest.raises(ValueError, match=rf"all_to_all: inp has {w + 1} rows, not a "
+                                             rf"multiple of world size {w}; pass in_splits"):
+            ctx.all_to_all(torch.empty(w, device=ctx.device), torch.ones(w + 1, device=ctx.device))
+    # an int where a sequence goes: a TypeError naming it (it was "'int' object is not
+    # iterable", from the plan's key)
+    with pytest.raises(TypeError, match=r"all_to_all: out_splits must be a sequence of ints "
+                                        r"\(row counts, one per rank\), got 1 \(int\)"):
+        ctx.all_to_all(torch.empty(w, device=ctx.device), torch.ones(w, device=ctx.device),
+                       out_splits=1, in_splits=1)
     with pytest.raises(ValueError, match="in_splits must be"):
         ctx.all_to_all(torch.empty(w, device=ctx.device), torch.ones(w, device=ctx.device), out_splits=[1] * w, in_splits=[2] * w)
     with pytest.raises(TypeError, match=r"in_splits must be a sequence of ints .*got \[1.5"):

@@ -6,6 +6,7 @@ on different ranks (aligned and not to 16 bytes), plain tensors, debug mode, and
 set by hand (one block, not a power of two). The lamport algorithm
 (ccl/broadcast/lamport.py, LL units) from every root, bit for bit, with its rounds shared
 with the other Lamport kernels, and its capacity."""
+import numpy as np
 import pytest
 import torch
 
@@ -33,6 +34,13 @@ def _broadcast_cases(ctx, names):
         assert_equal(t, expected, f"broadcast {case}")
     with pytest.raises(ValueError, match="src must be a rank"):
         ctx.broadcast(torch.ones(3, device=ctx.device), src=ctx.world_size)
+    # a rank that is not a Python int (a numpy int, a 0-d tensor): a TypeError that says
+    # so, not "src must be a rank in 0..w-1, got np.int64(0)"
+    for src in (np.int64(0), torch.tensor(0)):
+        with pytest.raises(TypeError, match=rf"broadcast: src must be an int \(a rank in "
+                                            rf"0..{ctx.world_size - 1}\), got "
+                                            rf"{type(src).__name__} .*; pass int\(src\)"):
+            ctx.broadcast(torch.ones(3, device=ctx.device), src=src)
 
 
 def test_broadcast(pool):

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from trident.runtime.errors import CommTimeout, GroupUnusable, InterNodeError
+from trident.runtime.errors import CommTimeout, Failure, GroupUnusable, InterNodeError, PeerFailed
 
 from ..nodes import pool_in_nodes
 
@@ -123,6 +123,28 @@ def test_inter_node_error_pickles():
     u = GroupUnusable("all_reduce", 2, "ctx.barrier()")
     again = pickle.loads(pickle.dumps(u))
     assert str(again) == str(u) and again.earlier == "ctx.barrier()" and again.peer is None
+
+
+def test_peer_failed_renumbers_its_ranks_on_data():
+    """A node's PeerFailed in world ranks (nodes/expert_parallel.py _agree): every rank it
+    names, its cause's too, renumbered from the fields, whatever the cause's message says
+    (a message that names a rank itself is kept as it is); it pickles with its cause."""
+    import pickle
+    cause = Failure.of(ValueError("num_experts=9 on rank 1: not a multiple"), 1, "ExpertParallel")
+    e = PeerFailed("ExpertParallel (its host barrier)", 0, 1, cause)
+    assert "(ExpertParallel, which raised ValueError on rank 1: num_experts=9 on rank 1: " \
+        in str(e), str(e)
+    world = e.renumbered(lambda r: 2 + r, "ExpertParallel")
+    assert (world.rank, world.peer, world.cause.rank, world.op) == (2, 3, 3, "ExpertParallel")
+    assert str(world).startswith(
+        "rank 2: ExpertParallel stopped: rank 3, which it waited for, failed (ExpertParallel, "
+        "which raised ValueError on rank 3: num_experts=9 on rank 1: not a multiple)"), str(world)
+    assert (e.rank, e.peer, e.cause.rank) == (0, 1, 1)          # the node's own is unchanged
+    again = pickle.loads(pickle.dumps(world))
+    assert str(again) == str(world) and again.cause == world.cause
+    text = PeerFailed("all_reduce", 0, 1, "a cause as text, rank 1").renumbered(lambda r: r + 4)
+    assert (text.rank, text.peer, text.cause) == (4, 5, "a cause as text, rank 1")
+    assert str(Failure("CallMismatch", 2, "rank 2: x")) == "CallMismatch on rank 2: rank 2: x"
 
 
 def test_a_failed_rail_is_not_used_again():

@@ -97,6 +97,30 @@ def _bad_arguments(ctx):
     assert not ctx.is_symmetric(t.cpu() if ctx.device.type != "cpu" else t.clone())
     ctx.free(t)
     ctx.barrier()
+    # td.init's own arguments, named before anything is made (they were an OSError of the
+    # heap file, a str + float TypeError; the file of a heap_size=-1 stayed in /dev/shm, so
+    # that the next td.init of the job raised FileExistsError)
+    for kw, kind, text in (
+            (dict(heap_size=-1), ValueError, r"heap_size must be a positive number of bytes "
+                                             r"per rank .*, got -1$"),
+            (dict(heap_size="1G"), TypeError, r"heap_size must be an int \(bytes per rank\), "
+                                              r"got str '1G'$"),
+            (dict(timeout=0), ValueError, r"timeout must be a positive, finite number of "
+                                          r"seconds, got 0$"),
+            (dict(timeout="5"), TypeError, r"timeout must be a number of seconds, got str "
+                                           r"'5'$")):
+        with pytest.raises(kind, match="^td.init: " + text):
+            td.init(group=ctx.group, **kw)
+    if ctx.world_size > 1 and ctx.backend == "cpu":
+        # heaps of different sizes (a peer's is mapped at this rank's size: past its end
+        # it is not memory); on every rank, naming each rank's size
+        sizes = ", ".join(f"rank {r}: {(4 << 20) * (1 + r)} B" for r in range(ctx.world_size))
+        with pytest.raises(ValueError, match=rf"^td.init: the ranks' heap sizes differ "
+                                             rf"\({sizes}\); every rank must pass the same "
+                                             rf"heap_size \(or TRIDENT_HEAP_SIZE\)$"):
+            td.init(group=ctx.group, heap_size=(4 << 20) * (1 + ctx.rank))
+    with td.init(group=ctx.group, heap_size=4 << 20) as other:    # and the next one works
+        other.barrier()
 
 
 def test_bad_arguments(pool):

@@ -7,6 +7,7 @@ on 2-3 GPUs 2 nodes x 1 with NCCL between them. Against plain torch on every ran
 inputs: a rank with no tokens, all tokens to one remote node, FP8, split mode, weights
 at dispatch or at combine, bad ids, and a CUDA-graph replay where NCCL carries the rail.
 """
+import re
 from collections import Counter
 
 import pytest
@@ -95,8 +96,12 @@ def test_refused_on_one_rank_stops_every_node_at_once(pool):
     results = pool.run(_refused_on_the_last_rank)
     assert_refused_on_the_last_rank(results, "must be a multiple of the world size", 10.0)
     last = len(results) - 1
-    for kind, text, _ in results[:last]:           # its error, in world ranks
-        assert f"raised ValueError on rank {last}: ExpertParallel: num_experts" in text, text
+    for rank, (kind, text, _) in enumerate(results[:last]):   # its error, in world ranks
+        assert text.startswith(
+            f"rank {rank}: ExpertParallel stopped: rank {last}, which it waited for, failed "
+            f"(ExpertParallel, which raised ValueError on rank {last}: ExpertParallel: "
+            f"num_experts"), text
+        assert len(re.findall(r"rank \d", text)) == 3, text   # none in the node's numbering
 
 
 def test_split_mode(pool):

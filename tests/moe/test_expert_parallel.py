@@ -190,6 +190,9 @@ def _bad_inputs(ctx):
         td.ExpertParallel(ctx, ctx.world_size, ctx.world_size + 1, H, M)
     with pytest.raises(TypeError, match="dtype"):
         td.ExpertParallel(ctx, E, k, H, M, dtype=torch.int32)
+    with pytest.raises(TypeError, match="^ExpertParallel: ctx must be a trident context .*"
+                                        "got NoneType$"):   # was an AttributeError
+        td.ExpertParallel(None, E, k, H, M)
     ep = td.ExpertParallel(ctx, E, k, H, M)
     try:
         x = torch.randn(3, H, device=ctx.device).to(torch.bfloat16)
@@ -207,6 +210,9 @@ def _bad_inputs(ctx):
             ep.dispatch(x, idx[:, :1])
         with pytest.raises(ValueError, match="x must have contiguous rows"):
             ep.dispatch(torch.randn(H, 3, device=ctx.device).to(torch.bfloat16).t(), idx)
+        with pytest.raises(TypeError, match="^dispatch: topk_idx must be a torch.Tensor, "
+                                            "got list$"):
+            ep.dispatch(x, idx.tolist())
         # nothing above reached a kernel: a correct round still works on every rank
         d = ep.dispatch(x, idx)
         ey = torch.zeros_like(d.expert_x)
@@ -224,6 +230,13 @@ def _bad_inputs(ctx):
             ep.combine(ey, d)
         with pytest.raises(TypeError, match="Dispatched"):
             ep.combine(ey, ep, w)
+        with pytest.raises(TypeError, match=r"^combine: expert_y must be a torch.Tensor "
+                                            r"\[L, cap, H\] = .*, got list$"):
+            ep.combine([ey], d, w)
+        with pytest.raises(TypeError, match=r"^combine: topk_weights must be a torch.Tensor "
+                                            r"\[T, experts_per_token\] = \[3, 2\] \(or None\), "
+                                            r"got list$"):
+            ep.combine(ey, d, w.tolist())
         y = ep.combine(ey, d, w)
         assert y.shape == (3, H)
         d2 = ep.dispatch(x, idx)
@@ -233,6 +246,11 @@ def _bad_inputs(ctx):
         ctx.barrier()
     finally:
         ep.close()
+    # a closed one names itself (its calls were AttributeErrors of its freed buffers)
+    with pytest.raises(RuntimeError, match="^dispatch: this ExpertParallel is closed"):
+        ep.dispatch(x, idx)
+    with pytest.raises(RuntimeError, match="^combine: this ExpertParallel is closed"):
+        ep.combine(ey, d2, w)
 
 
 def test_bad_input_raises_clear_errors(pool):

@@ -63,3 +63,22 @@ def _misspelt_option(ctx):
 
 def test_a_misspelt_option_under_auto_raises(pool):
     assert not any(pool.run(_misspelt_option))
+
+
+def _not_tensors(ctx):
+    """w (or a) that is not a 2-D tensor, e.g. a list: the error naming it, on every rank,
+    from each fused op (a list for w was an AttributeError of the list: the build read the
+    output's shape off w before checking it)."""
+    a = make((4 * ctx.world_size, 32), 1 + ctx.rank, torch.bfloat16, ctx.device)
+    w = make((16, 32), 2, torch.bfloat16, ctx.device)
+    cases = [((a, w.tolist()), TypeError, "w must be a torch.Tensor, got list"),
+             ((a.tolist(), w), TypeError, "a must be a torch.Tensor, got list"),
+             ((a, w[0]), ValueError, r"w must be a 2-D matrix, got shape \[32\]")]
+    for op in (ctx.matmul_all_reduce, ctx.matmul_reduce_scatter, ctx.all_gather_matmul):
+        for args, kind, text in cases:
+            with pytest.raises(kind, match=rf"^{op.__name__}: {text}$"):
+                op(*args)
+
+
+def test_a_list_where_a_matrix_goes_is_named(pool):
+    pool.run(_not_tensors)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..runtime import _env, launch as _launch, options, placement
-from ..runtime.context import DEFAULT_TIMEOUT_S, Context as _RuntimeContext
+from ..runtime.context import DEFAULT_TIMEOUT_S, Context as _RuntimeContext, check_init_args
 from .context_ops import OpMethods
 
 
@@ -57,6 +57,7 @@ def init(heap_size: int | None = None, group=None, timeout: float | None = None,
     machine; trident/nodes/topology.py) get a trident.WorldContext: the same methods over
     the whole world, with a node-local Context inside (docs/nodes.md, "Beyond one node").
     """
+    check_init_args(heap_size, timeout)
     local = options.get("LOCAL_WORLD_SIZE", 0)
     if not _env.INTERPRET and local and not (dist.is_initialized() and
                                              dist.get_backend() == "nccl"):

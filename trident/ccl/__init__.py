@@ -381,6 +381,16 @@ def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", bloc
     return out
 
 
+def _splits_key(splits):
+    """all_to_all's splits in its plan key (the build's argument): a tuple, or the value
+    itself where it is not a sequence (an int), which the build's check (checks.splits)
+    refuses with a TypeError naming it."""
+    try:
+        return tuple(splits)
+    except TypeError:
+        return splits
+
+
 def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = "auto",
                block=None, programs=None, **kw):
     """Rank r sends rows in_splits[p] of inp (in order) to rank p, and receives
@@ -389,8 +399,8 @@ def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = 
         return STANDINS["all_to_all"](ctx, out, inp, out_splits, in_splits, algorithm, block,
                                       programs, **kw)
     _collective(ctx, ("all_to_all", tensor_key(out), tensor_key(inp),
-                      None if out_splits is None else tuple(out_splits),
-                      None if in_splits is None else tuple(in_splits), algorithm, block,
+                      None if out_splits is None else _splits_key(out_splits),
+                      None if in_splits is None else _splits_key(in_splits), algorithm, block,
                       programs, tuple(sorted(kw.items())) if kw else (), ctx.capturing()),
                 (out, inp))
     return out

@@ -42,26 +42,35 @@ def reduce_scatter(ctx, out, inp, op: str) -> int:
 
 def broadcast(ctx, t, src) -> None:
     common.check_tensor(ctx, t, "broadcast: t")
-    if not isinstance(src, int) or isinstance(src, bool) or not 0 <= src < ctx.world_size:
+    if not isinstance(src, int):
+        # a numpy int or a 0-d tensor too: the plan's key and the kernels take a Python int
+        raise TypeError(f"broadcast: src must be an int (a rank in 0..{ctx.world_size - 1}), "
+                        f"got {type(src).__name__} {src!r}; pass int(src)")
+    if isinstance(src, bool) or not 0 <= src < ctx.world_size:
         raise ValueError(f"broadcast: src must be a rank in 0..{ctx.world_size - 1}, got {src!r}")
 
 
 def splits(ctx, t, splits, name: str) -> list[int]:
-    """all_to_all's row counts per rank for `t` (even when `splits` is None), checked."""
-    rows = t.shape[0]
+    """all_to_all's row counts per rank for `t` (even when `splits` is None), checked;
+    `name`: "out" or "in" (the tensors out and inp, the arguments out_splits, in_splits)."""
+    rows, arg = t.shape[0], f"{name}_splits"
+    tensor = "inp" if name == "in" else name
     if splits is None:
         if rows % ctx.world_size:
-            raise ValueError(f"all_to_all: {name} has {rows} rows, not a multiple of world size "
-                             f"{ctx.world_size}; pass {name}_splits for uneven splits")
+            raise ValueError(f"all_to_all: {tensor} has {rows} rows, not a multiple of world "
+                             f"size {ctx.world_size}; pass {arg} for uneven splits")
         return [rows // ctx.world_size] * ctx.world_size
     try:
         splits = [operator.index(s) for s in splits]     # ints, never a float truncated
     except TypeError:
-        raise TypeError(f"all_to_all: {name}_splits must be a sequence of ints (row counts), "
-                        f"got {list(splits)!r}") from None
+        # (the plan's key holds a sequence as a tuple)
+        shown = (repr(list(splits)) if isinstance(splits, (tuple, list))
+                 else f"{splits!r} ({type(splits).__name__})")
+        raise TypeError(f"all_to_all: {arg} must be a sequence of ints (row counts, one per "
+                        f"rank), got {shown}") from None
     if len(splits) != ctx.world_size or min(splits) < 0 or sum(splits) != rows:
-        raise ValueError(f"all_to_all: {name}_splits must be {ctx.world_size} non-negative "
-                         f"row counts summing to {name}.shape[0] = {rows}, got {splits}")
+        raise ValueError(f"all_to_all: {arg} must be {ctx.world_size} non-negative "
+                         f"row counts summing to {tensor}.shape[0] = {rows}, got {splits}")
     return splits
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..runtime.context import Context
 from ..runtime.plans import live_key, tensor_key
 from . import buffers as B
 from . import plans
@@ -172,6 +173,9 @@ class ExpertParallel(metaclass=_NamedByContext):
                  max_num_tokens: int, dtype: torch.dtype = torch.bfloat16,
                  validate: bool = True, high_throughput: bool | None = None,
                  allow_minus_one: bool = False, num_sms: int | None = None):
+        if not isinstance(ctx, Context):
+            raise TypeError(f"ExpertParallel: ctx must be a trident context (td.init(), or the "
+                            f"ctx that td.launch passes), got {type(ctx).__name__}")
         try:
             check_args(ctx.world_size, num_experts, experts_per_token, hidden_dim,
                        max_num_tokens, dtype)

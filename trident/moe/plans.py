@@ -56,9 +56,18 @@ PDL = True
 
 # ---------------------------------------------------------------------------- checks
 # Made once per signature, when the plan is built (a warm call does not repeat them).
+def check_open(ep, op: str) -> None:
+    """`op` (dispatch, combine) of an ExpertParallel `ep` (None: the node's one of a closed
+    ExpertParallel across nodes) after its close(), which freed the buffers."""
+    if ep is None or ep.buf is None:
+        raise RuntimeError(f"{op}: this ExpertParallel is closed (close() freed its heap "
+                           f"buffers); make a new one")
+
+
 def _check_tokens(ep, x: torch.Tensor, topk_idx: torch.Tensor) -> None:
-    if not isinstance(x, torch.Tensor) or not isinstance(topk_idx, torch.Tensor):
-        raise TypeError("dispatch: x and topk_idx must be torch.Tensors")
+    for name, t in (("x", x), ("topk_idx", topk_idx)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"dispatch: {name} must be a torch.Tensor, got {type(t).__name__}")
     H, k, M = ep.hidden_dim, ep.experts_per_token, ep.max_num_tokens
     if x.dim() != 2 or x.shape[1] != H:
         raise ValueError(f"dispatch: x must be [T, {H}], got {list(x.shape)}")
@@ -81,10 +90,12 @@ def _check_tokens(ep, x: torch.Tensor, topk_idx: torch.Tensor) -> None:
 
 def _check_weights(ep, w, T: int, op: str) -> None:
     k = ep.experts_per_token
-    if not isinstance(w, torch.Tensor) or tuple(w.shape) != (T, k):
-        got = list(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{op}: topk_weights must be a torch.Tensor [T, experts_per_token] = "
+                        f"[{T}, {k}] (or None), got {type(w).__name__}")
+    if tuple(w.shape) != (T, k):
         raise ValueError(f"{op}: topk_weights must be [T, experts_per_token] = [{T}, {k}], "
-                         f"got {got}")
+                         f"got {list(w.shape)}")
     if w.dtype != torch.float32:
         raise TypeError(f"{op}: topk_weights must be float32, got {w.dtype}")
     if w.device != ep.ctx.device:
@@ -95,8 +106,11 @@ def _check_combine(ep, expert_y, d, topk_weights, out) -> int:
     T, H = d.num_tokens, ep.hidden_dim
     shape = (ep.num_local_experts, ep.capacity, H)
     if not isinstance(expert_y, torch.Tensor) or tuple(expert_y.shape) != shape:
-        got = list(expert_y.shape) if isinstance(expert_y, torch.Tensor) else type(expert_y)
-        raise ValueError(f"combine: expert_y must be [L, cap, H] = {list(shape)}, got {got}")
+        if not isinstance(expert_y, torch.Tensor):
+            raise TypeError(f"combine: expert_y must be a torch.Tensor [L, cap, H] = "
+                            f"{list(shape)}, got {type(expert_y).__name__}")
+        raise ValueError(f"combine: expert_y must be [L, cap, H] = {list(shape)}, "
+                         f"got {list(expert_y.shape)}")
     if expert_y.dtype != ep.dtype:
         raise TypeError(f"combine: expert_y must be {ep.dtype}, got {expert_y.dtype}")
     if topk_weights is None:
@@ -245,6 +259,7 @@ def _combine_constexprs(ep, weight_programs: int) -> dict:
 
 
 def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bool) -> Plan:
+    check_open(ep, "dispatch")
     if use_fp8:
         fp8.check_hidden(ep.hidden_dim)
     _check_tokens(ep, x, topk_idx)
@@ -289,6 +304,7 @@ def dispatch_recv(ep, use_fp8: bool, has_w: bool) -> Plan:
 
 def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
     """`out` is the build call's output (tensor 0 of every call)."""
+    check_open(ep, "combine")
     T = _check_combine(ep, expert_y, d, topk_weights, out)
     at_dispatch = topk_weights is None
     w = ep.buf.dweights if at_dispatch else topk_weights

@@ -37,8 +37,8 @@ import torch
 from ..moe import fp8 as F8
 from ..moe.expert_parallel import (_IDS, Dispatched, ExpertParallel, PendingCombine,
                                   PendingDispatch, check_args)
-from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached
-from ..runtime.errors import PeerFailed
+from ..moe.plans import _check_combine, _check_tokens, _check_weights, cached, check_open
+from ..runtime.errors import Failure, PeerFailed
 from ..runtime.plans import live_key, tensor_key
 from . import rail
 from . import rail_route as RR
@@ -145,6 +145,7 @@ class ExpertParallelAcrossNodes:
 
     def _pack_plan(self, x, topk_idx, w, check: bool, fp8: bool):
         """dispatch's checks (once per signature, as on one node) and its packing plan."""
+        check_open(self.node_ep, "dispatch")
         if fp8:
             F8.check_hidden(self.hidden_dim)
         _check_tokens(self, x, topk_idx)
@@ -219,6 +220,7 @@ class ExpertParallelAcrossNodes:
     def _unpack_plan(self, expert_y, w, out, T: int):
         """combine's checks (once per signature; expert_y's with the node's messages,
         before anything is sent) and the plan of its last step, the sum at the sender."""
+        check_open(self.node_ep, "combine")
         node, H = self.ctx.node, self.hidden_dim
         if (not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H)
                 or out.dtype != self.dtype or not out.is_contiguous()
@@ -274,14 +276,12 @@ def _agree(ctx, node_ep, refused: BaseException | None) -> None:
     topo = ctx.topology
     mine = None
     if isinstance(refused, PeerFailed):            # a peer of this node refused
-        # its cause names it in node ranks (context_exchange.py post_failure's words)
-        peer = topo.node * topo.node_size + refused.peer
-        mine = PeerFailed("ExpertParallel", ctx.rank, peer, refused.cause.replace(
-            f" on rank {refused.peer}: ", f" on rank {peer}: ", 1))
+        # it names ranks of the node: the world's are the node's first rank's on
+        first = topo.node * topo.node_size
+        mine = refused.renumbered(lambda r: first + r, "ExpertParallel")
     elif refused is not None:                      # this rank refused
         mine = PeerFailed("ExpertParallel", ctx.rank, ctx.rank,
-                          f"ExpertParallel, which raised {type(refused).__name__} on rank "
-                          f"{ctx.rank}: {refused}")
+                          Failure.of(refused, ctx.rank, "ExpertParallel"))
     try:
         ctx._rail_barrier(mine)
     except PeerFailed as first:                    # a rank of another node refused

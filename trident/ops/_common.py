@@ -76,6 +76,14 @@ def check_matrix(ctx, t, name: str) -> None:
         raise ValueError(f"{name} is on {t.device}, expected this rank's device {ctx.device}")
 
 
+def check_matrices(ctx, op: str, a, w, bias, out) -> None:
+    """Before a build reads the output's shape off a and w: where either is not a 2-D
+    tensor, the error check_inputs raises for it (never an AttributeError of a list)."""
+    for t in (a, w):
+        if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            check_inputs(ctx, op, a, w, bias, out, ())
+
+
 def check_inputs(ctx, op: str, a, w, bias, out, out_shape,
                  empty_k: bool = False) -> torch.Tensor | None:
     """Validate a, w (nn.Linear layout [N, K]), bias [N] and out; returns out or None.

@@ -58,8 +58,9 @@ from . import schedules
 from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Live, Plan
 from ..ccl.device import fingerprint, poison
-from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, finish_program,
-                      finish_slice, run, schedule_plan, store_tile, take_tile, workspace)
+from ._common import (SYNC_EPOCH, SYNC_FLAGS, add_bias, check_inputs, check_matrices,
+                      finish_program, finish_slice, run, schedule_plan, store_tile, take_tile,
+                      workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
                          op_tile, split_buffers, split_count, tile_shape)
 from .gather_rows import arrival_tile, push_rows, wait_rows
@@ -206,8 +207,7 @@ def all_gather_matmul(ctx, a, w, bias=None, out=None, schedule: str = "auto",
 
 
 def _plan(ctx, a, w, bias, out, name, options) -> Plan:
-    if not isinstance(a, torch.Tensor) or a.dim() != 2:
-        check_inputs(ctx, "all_gather_matmul", a, w, bias, out, ())
+    check_matrices(ctx, "all_gather_matmul", a, w, bias, out)
     M = a.shape[0] * ctx.world_size
     check_inputs(ctx, "all_gather_matmul", a, w, bias, out, (M, w.shape[0]))
     return schedule_plan(ctx, "all_gather_matmul", a, w, bias, out, (M, w.shape[0]), name,

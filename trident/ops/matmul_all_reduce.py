@@ -19,7 +19,7 @@ import torch
 from . import schedules
 from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Plan
-from ._common import check_inputs, run, schedule_plan
+from ._common import check_inputs, check_matrices, run, schedule_plan
 
 
 def matmul_all_reduce(ctx, a, w, bias=None, out=None, schedule: str = "auto",
@@ -40,8 +40,7 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None, schedule: str = "auto",
 
 
 def _plan(ctx, a, w, bias, out, name, options) -> Plan:
-    if not isinstance(a, torch.Tensor) or a.dim() != 2:
-        check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, ())
+    check_matrices(ctx, "matmul_all_reduce", a, w, bias, out)
     shape = (a.shape[0], w.shape[0])
     check_inputs(ctx, "matmul_all_reduce", a, w, bias, out, shape, empty_k=True)
     return schedule_plan(ctx, "matmul_all_reduce", a, w, bias, out, shape, name, options,

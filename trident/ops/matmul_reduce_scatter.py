@@ -62,8 +62,8 @@ from . import schedules
 from ..runtime.compiled import STANDINS, is_compiling
 from ..runtime.plans import Live, Plan
 from ..ccl.device import fingerprint
-from ._common import (SYNC_EPOCH, SYNC_FLAGS, check_inputs, finish_program, finish_slice,
-                      run, schedule_plan, take_tile, workspace)
+from ._common import (SYNC_EPOCH, SYNC_FLAGS, check_inputs, check_matrices, finish_program,
+                      finish_slice, run, schedule_plan, take_tile, workspace)
 from .fused_tile import (fused_gemm_config, gemm_programs, num_tiles as count_tiles,
                          op_tile, split_buffers, split_count, tile_shape)
 from .gemm import addresses_only, host_descriptors, operand, tma_compatible
@@ -218,8 +218,7 @@ def matmul_reduce_scatter(ctx, a, w, bias=None, out=None, schedule: str = "auto"
 
 
 def _plan(ctx, a, w, bias, out, name, options) -> Plan:
-    if not isinstance(a, torch.Tensor) or a.dim() != 2:
-        check_inputs(ctx, "matmul_reduce_scatter", a, w, bias, out, ())
+    check_matrices(ctx, "matmul_reduce_scatter", a, w, bias, out)
     M = a.shape[0]
     if M % ctx.world_size:
         raise ValueError(f"matmul_reduce_scatter: a has {M} rows, which is not divisible by "

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from . import _env, options, placement
 from .context_exchange import ExchangeMethods
 from .context_heap import HeapMethods
-from .context_sync import CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS, SyncMethods  # noqa: F401
+from .context_sync import (CTRL_ERROR, CTRL_TIMEOUT, CTRL_WORDS, MAX_RANKS,  # noqa: F401
+                           SyncMethods, check_timeout)
 # importable from here too (CallMismatchError: CallMismatch's name before issue 41)
 from .errors import CallMismatch, CallMismatchError, HostTimeout  # noqa: F401
 from .heap.allocator import Allocator
@@ -35,6 +36,20 @@ DEFAULT_TIMEOUT_S = 30.0
 
 def _not_capturing() -> bool:
     return False
+
+
+def check_init_args(heap_size, timeout) -> None:
+    """td.init's heap_size and timeout (None: the default), checked before anything is
+    made of them."""
+    if heap_size is not None:
+        if not isinstance(heap_size, int) or isinstance(heap_size, bool):
+            raise TypeError(f"td.init: heap_size must be an int (bytes per rank), got "
+                            f"{type(heap_size).__name__} {heap_size!r}")
+        if heap_size < 1:
+            raise ValueError(f"td.init: heap_size must be a positive number of bytes per "
+                             f"rank (None: TRIDENT_HEAP_SIZE or 1 GiB), got {heap_size}")
+    if timeout is not None:
+        check_timeout(timeout, "td.init: timeout")
 
 
 _CONTEXTS_MADE: dict[str, int] = {}     # contexts made per process group (Context.name)
@@ -83,6 +98,7 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods):
         self.world_size = dist.get_world_size(self.group)
         if self.world_size > MAX_RANKS:
             raise ValueError(f"trident supports up to {MAX_RANKS} ranks, got {self.world_size}")
+        check_init_args(heap_size, timeout)
         # the TRIDENT_* variables, read once: what this context's code reads instead
         self.options = options.snapshot()
         self.heap_size = heap_size or self.options.heap_size
@@ -132,7 +148,16 @@ class Context(HeapMethods, SyncMethods, ExchangeMethods):
         self._persistent.add(0)
         self.set_timeout(DEFAULT_TIMEOUT_S if timeout is None else timeout)
         self._init_errors()
-        self.barrier()
+        # the first barrier; every rank's heap must have one size (a peer's is mapped at
+        # this rank's size: a larger one would read past the end of the peer's)
+        _, sizes = self._barrier("barrier", detail=("heap_size", self.heap_size))
+        if sizes is not None:
+            self._heap.close()
+            self._closed = True
+            raise ValueError(
+                "td.init: the ranks' heap sizes differ (" + ", ".join(
+                    f"rank {r}: {size} B" for r, (_, size) in enumerate(sizes))
+                + "); every rank must pass the same heap_size (or TRIDENT_HEAP_SIZE)")
         self._register_name()
 
     def _count_ranks_on_device(self) -> tuple[int, bool]:

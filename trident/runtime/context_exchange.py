@@ -16,7 +16,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from .errors import CallMismatch, GroupUnusable, HostTimeout, PeerFailed
+from .errors import CallMismatch, Failure, GroupUnusable, HostTimeout, PeerFailed
 
 _GROUP_FAILED: dict = {}        # group -> the call in which it failed (unusable since)
 
@@ -170,10 +170,10 @@ class ExchangeMethods:
                              *payload, *[0] * (_PAYLOAD_WORDS - len(payload))],
                             dtype=torch.int64)
 
-    def _post_alone(self, what: str, describe: str) -> None:
+    def _post_alone(self, what: str, describe) -> None:
         """Take the next exchange's number without waiting for the peers: post header
-        `what` and the call's description `describe` (what a peer's error quotes), for a
-        peer that waits in that exchange (see _FAILED)."""
+        `what` and the call's description `describe` (what a peer's error quotes: a
+        Failure, or text), for a peer that waits in that exchange (see _FAILED)."""
         n = self._exchanges
         self._exchanges += 1
         mine = self._header(what, None)
@@ -188,8 +188,7 @@ class ExchangeMethods:
         if self._closed or failed(self.group) is not None:
             return
         try:
-            self._post_alone(_FAILED, f"{op}, which raised {type(exc).__name__} on rank "
-                                      f"{self.rank}: {exc}"[:2000])
+            self._post_alone(_FAILED, Failure.of(exc, self.rank, op))
         except Exception:        # noqa: BLE001 -- the error itself is what the caller raises
             pass
 
@@ -207,8 +206,7 @@ class ExchangeMethods:
                 self._publish(exc)
             # the mark holds this context, which does not pickle: exc goes to the launcher
             getattr(exc, "__dict__", {}).pop("_trident_handed_over", None)
-            self._post_alone(_LEFT, f"{what}, which raised {type(exc).__name__} on rank "
-                                    f"{self.rank}: {exc}"[:2000])
+            self._post_alone(_LEFT, Failure.of(exc, self.rank, what))
         except Exception:        # noqa: BLE001 -- the error itself is what the caller raises
             pass
 

@@ -14,11 +14,20 @@ import torch.distributed as dist
 
 from .context_exchange import _Joined, _digest
 from .errors import (ERROR_MARK, ERROR_PUBLISHED, HOST_CALL_CODES, KIND_HOST_CALL, KIND_PEER_FAILED,
-                     CallMismatch, HeapMismatchError, HostTimeout, PeerFailed, decode_timeout,
-                     device_error, value_error_message)
+                     CallMismatch, Failure, HeapMismatchError, HostTimeout, PeerFailed,
+                     decode_timeout, device_error, value_error_message)
 from .control import (CTRL_BASES, CTRL_ERROR, CTRL_FAILED, CTRL_HOST_CALL, CTRL_HOST_DONE,
                       CTRL_HOST_WORD, CTRL_TEXT, CTRL_TEXT_WORDS, CTRL_TIMEOUT, CTRL_VALUE_ERROR,
                       CTRL_WORDS, MAX_RANKS)
+
+
+def check_timeout(seconds, name: str = "timeout") -> None:
+    """A timeout (td.init's, set_timeout's): a positive, finite number of seconds."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        raise TypeError(f"{name} must be a number of seconds, got {type(seconds).__name__} "
+                        f"{seconds!r}")
+    if not 0 < seconds < float("inf"):            # also NaN
+        raise ValueError(f"{name} must be a positive, finite number of seconds, got {seconds!r}")
 
 
 class SyncMethods:
@@ -197,7 +206,8 @@ class SyncMethods:
         graph is captured (the writes would become part of the graph)."""
         if self._closed or self.capturing():
             return
-        text = f"{type(exc).__name__} on rank {self.rank}: {exc}".encode()[:8 * CTRL_TEXT_WORDS - 1]
+        # its type name, a NUL, its message: what _peer_message reads back as a Failure
+        text = f"{type(exc).__name__}\0{exc}".encode()[:8 * CTRL_TEXT_WORDS - 1]
         words = torch.frombuffer(bytearray(text.ljust(8 * CTRL_TEXT_WORDS, b"\0")),
                                  dtype=torch.int64)
         self.ctrl[CTRL_TEXT:CTRL_TEXT + CTRL_TEXT_WORDS].copy_(words)
@@ -206,27 +216,28 @@ class SyncMethods:
         if not self._error_view[CTRL_ERROR]:      # the next call meets the peers first
             self._error_view[CTRL_ERROR] = ERROR_PUBLISHED
 
-    def _peer_message(self, peer: int, depth: int = 0) -> str:
-        """Why rank `peer` failed: the message of the last error it published (read from
-        its control block; a copy over the link on GPUs: an error path only), else what
-        its error word records. A wait stops on a peer whose error word is set as soon as
-        it sees it, but the peer publishes its message only when its host raises (its next
-        call, sync or barrier), which may come after this rank's: the word names the
-        cause meanwhile (a CallMismatch the peer found, quoted by this PeerFailed), and a
-        word that is itself PeerFailed is followed to the rank it names (at most
-        world_size ranks deep), so the root cause is quoted."""
+    def _peer_message(self, peer: int, depth: int = 0) -> "Failure | str":
+        """Why rank `peer` failed, as a Failure ("" where unknown): the last error it
+        published (read from its control block; a copy over the link on GPUs: an error
+        path only), else what its error word records. A wait stops on a peer whose error
+        word is set as soon as it sees it, but the peer publishes its message only when
+        its host raises (its next call, sync or barrier), which may come after this
+        rank's: the word names the cause meanwhile (a CallMismatch the peer found, quoted
+        by this PeerFailed), and a word that is itself PeerFailed is followed to the rank
+        it names (at most world_size ranks deep), so the root cause is quoted."""
         try:
             words = self._heap.peer_view(peer, self.ctrl, CTRL_TEXT, CTRL_TEXT_WORDS).cpu()
             text = bytes(words.numpy().tobytes()).rstrip(b"\0").decode(errors="replace")
             if text:
-                return text
+                kind, _, message = text.partition("\0")
+                return Failure(kind, peer, message)
             word = int(self._heap.peer_view(peer, self.ctrl, CTRL_ERROR, 1).item())
             if not word or word == ERROR_MARK:
                 return ""
             deeper = depth + 1 < self.world_size
             exc = device_error(word, self.timeout_s,
                                (lambda p: self._peer_message(p, depth + 1)) if deeper else None)
-            return f"{type(exc).__name__} on rank {peer}: {exc}"
+            return Failure.of(exc, peer)
         except Exception:         # the message is a courtesy: never hide the failure
             return ""
 
@@ -238,8 +249,7 @@ class SyncMethods:
 
     def set_timeout(self, seconds: float) -> None:
         """Limit of every device-side wait. Past it, the wait gives up and CommTimeout follows."""
-        if seconds <= 0:
-            raise ValueError(f"timeout must be positive, got {seconds}")
+        check_timeout(seconds)
         self.timeout_s = float(seconds)
         self.ctrl[CTRL_TIMEOUT] = int(seconds * 1e9)
 

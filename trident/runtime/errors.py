@@ -165,17 +165,71 @@ class InterNodeError(CommTimeout):
         return InterNodeError, (self.op, self.rank, self.ranks, self.timeout_s, self.detail)
 
 
+class Failure:
+    """What a PeerFailed quotes of the rank that failed: the type name (`kind`) and the
+    message of what rank `rank` raised, and the call that raised it (`call`, None where
+    unknown). Kept as data, not text, so that a layer that numbers the ranks otherwise
+    (a node's ranks within the world: trident/nodes) renumbers it with `on`; str() is what
+    the errors show. It travels between ranks by pickle (the host exchanges' store, the
+    launcher)."""
+
+    __slots__ = ("kind", "rank", "message", "call")
+
+    def __init__(self, kind: str, rank: int, message: str, call: str | None = None):
+        self.kind, self.rank, self.message, self.call = kind, rank, message, call
+
+    @classmethod
+    def of(cls, exc: BaseException, rank: int, call: str | None = None) -> "Failure":
+        """The Failure of `exc`, raised on `rank` (by `call`); its message at most 2000
+        characters, as every rank's copy of it is kept in the store."""
+        return cls(type(exc).__name__, rank, str(exc)[:2000], call)
+
+    def on(self, rank: int) -> "Failure":
+        """The same failure, its rank numbered `rank`: the message is the error's own
+        (ranks it names itself stay as they are: a check's words seldom name one)."""
+        return Failure(self.kind, rank, self.message, self.call)
+
+    def __str__(self) -> str:
+        what = f"{self.kind} on rank {self.rank}: {self.message}"
+        return what if self.call is None else f"{self.call}, which raised {what}"
+
+    def __repr__(self) -> str:
+        return f"Failure({self.kind!r}, {self.rank}, {self.message!r}, {self.call!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Failure) and (
+            (self.kind, self.rank, self.message, self.call)
+            == (other.kind, other.rank, other.message, other.call))
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.rank, self.message, self.call))
+
+    def __reduce__(self):
+        return Failure, (self.kind, self.rank, self.message, self.call)
+
+
 class PeerFailed(CommTimeout):
     """A device wait gave up because the rank it waited for had failed: that rank raised
     an error in this call (bad input, a heap that is full, ...) or an earlier one, or one
-    of its own waits gave up. The message carries the peer's error where it is known."""
+    of its own waits gave up. The message carries the peer's error where it is known:
+    `cause`, a Failure (or text, or "" where unknown)."""
 
-    def __init__(self, op: str, rank: int, peer: int, cause: str = ""):
+    def __init__(self, op: str, rank: int, peer: int, cause: "Failure | str" = ""):
         self.op, self.rank, self.peer, self.timeout_s, self.cause = op, rank, peer, 0.0, cause
         RuntimeError.__init__(
             self, f"rank {rank}: {op} stopped: rank {peer}, which it waited for, failed"
                   + (f" ({cause})" if cause else "")
                   + ". Outputs of this call are not valid; call ctx.reset() on every rank")
+
+    def renumbered(self, rank_of, op: str | None = None) -> "PeerFailed":
+        """This error with its ranks numbered otherwise: rank_of(r) for each rank r it
+        names (this rank, the peer, the Failure's rank; a cause given as text is kept as
+        it is), under `op` where given."""
+        cause = self.cause
+        if isinstance(cause, Failure):
+            cause = cause.on(rank_of(cause.rank))
+        return PeerFailed(self.op if op is None else op, rank_of(self.rank),
+                          rank_of(self.peer), cause)
 
     def __reduce__(self):
         return PeerFailed, (self.op, self.rank, self.peer, self.cause)

@@ -51,6 +51,9 @@ class CpuHeap:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
+        except BaseException:
+            os.unlink(path)          # the next context of this job makes the same file
+            raise
         finally:
             os.close(fd)
         try:
