@@ -361,10 +361,40 @@ def _fewer_rows_than_expected(ctx, algorithm):
     return True
 
 
+def _splits_as_tensors(ctx, algorithm):
+    """Splits given as a tensor (CPU or the device's), as numpy ints or as 0-d tensors
+    give what a list of ints gives, and run its plan: no build (a tensor's elements in
+    the plan's key hashed by identity, so every call built a plan)."""
+    import numpy as np
+    w, r = ctx.world_size, ctx.rank
+    sends = [(r + p) % 3 + 1 for p in range(w)]          # rows rank r sends to rank p
+    recvs = [(p + r) % 3 + 1 for p in range(w)]          # rows rank p sends to rank r
+    inp = ctx.zeros(sum(sends), 4)
+    inp.copy_(torch.arange(inp.numel(), dtype=torch.float32).view_as(inp) + 100 * r)
+    out = ctx.zeros(sum(recvs), 4)
+    ctx.all_to_all(out, inp, out_splits=recvs, in_splits=sends, algorithm=algorithm)
+    ctx.sync()
+    ref, builds = out.clone(), ctx.plans.builds
+    forms = [(torch.tensor(recvs), torch.tensor(sends)),
+             (torch.tensor(recvs, device=ctx.device), torch.tensor(sends, device=ctx.device)),
+             ([np.int64(v) for v in recvs], [np.int64(v) for v in sends]),
+             ([torch.tensor(v) for v in recvs], [torch.tensor(v) for v in sends])]
+    for out_splits, in_splits in forms * 2:
+        out.zero_()
+        ctx.all_to_all(out, inp, out_splits=out_splits, in_splits=in_splits,
+                       algorithm=algorithm)
+        ctx.sync()
+        assert torch.equal(out, ref), (type(out_splits), out, ref)
+    assert ctx.plans.builds == builds, ctx.plans.builds - builds
+    ctx.free(out)
+    ctx.free(inp)
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_all_to_all_bad_inputs(pool, algorithm):
     pool.run(_bad_inputs, algorithm)
     pool.run(_fewer_rows_than_expected, algorithm)
+    pool.run(_splits_as_tensors, algorithm)
 
 
 def compile_sm90() -> None:

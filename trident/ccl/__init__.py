@@ -17,6 +17,7 @@ called with the same sizes, and every op is synchronised and checked for timeout
 from __future__ import annotations
 
 import math
+import operator
 from functools import partial
 
 import torch
@@ -382,13 +383,21 @@ def reduce_scatter(ctx, out, inp, op: str = "sum", algorithm: str = "auto", bloc
 
 
 def _splits_key(splits):
-    """all_to_all's splits in its plan key (the build's argument): a tuple, or the value
-    itself where it is not a sequence (an int), which the build's check (checks.splits)
-    refuses with a TypeError naming it."""
+    """all_to_all's splits in its plan key (the build's argument): a tuple of Python ints,
+    so that splits given as a tensor, or as numpy or 0-d tensor ints, find the plan of
+    the same counts instead of building one per call (a tensor's elements hash by
+    identity; a CUDA tensor's tolist() waits for the device, as torch's all_to_all_single
+    does with its split sizes). Where that fails (an int, floats), the value as given,
+    which the build's check (checks.splits) refuses with a TypeError naming it."""
+    if isinstance(splits, torch.Tensor):
+        splits = splits.tolist()
     try:
-        return tuple(splits)
+        return tuple(map(operator.index, splits))
     except TypeError:
-        return splits
+        try:
+            return tuple(splits)
+        except TypeError:
+            return splits
 
 
 def all_to_all(ctx, out, inp, out_splits=None, in_splits=None, algorithm: str = "auto",
