@@ -95,7 +95,17 @@ def _bad_arguments(ctx):
     with pytest.raises(ValueError, match="positive"):
         ctx.set_timeout(0)
     assert not ctx.is_symmetric(t.cpu() if ctx.device.type != "cpu" else t.clone())
-    ctx.free(t)
+    ctx.all_reduce(t)                     # a plan for t's address, then t freed: the call
+    ctx.free(t)                           # after it builds again and names the mistake
+    with pytest.raises(ValueError, match=r"^all_reduce: t lies in heap memory given back "
+                                         r"by ctx\.free \(heap offset \d+\): a tensor must "
+                                         r"not be used after ctx\.free\(t\)"):
+        ctx.all_reduce(t)
+    a = ctx.zeros(8, 8, dtype=torch.bfloat16)
+    ctx.free(a)
+    with pytest.raises(ValueError, match=r"^matmul_all_reduce: a lies in heap memory given "
+                                         r"back by ctx\.free"):
+        ctx.matmul_all_reduce(a, torch.zeros(8, 8, dtype=torch.bfloat16, device=ctx.device))
     ctx.barrier()
     # td.init's own arguments, named before anything is made (they were an OSError of the
     # heap file, a str + float TypeError; the file of a heap_size=-1 stayed in /dev/shm, so

@@ -215,6 +215,7 @@ def check_tensor(ctx, t, name: str) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.device != ctx.device:
         raise ValueError(f"{name} is on {t.device}, but this rank's context is on {ctx.device}")
+    ctx.check_not_freed(t, name)
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous() first)")
 

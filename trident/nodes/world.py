@@ -29,9 +29,9 @@ from .expert_parallel import ExpertParallelAcrossNodes
 _FROM_NODE = frozenset((
     "device", "backend", "heap_size", "empty", "zeros", "ones", "full", "randn",
     "rand", "arange", "empty_like", "zeros_like", "free", "is_symmetric", "check_symmetric",
-    "heap_offset", "allocator", "sync", "set_timeout", "timeout_s", "host_timeout_s",
-    "free_since", "leave", "ranks_per_device", "shares_device", "usable_sms",
-    "heap_mapping", "capturing", "options"))
+    "check_not_freed", "heap_offset", "allocator", "sync", "set_timeout", "timeout_s",
+    "host_timeout_s", "free_since", "leave", "ranks_per_device", "shares_device",
+    "usable_sms", "heap_mapping", "capturing", "options"))
 
 
 def _portable(e: BaseException | None) -> BaseException | None:

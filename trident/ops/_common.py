@@ -74,6 +74,7 @@ def check_matrix(ctx, t, name: str) -> None:
         raise TypeError(f"{name} must be bfloat16 or float16, got {t.dtype}")
     if t.device != ctx.device:
         raise ValueError(f"{name} is on {t.device}, expected this rank's device {ctx.device}")
+    ctx.check_not_freed(t, name)
 
 
 def check_matrices(ctx, op: str, a, w, bias, out) -> None:

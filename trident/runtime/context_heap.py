@@ -73,6 +73,16 @@ class HeapMethods:
         it is not symmetric (is_symmetric), wherever its storage comes from."""
         return self._heap_ptr <= ptr < self._heap_ptr + self.heap_size
 
+    def check_not_freed(self, t: torch.Tensor, name: str) -> None:
+        """Raise ValueError if `t` lies in heap memory that ctx.free gave back (a plan's
+        build checks its tensors: ctx.free drops every plan, so a call after it builds
+        again). A block the heap handed out again since is another tensor's, and passes."""
+        p = t.data_ptr()
+        if self.in_heap(p) and self.allocator.is_free(p - self._heap_ptr):
+            raise ValueError(f"{name} lies in heap memory given back by ctx.free (heap offset "
+                             f"{p - self._heap_ptr}): a tensor must not be used after "
+                             f"ctx.free(t); make a new one (ctx.empty, ctx.zeros, ...)")
+
     def heap_offset(self, t: torch.Tensor) -> int:
         """Byte offset of heap tensor `t` from this rank's heap base: where its copy lies in
         every peer's heap too (translate: peer base + offset)."""
