@@ -19,6 +19,10 @@
 #             sharing the GPU (MPS): dispatch, combine and combine_wd, eager and graph GB/s,
 #             the one-pass combine (row trident) against the staged one it replaced (row
 #             "trident (staged combine)"); HBM, not NVLink. Log and JSON in $OUT
+#   graphs    issue 39 item 5: bench/lab/plan_graphs.py, each plan launched directly against
+#             replayed as a CUDA graph (plan graphs multi / all), host and eager us per call
+#             at 2 ranks sharing the GPU (MPS: host figures; device times are HBM's) and at
+#             1 rank. JSON and logs in $OUT
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/nvidia/bin
@@ -131,6 +135,15 @@ for step in ${STEPS:-env tests checks}; do
       --out-dir $OUT > $OUT/combine-ab.log 2>&1
     say "== bench moe --combine-ab (2 ranks share one GPU, MPS: HBM, not NVLink) rc=$?"
     tr '\r' '\n' < $OUT/combine-ab.log | grep -v "^moe \[" | tail -14 | tee -a $LOG ;;
+  graphs)
+    nvidia-cuda-mps-control -d && say "MPS daemon started for the graphs step"
+    for w in 2 1; do
+      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / w)) timeout -s INT -k 20 \
+        ${GRAPHS_TIMEOUT:-150} python3 -m bench.lab.plan_graphs --world $w \
+        --json $OUT/plan-graphs-${w}on1x${GPU:-gpu}-$DAY.json > $OUT/plan-graphs-$w.log 2>&1
+      say "== plan graphs A/B, world $w on one GPU rc=$?"; tail -13 $OUT/plan-graphs-$w.log | tee -a $LOG
+    done
+    echo quit | nvidia-cuda-mps-control ;;
   *) python3 $step 2>&1 | tee -a $LOG ;;
   esac
   say "== step $step: $((SECONDS - start)) s"
