@@ -11,7 +11,8 @@ Each case runs `--rounds` rounds per mode, the modes interleaved (multi, all, al
 ...), each round from a cleared plan cache (so the plans are built under that mode) and
 `--calls` calls after a warm-up: host = Python time per call of the loop, eager = the
 loop's time until the device is done, per call (queued back to back). The medians over
-rounds, max over ranks (a rank's eager time includes waiting for its peers). Cases:
+rounds, max over ranks (a rank's eager time includes waiting for its peers); beside them
+the slowest warm-up call (a build, and under "all" the capture of its graph). Cases:
 all_reduce of 1 and 16 KiB bf16 heap tensors (auto and lamport) and of a 1 KiB plain
 tensor, and the MoE round (DeepSeek-V3 shapes, 128 tokens per rank: dispatch, then
 combine into a given output) on GPUs; tiny shapes on the CPU emulation, where there are
@@ -68,18 +69,23 @@ def _plans(plans) -> list:
             for p in plans._plans.values()]
 
 
-def _round(ctx, fn, calls: int, warmup: int) -> tuple[float, float]:
+def _round(ctx, fn, calls: int, warmup: int) -> tuple[float, float, float]:
+    """(host us per call, eager us per call, the slowest warm-up call's host us: the
+    plans' builds and their graphs' captures)."""
+    clock = time.perf_counter_ns
+    slowest = 0
     for _ in range(warmup):
+        t0 = clock()
         fn()
+        slowest = max(slowest, clock() - t0)
     ctx.sync()
     ctx.barrier()
-    clock = time.perf_counter_ns
     t0 = clock()
     for _ in range(calls):
         fn()
     host = clock() - t0
     ctx.sync()
-    return host / calls / 1e3, (clock() - t0) / calls / 1e3
+    return host / calls / 1e3, (clock() - t0) / calls / 1e3, slowest / 1e3
 
 
 def main(ctx, calls: int = 500, rounds: int = 8, warmup: int = 20) -> dict:
@@ -88,20 +94,22 @@ def main(ctx, calls: int = 500, rounds: int = 8, warmup: int = 20) -> dict:
     rows: dict = {}
     try:
         for name, fn in _cases(ctx):
-            got = {m: {"host_us": [], "eager_us": [], "graph": [], "plans": None}
-                   for m in MODES}
+            got = {m: {"host_us": [], "eager_us": [], "warmup_max_us": [], "graph": [],
+                       "plans": None} for m in MODES}
             for r in range(rounds):
                 for mode in (MODES if r % 2 == 0 else MODES[::-1]):
                     plans.clear()
                     plans.graphs = mode if ctx.backend == "cuda" else "off"
-                    host, eager = _round(ctx, fn, calls, warmup)
+                    host, eager, slowest = _round(ctx, fn, calls, warmup)
                     got[mode]["host_us"].append(host)
                     got[mode]["eager_us"].append(eager)
+                    got[mode]["warmup_max_us"].append(slowest)
                     got[mode]["graph"].append(sum(p.graph is not None
                                                   for p in plans._plans.values()))
                     got[mode]["plans"] = _plans(plans)
             rows[name] = {m: {"host_us": statistics.median(v["host_us"]),
                               "eager_us": statistics.median(v["eager_us"]),
+                              "warmup_max_us": statistics.median(v["warmup_max_us"]),
                               "plans_as_graphs": max(v["graph"]), "plans": v["plans"]}
                           for m, v in got.items()}
     finally:
@@ -112,13 +120,16 @@ def main(ctx, calls: int = 500, rounds: int = 8, warmup: int = 20) -> dict:
 
 
 def table(ranks: list) -> str:
-    lines = [f"{'case':40s} {'mode':6s} {'host us':>8s} {'eager us':>9s} {'graphs':>6s}"]
+    lines = [f"{'case':40s} {'mode':6s} {'host us':>8s} {'eager us':>9s} {'warm-up max':>11s} "
+             f"{'graphs':>6s}"]
     for name in ranks[0]["rows"]:
         for mode in MODES:
             host = max(r["rows"][name][mode]["host_us"] for r in ranks)
             eager = max(r["rows"][name][mode]["eager_us"] for r in ranks)
+            slowest = max(r["rows"][name][mode]["warmup_max_us"] for r in ranks)
             graphs = ranks[0]["rows"][name][mode]["plans_as_graphs"]
-            lines.append(f"{name:40s} {mode:6s} {host:8.2f} {eager:9.2f} {graphs:6d}")
+            lines.append(f"{name:40s} {mode:6s} {host:8.2f} {eager:9.2f} {slowest:11.1f} "
+                         f"{graphs:6d}")
     return "\n".join(lines)
 
 
