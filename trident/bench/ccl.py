@@ -7,7 +7,9 @@ NCCL through torch.distributed (plain buffers, named "gloo" on the CPU emulation
 symmetric kernels) and PyTorch's symmetric-memory all-reduce ops where they exist, each
 three ways (common.time_modes): eager_us (calls queued back to back from Python),
 graph_us (the same calls replayed from one CUDA graph), host_us (Python time per call),
-plus synced_us (one call after a device barrier). Max over ranks; bus bandwidth with
+plus synced_us (one call after a device barrier); a size's implementations take their
+eager batches in turns (common.time_modes_interleaved), so that a drift of the host's
+speed does not pick the eager table's winner. Max over ranks; bus bandwidth with
 nccl-tests' formulas from the graph time, the NVLink floor and the ratio to NCCL in each
 mode beside each row. Prints a table, writes JSON and a PNG per op into --out-dir
 (default ./trident-results). --update-selector writes the selector's eager and graph
@@ -199,9 +201,11 @@ def measure(ctx, ops, sizes, timing: dict, full: bool = True):
             choice = (f"{select(op, size, w, nccl=has_nccl)} / "
                       f"{select(op, size, w, graph=True, nccl=has_nccl)}")
             case = []
+            # every implementation's eager batches in turns (time_modes_interleaved)
+            times = common.time_modes_interleaved(
+                ctx, {name: fn for name, fn in impls.items() if fn is not None}, **timing)
             for name, fn in impls.items():
-                t = common.skipped(common.NO_NCCL) if fn is None else \
-                    common.time_modes_or_skip(ctx, fn, **timing)
+                t = common.skipped(common.NO_NCCL) if fn is None else times[name]
                 device_us = common.device_us(t)
                 case.append({"op": op, "bytes": size, "size": common.fmt_bytes(size), "impl": name,
                              "choice": choice if name == "trident_auto" else None, **t,

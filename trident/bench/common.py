@@ -89,16 +89,53 @@ def time_modes(ctx, fn, calls: int = CALLS, reps: int = 5, warmup: int = 3, grap
     be captured (one that reads device values on the host); graph_note then says why
     graph_us is None. synced_iters > 0 adds synced_us. Every rank must call it alike.
     """
+    calls = _warm(ctx, fn, calls, warmup)
+    batches = [_eager_batch(ctx, fn, calls) for _ in range(max(reps, 1))]
+    return _modes(ctx, fn, calls, batches, graph, synced_iters)
+
+
+def time_modes_interleaved(ctx, fns: dict, calls: int = CALLS, reps: int = 5,
+                           warmup: int = 3, graph: bool = True, synced_iters: int = 0) -> dict:
+    """time_modes_or_skip of several implementations of one call ({name: fn}), their eager
+    batches taken in turns: batch 1 of each, then batch 2 of each, and so on. Timing all
+    of one implementation's batches before the next's lets a drift of the host's speed (a
+    shared machine's: the eager time of a small call is its host time) decide which is
+    faster -- and the selector's eager table with it. The graph times (device time) follow,
+    one implementation after another. Returns {name: time_modes' dict, or a skip row}."""
+    out, live = {}, {}
+    for name, fn in fns.items():
+        got = _or_skip(ctx, _warm, ctx, fn, calls, warmup)
+        if isinstance(got, dict):
+            out[name] = got
+        else:
+            live[name] = (fn, got, [])
+    for _ in range(max(reps, 1)):
+        for name, (fn, n, batches) in list(live.items()):
+            got = _or_skip(ctx, _eager_batch, ctx, fn, n)
+            if isinstance(got, dict):
+                out[name] = got
+                del live[name]
+            else:
+                batches.append(got)
+    for name, (fn, n, batches) in live.items():
+        out[name] = _or_skip(ctx, _modes, ctx, fn, n, batches, graph, synced_iters)
+    return {name: out[name] for name in fns}
+
+
+def _warm(ctx, fn, calls: int, warmup: int) -> int:
+    """Run fn `warmup` times; the calls per batch (time_modes)."""
     for _ in range(warmup):
         fn()
+    return _calls_for(ctx, fn, calls) if ctx.backend == "cuda" else calls
+
+
+def _modes(ctx, fn, calls: int, batches: list, graph: bool, synced_iters: int) -> dict:
+    """time_modes' dict from this rank's eager batches, the graph time and synced_us."""
     gpu = ctx.backend == "cuda"
-    if gpu:
-        calls = _calls_for(ctx, fn, calls)
-    batches = [_eager_batch(ctx, fn, calls) for _ in range(max(reps, 1))]
     graph_us, note = None, ("not capturable (reads device values on the host)" if gpu
                             else "cpu-emulation: no CUDA graphs")
     if gpu and graph:
-        graph_us, note = _graph_time(ctx, fn, calls, max(reps, 1))
+        graph_us, note = _graph_time(ctx, fn, calls, len(batches))
     eager_us, host_us = _max_over_ranks(ctx, [statistics.median(b[0] for b in batches),
                                               statistics.median(b[1] for b in batches)])
     synced_us = time_us(ctx, fn, warmup=0, iters=synced_iters) if synced_iters else None
@@ -212,8 +249,13 @@ def _graph_time(ctx, fn, calls: int, reps: int) -> tuple[float | None, str | Non
 def time_modes_or_skip(ctx, fn, **options) -> dict:
     """time_modes, or every time None (with a line on rank 0) for an implementation that
     cannot run this size or shape, e.g. out of memory or an op torch lacks here."""
+    return _or_skip(ctx, time_modes, ctx, fn, **options)
+
+
+def _or_skip(ctx, step, *args, **kwargs):
+    """step(*args, **kwargs), or time_modes' skip row where it raises (time_modes_or_skip)."""
     try:
-        return time_modes(ctx, fn, **options)
+        return step(*args, **kwargs)
     except Exception as exc:
         if ctx.rank == 0:
             print(f"\n  skipped: {type(exc).__name__}: {str(exc)[:160]}")
