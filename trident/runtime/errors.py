@@ -1,5 +1,7 @@
 """Errors trident raises, and the op codes that device waits record when they time out."""
 
+import dataclasses
+
 # Each kernel that waits passes one of these codes to `wait`, so that a timeout can be
 # reported by name on the host. Append only: the codes travel between ranks.
 OP_NAMES = {
@@ -165,6 +167,7 @@ class InterNodeError(CommTimeout):
         return InterNodeError, (self.op, self.rank, self.ranks, self.timeout_s, self.detail)
 
 
+@dataclasses.dataclass(frozen=True)
 class Failure:
     """What a PeerFailed quotes of the rank that failed: the type name (`kind`) and the
     message of what rank `rank` raised, and the call that raised it (`call`, None where
@@ -173,10 +176,10 @@ class Failure:
     the errors show. It travels between ranks by pickle (the host exchanges' store, the
     launcher)."""
 
-    __slots__ = ("kind", "rank", "message", "call")
-
-    def __init__(self, kind: str, rank: int, message: str, call: str | None = None):
-        self.kind, self.rank, self.message, self.call = kind, rank, message, call
+    kind: str
+    rank: int
+    message: str
+    call: str | None = None
 
     @classmethod
     def of(cls, exc: BaseException, rank: int, call: str | None = None) -> "Failure":
@@ -187,25 +190,11 @@ class Failure:
     def on(self, rank: int) -> "Failure":
         """The same failure, its rank numbered `rank`: the message is the error's own
         (ranks it names itself stay as they are: a check's words seldom name one)."""
-        return Failure(self.kind, rank, self.message, self.call)
+        return dataclasses.replace(self, rank=rank)
 
     def __str__(self) -> str:
         what = f"{self.kind} on rank {self.rank}: {self.message}"
         return what if self.call is None else f"{self.call}, which raised {what}"
-
-    def __repr__(self) -> str:
-        return f"Failure({self.kind!r}, {self.rank}, {self.message!r}, {self.call!r})"
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Failure) and (
-            (self.kind, self.rank, self.message, self.call)
-            == (other.kind, other.rank, other.message, other.call))
-
-    def __hash__(self) -> int:
-        return hash((self.kind, self.rank, self.message, self.call))
-
-    def __reduce__(self):
-        return Failure, (self.kind, self.rank, self.message, self.call)
 
 
 class PeerFailed(CommTimeout):
