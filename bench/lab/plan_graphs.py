@@ -11,7 +11,9 @@ Each case runs `--rounds` rounds per mode, the modes interleaved (multi, all, al
 ...), each round from a cleared plan cache (so the plans are built under that mode) and
 `--calls` calls after a warm-up: host = Python time per call of the loop, eager = the
 loop's time until the device is done, per call (queued back to back). The medians over
-rounds, max over ranks (a rank's eager time includes waiting for its peers); beside them
+rounds, max over ranks (a rank's eager time includes waiting for its peers); device =
+the device's us per call when the calls are queued behind a sleep (device-bound: where a
+direct launch's PDL overlap and a graph replay's full dependency differ); beside them
 the slowest warm-up call (a build, and under "all" the capture of its graph). Cases:
 all_reduce of 1 and 16 KiB bf16 heap tensors (auto and lamport) and of a 1 KiB plain
 tensor, and the MoE round (DeepSeek-V3 shapes, 128 tokens per rank: dispatch, then
@@ -69,6 +71,32 @@ def _plans(plans) -> list:
             for p in plans._plans.values()]
 
 
+def _device_bound(ctx, fn, calls: int) -> float | None:
+    """Device us per call when the device, not the host, is the bottleneck: the calls are
+    queued behind a sleep kernel long enough to hold all of them, and timed by events
+    from the sleep's end to the last call's. This is where launching with PDL (kernels
+    launched directly) and replaying a graph (which starts after its predecessor is fully
+    done) can differ. None on the CPU emulation, or when the host did not queue every call
+    before the sleep ended (then the figure would be host time)."""
+    if ctx.backend != "cuda":
+        return None
+    clock = time.perf_counter_ns
+    cycles = torch.cuda.get_device_properties(ctx.device).clock_rate * 1e3  # per second
+    sleep_s = calls * 40e-6 + 2e-3
+    ctx.sync()
+    ctx.barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = clock()
+    torch.cuda._sleep(int(sleep_s * cycles))
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    queued = (clock() - t0) / 1e9
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls if queued < sleep_s * 0.8 else None
+
+
 def _round(ctx, fn, calls: int, warmup: int) -> tuple[float, float, float]:
     """(host us per call, eager us per call, the slowest warm-up call's host us: the
     plans' builds and their graphs' captures)."""
@@ -95,7 +123,7 @@ def main(ctx, calls: int = 500, rounds: int = 8, warmup: int = 20) -> dict:
     try:
         for name, fn in _cases(ctx):
             got = {m: {"host_us": [], "eager_us": [], "warmup_max_us": [], "graph": [],
-                       "plans": None} for m in MODES}
+                       "device_us": [], "plans": None} for m in MODES}
             for r in range(rounds):
                 for mode in (MODES if r % 2 == 0 else MODES[::-1]):
                     plans.clear()
@@ -104,12 +132,17 @@ def main(ctx, calls: int = 500, rounds: int = 8, warmup: int = 20) -> dict:
                     got[mode]["host_us"].append(host)
                     got[mode]["eager_us"].append(eager)
                     got[mode]["warmup_max_us"].append(slowest)
+                    bound = _device_bound(ctx, fn, calls)
+                    if bound is not None:
+                        got[mode]["device_us"].append(bound)
                     got[mode]["graph"].append(sum(p.graph is not None
                                                   for p in plans._plans.values()))
                     got[mode]["plans"] = _plans(plans)
             rows[name] = {m: {"host_us": statistics.median(v["host_us"]),
                               "eager_us": statistics.median(v["eager_us"]),
                               "warmup_max_us": statistics.median(v["warmup_max_us"]),
+                              "device_bound_us": statistics.median(v["device_us"])
+                              if v["device_us"] else None,
                               "plans_as_graphs": max(v["graph"]), "plans": v["plans"]}
                           for m, v in got.items()}
     finally:
@@ -120,16 +153,18 @@ def main(ctx, calls: int = 500, rounds: int = 8, warmup: int = 20) -> dict:
 
 
 def table(ranks: list) -> str:
-    lines = [f"{'case':40s} {'mode':6s} {'host us':>8s} {'eager us':>9s} {'warm-up max':>11s} "
-             f"{'graphs':>6s}"]
+    lines = [f"{'case':40s} {'mode':6s} {'host us':>8s} {'eager us':>9s} {'device us':>9s} "
+             f"{'warm-up max':>11s} {'graphs':>6s}"]
     for name in ranks[0]["rows"]:
         for mode in MODES:
             host = max(r["rows"][name][mode]["host_us"] for r in ranks)
             eager = max(r["rows"][name][mode]["eager_us"] for r in ranks)
             slowest = max(r["rows"][name][mode]["warmup_max_us"] for r in ranks)
             graphs = ranks[0]["rows"][name][mode]["plans_as_graphs"]
-            lines.append(f"{name:40s} {mode:6s} {host:8.2f} {eager:9.2f} {slowest:11.1f} "
-                         f"{graphs:6d}")
+            bound = [r["rows"][name][mode]["device_bound_us"] for r in ranks]
+            bound = "-" if None in bound else f"{max(bound):.2f}"
+            lines.append(f"{name:40s} {mode:6s} {host:8.2f} {eager:9.2f} {bound:>9s} "
+                         f"{slowest:11.1f} {graphs:6d}")
     return "\n".join(lines)
 
 
