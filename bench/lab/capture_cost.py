@@ -1,6 +1,6 @@
 """A/B: what capturing a plan's steps as a CUDA graph costs an eager caller, with
-torch.cuda.graph (what trident/runtime/plans.py `_capture` used until 2026-12-04) against
-CUDAGraph.capture_begin/end on a side stream (what it uses now).
+torch.cuda.graph (what trident/runtime/plans.py `_capture` uses) against
+CUDAGraph.capture_begin/end on a side stream (a candidate: docs/latency.md, "Plan graphs").
 
 torch.cuda.graph first synchronises the device, runs the garbage collector and empties
 torch's device cache; so a capture made while the caller has work queued waits for that
@@ -27,17 +27,22 @@ import time
 import torch
 import triton
 
-from trident.runtime.plans import _capture as side_stream
+from trident.runtime.plans import _capture as torch_graph
 
 
-def torch_graph(steps, tensors):
-    """The capture as plans.py made it before: the torch.cuda.graph context manager."""
+def side_stream(steps, tensors):
+    """The candidate: capture_begin/end on a side stream, without torch.cuda.graph's
+    device sync and cache emptying."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-        for step in steps:
-            step(tensors)
+    with torch.cuda.stream(side):
+        graph.capture_begin(capture_error_mode="thread_local")
+        try:
+            for step in steps:
+                step(tensors)
+        finally:
+            graph.capture_end()
     torch.cuda.current_stream().wait_stream(side)
     return graph
 
