@@ -23,6 +23,10 @@
 #             replayed as a CUDA graph (plan graphs multi / all), host and eager us per call
 #             at 2 ranks sharing the GPU (MPS: host figures; device times are HBM's) and at
 #             1 rank. JSON and logs in $OUT
+#   allgraphs issue 39 item 5 (docs/latency.md "Plan graphs"): tests/ccl then tests/moe at
+#             world 2 (2 ranks sharing the GPU) under TRIDENT_PLAN_GRAPHS=all, plans captured
+#             by torch.cuda.graph (CAPTURE=torch, the default) or by capture_begin/end on a
+#             side stream (CAPTURE=light: bench/lab/capture_site on PYTHONPATH). Log in $OUT
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 PATH=$PATH:/usr/local/nvidia/bin
@@ -143,6 +147,16 @@ for step in ${STEPS:-env tests checks}; do
         --json $OUT/plan-graphs-${w}on1x${GPU:-gpu}-$DAY.json > $OUT/plan-graphs-$w.log 2>&1
       say "== plan graphs A/B, world $w on one GPU rc=$?"; tail -13 $OUT/plan-graphs-$w.log | tee -a $LOG
     done
+    echo quit | nvidia-cuda-mps-control ;;
+  allgraphs)
+    nvidia-cuda-mps-control -d && say "MPS daemon started for the allgraphs step"
+    site=""; [ "${CAPTURE:-torch}" = light ] && site=":$PWD/bench/lab/capture_site"
+    PYTHONPATH=$PWD$site TRIDENT_PLAN_GRAPHS=all TRIDENT_TEST_WORLD_SIZES=2 \
+      CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 timeout -s INT -k 30 ${TEST_TIMEOUT:-500} \
+      python3 -m pytest -q -rfE --tb=short -p no:cacheprovider --timeout ${PER_TEST:-150} \
+      ${TESTS:-tests/ccl tests/moe} > $OUT/allgraphs-${CAPTURE:-torch}.log 2>&1
+    say "== pytest world 2, plan graphs all, capture ${CAPTURE:-torch} rc=$?"
+    grep -E "^(FAILED|ERROR)|passed|failed" $OUT/allgraphs-${CAPTURE:-torch}.log | tee -a $LOG
     echo quit | nvidia-cuda-mps-control ;;
   *) python3 $step 2>&1 | tee -a $LOG ;;
   esac

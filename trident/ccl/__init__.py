@@ -207,6 +207,7 @@ def _build(op: str, ctx, *args, plain: bool = False) -> Plan:
                                 and not ctx.is_symmetric(t)] if plain else ())
     declared = registry.get(op, name)
     if declared.engine == "torch":          # nccl: at any world size, on empty tensors too
+        ctx.agree_once(op, name, *_sizes(op, tensors, own))
         spec.nccl(ctx, plan, declared.run(), tensors, own, checked)
     elif ctx.world_size == 1:
         if spec.copy:
@@ -225,6 +226,16 @@ def build_plan(ctx, op: str, tensors: tuple, own: tuple = (), algorithm: str = "
     of its own (ops/sequential.py). graph: whether it will run inside a CUDA-graph capture
     (the selector reads the graph tables)."""
     return _build(op, ctx, *tensors, *own, algorithm, None, None, (), graph)
+
+
+def _sizes(op: str, tensors, own) -> tuple:
+    """What must be alike on every rank of a call handed to torch.distributed (agree_once):
+    each tensor's elements and the dtype, the op's own options; all_to_all's rows may
+    differ between ranks (its splits), so there only the dtype and a row's shape."""
+    if op == "all_to_all":
+        return str(tensors[1].dtype), tuple(tensors[1].shape[1:])
+    return (*(t.numel() for t in tensors), str(tensors[-1].dtype),
+            *(o for o in own if isinstance(o, (int, str))))
 
 
 def _nbytes(t) -> int:

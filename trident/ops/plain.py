@@ -62,10 +62,20 @@ def matmul_all_reduce(ctx, a, w, bias=None, out=None) -> torch.Tensor:
     return partial if out is None else out.copy_(partial)
 
 
+def _shared(op, a, w) -> tuple:
+    """What the tensor handed to torch.distributed has alike on every rank: all_gather_matmul
+    gathers a (its N, w's rows, may differ between ranks); the row-parallel ops reduce the
+    [M, N] product (their K, the shard, may differ: a rank may hold none)."""
+    if op == "all_gather_matmul":
+        return tuple(a.shape), str(a.dtype)
+    return a.shape[0], w.shape[0], str(a.dtype)
+
+
 def _build(ctx, plan, op, a, w, bias, out) -> None:
     """The "plain" schedule: one host step (torch.distributed is not graph-capturable
     through a launch plan; NCCL's own capture works when the caller captures the call)."""
     fn = globals()[op]
+    ctx.agree_once(op, "plain", *_shared(op, a, w))
     plan.add(lambda ts: fn(ctx, *ts), graphable=False)
 
 

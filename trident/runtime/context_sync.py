@@ -372,6 +372,20 @@ class SyncMethods:
                 raise ValueError(f"{op}: rank {self.rank} called with {signature} but rank "
                                  f"{rank} with {theirs}; every rank must pass the same sizes")
 
+    def agree_once(self, op: str, *signature) -> None:
+        """`agree`, the first time this rank builds a call `op` with `signature` that hands
+        its tensors to torch.distributed (the "nccl" algorithm, the "plain" schedule):
+        NCCL waits without bound for bytes that a peer with other sizes never sends, and
+        gloo aborts the process. Ranks whose new call differs then raise ValueError on
+        every rank, before either reaches torch.distributed. A call agreed before costs
+        nothing (a set lookup at its build). Not covered: a rank whose call was agreed
+        before while a peer's is new; the peer's exchange times out (HostTimeout), this
+        rank is inside torch.distributed by then (debug mode checks every call)."""
+        key, agreed = (op, *signature), vars(self).setdefault("_agreed_calls", set())
+        if key not in agreed:
+            self.agree(op, *signature)
+            agreed.add(key)
+
     def _raise_heap_mismatch(self, digests: list[int]) -> None:
         logs = [None] * self.world_size
         dist.all_gather_object(logs, list(self.allocator.log), group=self.group)

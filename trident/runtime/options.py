@@ -147,7 +147,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
        "where `trident tune` keeps its tables", "$XDG_CACHE_HOME/trident or ~/.cache/trident"),
     _V("TRIDENT_PLAN_CACHE", _integer(1), 512, "user", "launch plans kept per context"),
     _V("TRIDENT_PLAN_GRAPHS", _choice("multi", "all", "off"), "multi", "user",
-       "which launch plans replay as CUDA graphs (GPUs): those of several steps, all, none"),
+       "which launch plans replay as CUDA graphs (GPUs): those of several steps, all "
+       "(not the default until docs/latency.md 'Plan graphs' is settled), none"),
     _V("TRIDENT_SANITIZE", _flag, False, "user",
        "the race detector on the CPU emulation (raises RaceError)"),
     _V("TRIDENT_SANITIZE_SEED", _integer(0), None, "user",
