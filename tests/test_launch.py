@@ -116,6 +116,30 @@ def test_one_rank_and_a_run_past_its_timeout():
     assert not any(alive(p) for p in pids), "a rank process outlived the timeout"
 
 
+def _last_call_fails_unsynced(ctx):
+    """A warm all_reduce, then one whose sizes differ between the ranks, and nothing that
+    synchronises after it: the error is pending when fn returns."""
+    import torch
+    t = torch.ones(8, device=ctx.device)
+    ctx.all_reduce(t)
+    ctx.barrier()
+    ctx.all_reduce(torch.ones(8 if ctx.rank == 0 else 16, device=ctx.device))
+    return ctx.rank
+
+
+def test_an_error_pending_at_the_last_close_is_raised():
+    """An error that a rank's context raises only at its final close (the last call failed
+    and nothing synchronised after it) is raised by launch(), on the caller's side. Before,
+    launch returned the results and the error went to the ranks' stderr alone."""
+    from trident.runtime.errors import CallMismatch
+    t0 = time.monotonic()
+    with pytest.raises(CallMismatch, match="all_reduce") as info:
+        launch(_last_call_fails_unsynced, 2, backend="cpu", heap_size=1 << 20, timeout=10.0)
+    notes = "\n".join(info.value.__notes__)
+    assert "while it ran the close of its context" in notes, notes
+    assert time.monotonic() - t0 < 60
+
+
 class _GaveUp(Exception):
     """What a caller's own timeout raises in its thread (pytest-timeout raises Failed)."""
 

@@ -5,8 +5,9 @@ waited out the device timeout and raised CommTimeout, the rank in the host call 
 the host timeout (HostTimeout, the group unusable afterwards), and nothing named the two
 calls. Now the peers' waits find the rank in its host call (language/sync.py, "A peer in a
 host-side call"), their outputs are poisoned, and every rank raises CallMismatch
-quickly, naming both calls; ctx.reset() then gives a context whose next call is right,
-and a peer of a rank that closed closes at once.
+quickly, naming both calls; a barrier on every rank before ctx.reset() raises at once;
+reset() then gives a context whose next call is right, and a peer of a rank that closed
+closes at once.
 
 Each case runs on a context of its own, over a gloo group of its own, so that a failure
 (a host timeout) cannot break the pool's group; worlds 2 and 3, one pool run per world."""
@@ -107,11 +108,20 @@ def _case(ctx, call, op):
         kind, text = type(exc).__name__, str(exc)
     took = time.perf_counter() - t0
     after = None
-    if call == "barrier":                # reset repairs: the next correct call is right
-        sub.reset()
+    if call == "barrier":
+        # out of step until reset: a barrier that every rank makes next raises at once
+        # on every rank (no host timeout, which would leave the group unusable)
+        t1 = time.perf_counter()
+        try:
+            sub.barrier()
+            again = "returned"
+        except Exception as exc:         # noqa: BLE001
+            again = type(exc).__name__
+        again = (again, time.perf_counter() - t1)
+        sub.reset()                      # reset repairs: the next correct call is right
         t = torch.ones(N, device=sub.device)
         sub.all_reduce(t)
-        after = bool((t == sub.world_size).all())
+        after = (bool((t == sub.world_size).all()), *again)
     t1 = time.perf_counter()
     if ep is not None and call != "close":
         ep.close()
@@ -187,8 +197,13 @@ def test_a_rank_in_a_host_call_meets_no_collective(pool):
                 bad.append(f"{line} (not quick)")
             if not poisoned:
                 bad.append(f"{line} (a call returned unpoisoned outputs, {returned} returned)")
-            if after is False:
-                bad.append(f"{name}, rank {rank}: the call after reset() is wrong")
+            if after is not None:
+                right, again, again_s = after
+                if again != CallMismatch.__name__ or again_s > QUICK:
+                    bad.append(f"{name}, rank {rank}: the barrier before reset() gave "
+                               f"{again} in {again_s:.2f} s (expected CallMismatch, quickly)")
+                if not right:
+                    bad.append(f"{name}, rank {rank}: the call after reset() is wrong")
             if closed > QUICK:
                 bad.append(f"{name}, rank {rank}: close took {closed:.2f} s")
     assert not bad, "\n".join(bad)

@@ -113,7 +113,7 @@ class HostTimeout(CommTimeout):
     every rank within the context's timeout: a rank skipped the call, failed before it or
     died. The process group cannot be used afterwards. `missing`: the ranks that did not
     come, where they are known (`peer` stays None: no device wait named one, and the
-    launcher ranks such an error as a consequence, runtime/launch.py _pack_error)."""
+    launcher ranks such an error as a consequence, runtime/rank_errors.py pack_error)."""
 
     def __init__(self, op: str, rank: int, timeout_s: float, detail: str = "",
                  missing: tuple = ()):

@@ -12,8 +12,9 @@ list of results. `RankPool` keeps the ranks alive so that many functions can run
 same processes (the test suite starts each world size once).
 
 If a rank raises, the first error is re-raised here with the rank and its traceback
-attached; a rank that dies or hangs past `run_timeout` takes the pool down instead of
-hanging the caller.
+attached (so is an error that a rank's context raises only at its final close: a last call
+that failed unsynchronised); a rank that dies or hangs past `run_timeout` takes the pool
+down instead of hanging the caller.
 """
 from __future__ import annotations
 
@@ -22,17 +23,13 @@ import os
 import pickle
 import socket
 import time
-import traceback
 import uuid
 from multiprocessing.connection import wait as wait_any
 
 import torch.multiprocessing as mp
 
 from . import options
-from .errors import CommTimeout
-
-# what the ranks' falling out of step raises: a consequence of an error elsewhere
-_OUT_OF_STEP = (CommTimeout,)     # CallMismatch, PeerFailed, HostTimeout... too
+from .rank_errors import exit_status, first_error, pack_error
 
 # How a rank makes its context once its default process group is up, by the group's
 # torch.distributed backend: the layers above register theirs (the runtime imports none of
@@ -125,58 +122,6 @@ def sharing_env(world_size: int, gpus: int):
     return env, daemon, note
 
 
-def _handled_cause(exc: BaseException) -> BaseException | None:
-    """The error an out-of-step error (a timeout, a call mismatch) was raised while
-    handling, if any: a rank that fails and then meets its peers in a collective during
-    cleanup (a `finally` that closes or frees) gets one there, and its first error is what
-    went wrong. Walks exc's __context__ chain for the deepest error that is not out of
-    step itself and was not translated into its successor (`raise ... from None`, as
-    HostTimeout does with the transport's RuntimeError)."""
-    if not isinstance(exc, _OUT_OF_STEP):
-        return None
-    cause, seen = None, set()
-    while exc.__context__ is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        inner = exc.__context__
-        if not isinstance(inner, _OUT_OF_STEP) and not exc.__suppress_context__:
-            cause = inner
-        exc = inner
-    return cause
-
-
-def _pack_error(exc: BaseException) -> tuple[bytes | None, str, str, int]:
-    """(the pickled exception or None, its one-line summary, its traceback, its rank as a
-    cause: 0 a root cause, 1 a device wait that timed out (names the peer it waited for),
-    2 a host collective that timed out (a consequence of something else)). An error raised
-    while handling another (_handled_cause) names that one and ranks 0."""
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    summary = f"{type(exc).__name__}: {exc}"
-    level = 0 if not isinstance(exc, CommTimeout) else 2 if exc.peer is None else 1
-    cause = _handled_cause(exc)
-    if cause is not None:
-        first = f"{type(cause).__name__}: {cause}"
-        summary += f" [while handling {first}]"
-        tb = f"(this rank first raised {first}; the error below came while handling it)\n{tb}"
-        level = 0
-    try:
-        blob = pickle.dumps(exc)
-        pickle.loads(blob)
-    except Exception:
-        blob = None
-    return blob, summary, tb, level
-
-
-def _exit_status(code) -> str:
-    """'exit code 1', or 'killed by SIGKILL' for a negative code."""
-    if code is not None and code < 0:
-        import signal
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            pass
-    return f"exit code {code}"
-
-
 def _detach(obj):
     """Copies of the tensors in a result, on the CPU and compact.
 
@@ -214,6 +159,7 @@ _gc_skipped_at_exit = False
 # blocked in poll(), would not raise KeyboardInterrupt before its wait ended (measured:
 # still waiting after 30 s); awake, it raises it at once.
 _WAKE_S = 0.25
+_CLOSE = "close"       # the request number of a rank's reply to the launcher's stop
 
 
 def _exit_without_gc() -> None:
@@ -268,7 +214,7 @@ def _worker(rank, world_size, backend, port, heap_size, timeout, conn, dist_back
     try:
         ctx = _rank_init(None)[0](heap_size, timeout)
     except BaseException as exc:
-        conn.send((0, "err", *_pack_error(exc)))
+        conn.send((0, "err", *pack_error(exc)))
         raise
     conn.send((0, "ok", None))
     _serve(conn, ctx, dist)
@@ -293,7 +239,7 @@ def _init_with_backend(dist_backend, rank, world_size, backend, port, heap_size,
                                 pg_options=pg_options and pg_options(heap_size, timeout))
         ctx = make(heap_size, timeout)
     except BaseException as exc:
-        conn.send((0, "err", *_pack_error(exc)))
+        conn.send((0, "err", *pack_error(exc)))
         raise
     conn.send((0, "ok", None))
     return ctx, dist
@@ -314,7 +260,7 @@ def _serve(conn, ctx, dist) -> None:
                 ctx.reset()
                 conn.send((seq, "ok", None))
             except BaseException as exc:   # e.g. a process group broken by a timeout
-                conn.send((seq, "err", *_pack_error(exc)))
+                conn.send((seq, "err", *pack_error(exc)))
             continue
         _, fn, args = msg
         before = set(ctx.allocator.live_offsets())
@@ -324,14 +270,24 @@ def _serve(conn, ctx, dist) -> None:
             # peers that wait for this rank in a call it will not make stop at once
             ctx.leave(f"{getattr(fn, '__name__', 'fn')}() (run on every rank by "
                       f"trident.launch)", exc)
-            reply = (seq, "err", *_pack_error(exc))
+            reply = (seq, "err", *pack_error(exc))
         finally:
             ctx.free_since(before)
         try:
             conn.send_bytes(pickle.dumps(_detach(reply)))
         except Exception as exc:       # unpicklable result
-            conn.send((seq, "err", *_pack_error(exc)))
-    ctx.close()
+            conn.send((seq, "err", *pack_error(exc)))
+    # close() raises a trident error still pending (a last call that failed, unsynced):
+    # the launcher's close raises it (RankPool.close), rather than the rank's stderr alone
+    try:
+        ctx.close()
+        reply = (_CLOSE, "ok", None)
+    except BaseException as exc:       # noqa: BLE001 -- reported, then the process ends
+        reply = (_CLOSE, "err", *pack_error(exc))
+    try:
+        conn.send(reply)
+    except OSError:                    # the launcher is gone
+        pass
     dist.destroy_process_group()
 
 
@@ -501,7 +457,7 @@ class RankPool:
             self.close(force=True)
             first = min(died)
             exc = RuntimeError(
-                f"{what}: rank {first} process died ({_exit_status(died[first])})"
+                f"{what}: rank {first} process died ({exit_status(died[first])})"
                 + (f"; so did ranks {sorted(died)[1:]}" if len(died) > 1 else "")
                 + "; the rank processes were stopped")
             for _, rank, (_, summary, _, _) in sorted(errors, key=lambda e: e[1]):
@@ -510,14 +466,7 @@ class RankPool:
                 exc.add_note(stuck_note)
             raise exc
         if errors:
-            # A root cause beats the timeouts it causes on the other ranks.
-            errors.sort(key=lambda e: (e[2][3], e[0]))
-            _, rank, (blob, summary, tb, _) = errors[0]
-            exc = pickle.loads(blob) if blob is not None else RuntimeError(summary)
-            exc.add_note(f"(raised on rank {rank} of {self.world_size} while it ran {what}; "
-                         f"traceback there:)\n{tb}")
-            for _, other, (_, text, _, _) in sorted(errors[1:], key=lambda e: e[1]):
-                exc.add_note(f"rank {other} failed too: {text}")
+            exc = first_error(errors, what, self.world_size)
             if stuck_note:
                 exc.add_note(stuck_note)
             timed_out = sorted(r for _, r, (_, _, _, level) in errors if level == 2)
@@ -532,15 +481,21 @@ class RankPool:
         return [results[r] for r in range(self.world_size)]
 
     def close(self, force: bool = False) -> None:
+        """Stop the ranks: each closes its context (collective) and exits. Raises the
+        error that a rank's close raised (a trident error still pending there: a last
+        call that failed and that nothing synchronised since), after every rank is gone.
+        force: kill the processes at once."""
         if self._procs is None:
             return
         procs, self._procs = self._procs, None
+        errors = []
         if not force:
             for conn in self._conns:
                 try:
                     conn.send(None)
                 except OSError:
                     pass
+            errors = _close_replies(self._conns, time.monotonic() + 60)
             for p in procs:
                 p.join(timeout=60)
         for p in procs:                # all at once: they exit in parallel
@@ -556,12 +511,37 @@ class RankPool:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+        if errors:
+            raise first_error(errors, "the close of its context, after the last run",
+                              self.world_size)
 
     def __enter__(self) -> "RankPool":
         return self
 
     def __exit__(self, exc_type, *exc) -> None:
-        self.close(force=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+        try:
+            self.close(force=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+        except Exception:
+            if exc_type is None:       # else the error that ended the block is the news
+                raise
+
+
+def _close_replies(conns, deadline: float) -> list:
+    """The errors (time, rank, pack_error's tuple) that the ranks' closes reported, read
+    until `deadline`; a late reply to an earlier request is skipped, a rank that is gone
+    or silent reports nothing (its exit is the news)."""
+    errors = []
+    for rank, conn in enumerate(conns):
+        try:
+            while conn.poll(max(0.0, deadline - time.monotonic())):
+                reply = conn.recv()
+                if reply[0] == _CLOSE:
+                    if reply[1] == "err":
+                        errors.append((time.monotonic(), rank, reply[2:]))
+                    break
+        except (EOFError, OSError):
+            pass
+    return errors
 
 
 def launch(fn, world_size: int | None = None, *args, backend: str | None = None,
