@@ -3,19 +3,24 @@
     buffer = deep_ep.Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode=True,
                             num_qps_per_rank=num_experts // group.size())
 
-The Buffer runs on the trident Context of `group`: a "trident" process group's own
-(trident.torch.backend.context), else the open Context of `group` in this process
-(trident.init or trident.launch made it), else one it makes (collective) with a heap of
-num_nvl_bytes + num_rdma_bytes + 64 MiB, or trident's default if that is larger, and
-closes in destroy(). What DeepEP offers that trident cannot do
-the same raises NotImplementedError naming DeepEP's argument (see docs/deep-ep.md).
+The Buffer runs on the trident Context of `group`: `group` itself if it is a trident
+Context, a "trident" process group's own (trident.torch.backend.context), else the open
+Context of `group` in this process (trident.init or trident.launch made it), else one it
+makes (collective) with a heap of num_nvl_bytes + num_rdma_bytes + 64 MiB, or trident's
+default if that is larger, and closes in destroy(). num_nvl_bytes + num_rdma_bytes more
+than the device's memory is a ValueError; after destroy() its calls raise RuntimeError("Buffer destroyed: ..."). What DeepEP offers
+that trident cannot do the same raises NotImplementedError naming DeepEP's argument (see
+docs/deep-ep.md).
 """
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.distributed as dist
 
 from ...api.context import init
-from ...runtime import context as runtime_context, options
+from ...runtime import _env, context as runtime_context, options
 from .events import Config, EventHandle, EventOverlap, refuse
 from .low_latency import LowLatencyMethods
 from .normal import NormalMethods
@@ -39,18 +44,54 @@ def _backend_group(group):
     return pg if isinstance(pg, torch_backend.TridentProcessGroup) else None
 
 
-def _context(group, heap_bytes: int):
-    """(ctx, made): the Context of a "trident" process group (made now if new), or the
-    open Context of `group` in this process, else a new one (None across nodes)."""
-    pg = _backend_group(group)
-    if pg is not None:
-        return pg.context(), False
-    for ctx in runtime_context.open_contexts():
-        if getattr(ctx, "group", None) is group and not getattr(ctx, "_closed", False):
-            return ctx, False
-    default = options.get("TRIDENT_HEAP_SIZE")
-    ctx = init(heap_size=max(default, heap_bytes + _SLACK), group=group)
-    return ctx, True
+def _group(group):
+    """(the process group, its trident Context or None) of Buffer's first argument: a
+    torch.distributed ProcessGroup (a "trident" one too) or a trident Context."""
+    if isinstance(group, runtime_context.Context):
+        if group._closed:
+            raise ValueError("Buffer: the trident Context given is closed")
+        return group.group, group
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"Buffer: group must be a torch.distributed ProcessGroup (e.g. "
+                        f"dist.group.WORLD or dist.new_group(...)) or a trident Context, "
+                        f"got {type(group).__name__} {group!r:.80}")
+    return group, None
+
+
+def _device_memory() -> int:
+    """Bytes of memory where a new context would put its heap: the GPU's, the host's on
+    the CPU emulation."""
+    if not _env.INTERPRET and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _too_large(need: int, limit: int, of: str) -> ValueError:
+    return ValueError(f"Buffer: num_nvl_bytes + num_rdma_bytes = {need} bytes per rank is "
+                      f"more than {of} ({limit} bytes); trident sizes its buffers per call "
+                      f"shape, so pass what the calls need (get_low_latency_rdma_size_hint, "
+                      f"Config.get_nvl_buffer_size_hint)")
+
+
+def _context(group, heap_bytes: int, given=None):
+    """(ctx, made): `given` (a Context passed as the group), the Context of a "trident"
+    process group (made now if new), or the open Context of `group` in this process, else
+    a new one (None across nodes). Raises ValueError (on every rank alike: the same
+    arguments) where heap_bytes is more than the device's memory. An existing context's
+    smaller heap is not an error: heap_bytes is DeepEP's reservation, and trident sizes its
+    buffers per call shape (a call that does not fit raises HeapFullError naming it)."""
+    memory = _device_memory()
+    if heap_bytes + _SLACK > memory:
+        raise _too_large(heap_bytes, memory - _SLACK, "the device can hold (its memory, "
+                         "less 64 MiB for the context)")
+    pg = _backend_group(group) if given is None else None
+    ctx = given if given is not None else pg.context() if pg is not None else next(
+        (c for c in runtime_context.open_contexts()
+         if getattr(c, "group", None) is group and not getattr(c, "_closed", False)), None)
+    if ctx is not None:
+        return ctx, False
+    heap = max(options.get("TRIDENT_HEAP_SIZE"), heap_bytes + _SLACK)
+    return init(heap_size=heap, group=group), True
 
 
 def _config(nvl_send_tokens: dict, num_ranks: int) -> Config:
@@ -85,6 +126,7 @@ class Buffer(LowLatencyMethods, NormalMethods):
                    "group; pass group")
         if group is None:
             raise ValueError("Either 'group' or 'comm' must be provided.")
+        group, given = _group(group)
         if allow_mnnvl:
             refuse("allow_mnnvl=True", "multi-node NVLink; trident.compat.deep_ep is one "
                    "node")
@@ -104,7 +146,7 @@ class Buffer(LowLatencyMethods, NormalMethods):
         self.num_nvl_bytes, self.num_rdma_bytes = num_nvl_bytes, num_rdma_bytes
         self.low_latency_mode = bool(low_latency_mode)
         self.explicitly_destroy, self.enable_shrink = explicitly_destroy, enable_shrink
-        self.ctx, made = _context(group, num_nvl_bytes + num_rdma_bytes)
+        self.ctx, made = _context(group, num_nvl_bytes + num_rdma_bytes, given)
         if self.ctx is None or getattr(self.ctx, "spans_nodes", False):
             if made:
                 self.ctx.close()
@@ -119,6 +161,8 @@ class Buffer(LowLatencyMethods, NormalMethods):
         self._zero_copy: dict = {}    # ExpertParallel -> zero_copy's combine buffer
         self._stage = None            # normal mode: the two heap buffers of all_to_all
         self._gather_bufs: dict = {}  # normal mode: the layout all_gather's buffers
+        self._agreed: set = set()     # normal mode: what the ranks agreed on (_agree_once)
+        self._last_agreed: dict = {}  # ... the last of each kind, described
 
     # ------------------------------------------------------------------ DeepEP's statics
     @staticmethod
@@ -174,6 +218,11 @@ class Buffer(LowLatencyMethods, NormalMethods):
         refuse("internode_combine", "trident.compat.deep_ep is intranode")
 
     # ------------------------------------------------------------------ lifetime
+    def _destroyed(self, call: str) -> RuntimeError:
+        """The error of a call after destroy() (the methods check `self.ctx is None`)."""
+        return RuntimeError(f"Buffer destroyed: {call} was called after Buffer.destroy(); "
+                            f"make a new deep_ep.Buffer")
+
     def destroy(self) -> None:
         """Free the heap memory of this Buffer (collective: every rank), and close the
         Context if this Buffer made it and no other Buffer uses it."""
@@ -191,6 +240,7 @@ class Buffer(LowLatencyMethods, NormalMethods):
             for t in tensors:
                 self.ctx.free(t)
         self._stage, self._gather_bufs = None, {}
+        self._agreed, self._last_agreed = set(), {}
         users = _OWNERS.get(id(self.ctx))
         if users is not None:
             users.discard(id(self))

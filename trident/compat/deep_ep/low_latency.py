@@ -73,7 +73,7 @@ def _check_stats(stats, L: int) -> None:
 
 class LowLatencyMethods:
     """Buffer's low-latency calls (a mixin of buffer.Buffer, which sets ctx, _ll,
-    _zero_copy, _cuda)."""
+    _zero_copy, _cuda, and has _destroyed)."""
 
     def reset(self) -> None:
         """ctx.reset() calls this (the Buffer registers with its context): every pair of
@@ -113,6 +113,8 @@ class LowLatencyMethods:
         expert). Returns (recv_x, recv_count, handle, event, hook): recv_x
         [L, M * R, H] (use_fp8: (e4m3 tensor, fp32 scales [L, M * R, H / 128],
         column-major)), recv_count [L] int32, hook None unless return_recv_hook."""
+        if self.ctx is None:
+            raise self._destroyed("low_latency_dispatch")
         try:      # refused on this rank: its peers stop at once naming it (fail_call)
             if round_scale or use_ue8m0 or dispatch_wait_recv_cost_stats is not None \
                     or (async_finish and return_recv_hook):
@@ -151,6 +153,8 @@ class LowLatencyMethods:
         [T, H] = sum_k topk_weights[t, k] * x[row of (t, k)], event, hook). The rows of
         (t, k) are the ones its dispatch recorded: topk_idx must be the dispatch's (as in
         DeepEP, whose kernels read it), and is not read again here."""
+        if self.ctx is None:
+            raise self._destroyed("low_latency_combine")
         try:      # refused on this rank: its peers stop at once naming it (fail_call)
             if use_logfmt or combine_wait_recv_cost_stats is not None \
                     or (async_finish and return_recv_hook):
@@ -178,6 +182,8 @@ class LowLatencyMethods:
     def get_next_low_latency_combine_buffer(self, handle):
         """The [L, M * R, H] tensor that low_latency_combine(..., zero_copy=True) reads
         for this handle's dispatch (fill it with the experts' outputs)."""
+        if self.ctx is None:
+            raise self._destroyed("get_next_low_latency_combine_buffer")
         if not isinstance(handle, LowLatencyHandle):
             raise TypeError("get_next_low_latency_combine_buffer: handle must be what "
                             "low_latency_dispatch returned")
@@ -196,6 +202,8 @@ class LowLatencyMethods:
                                  num_experts: int) -> None:
         """A no-op: trident's buffers carry epochs and never need cleaning (DeepEP's must
         be zeroed after normal-mode use)."""
+        if self.ctx is None:
+            raise self._destroyed("clean_low_latency_buffer")
 
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False):
         refuse("low_latency_update_mask_buffer", "rank masking (DeepEP's shrink mode)")

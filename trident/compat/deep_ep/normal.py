@@ -25,6 +25,7 @@ prefill batches) and its rows come in arrival order, not DeepEP's.
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 
@@ -109,14 +110,48 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
+def _counts(t, name: str, shape: str) -> None:
+    """A count input of dispatch (num_tokens_per_rank, num_tokens_per_expert): an int32
+    or int64 tensor of one dimension."""
+    got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+    _check(isinstance(t, torch.Tensor) and t.dim() == 1
+           and t.dtype in (torch.int32, torch.int64),
+           f"dispatch: {name} must be an int32 (or int64) tensor [{shape}] "
+           f"(get_dispatch_layout gives it), got {got}")
+
+
+def _specs(fields) -> tuple:
+    """What the ranks must agree on about the rows they move: (dtype, shape after dim 0)
+    of each field."""
+    return tuple((f.dtype, tuple(f.shape[1:])) for f in fields)
+
+
+def _describe(specs, names) -> str:
+    """The specs of the fields called `names` (the rest: dispatch's own), for messages."""
+    return ", ".join(f"{n} {str(d).removeprefix('torch.')} [n, {', '.join(map(str, t))}]"
+                     for n, (d, t) in zip(names, specs))
+
+
+_DIGESTS: dict = {}     # specs -> int64 digest (the dispatch layout carries it)
+
+
+def _digest(specs) -> int:
+    d = _DIGESTS.get(specs)
+    if d is None:
+        d = _DIGESTS[specs] = zlib.crc32(repr(specs).encode())
+    return d
+
+
 class NormalMethods:
     """Buffer's normal-mode calls (a mixin of buffer.Buffer: ctx, group_size, rank, _cuda,
-    _stage, _gather_bufs)."""
+    _stage, _gather_bufs, _agreed, _last_agreed, _destroyed)."""
 
     def get_dispatch_layout(self, topk_idx, num_experts: int, previous_event=None,
                             async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """(num_tokens_per_rank [R] int32, None, num_tokens_per_expert [E] int32,
         is_token_in_rank [T, R] bool, event) of topk_idx [T, k] (-1: no expert); local."""
+        if self.ctx is None:
+            raise self._destroyed("get_dispatch_layout")
         R = self.group_size
         _check(isinstance(topk_idx, torch.Tensor) and topk_idx.dim() == 2
                and topk_idx.dtype in (torch.int64, torch.int32),
@@ -135,10 +170,38 @@ class NormalMethods:
         return (in_rank.sum(0, dtype=torch.int32), None, per_expert.to(torch.int32), in_rank,
                 event_for(async_finish, self._cuda))
 
+    # ------------------------------------------------------------------ agreement
+    def _agree(self, op: str, what: str, detail: str) -> None:
+        """Meet the peers in a host exchange published as a host call (ctx.host_call) and
+        raise ValueError on every rank where their `detail`s of call `op` differ, naming
+        each rank's. A peer already in the call's kernels (its inputs agreed before) stops
+        at once there, and every rank raises CallMismatch naming both calls."""
+        theirs = self.ctx.host_call(f"deep_ep {op}", detail)
+        if theirs is not None:
+            lines = "; ".join(f"rank {r}: {d}" for r, d in enumerate(theirs))
+            raise ValueError(f"{op}: the ranks passed different {what} ({lines}); every "
+                             f"rank must pass the same (as in DeepEP)")
+
+    def _agree_once(self, op: str, key: tuple, what: str, describe) -> None:
+        """_agree(op, what, describe()) the first time this Buffer meets `key` (its first
+        item: the kind of input); a set lookup after. Not ctx.agree_once: its exchange is
+        not a published host call, so a peer whose key was agreed before waited for this
+        rank in the call's kernel, and this rank in the exchange, each until its timeout.
+        The detail names the last key of its kind agreed (the same on every rank): what
+        such a peer passed, most likely."""
+        if key not in self._agreed:
+            detail = describe()
+            last = self._last_agreed.get(key[0])
+            self._agree(op, what, detail if last is None else
+                        f"{detail}, new on this rank (the last agreed: {last})")
+            self._agreed.add(key)
+            self._last_agreed[key[0]] = detail
+
     # ------------------------------------------------------------------ the exchange
     def _staging(self, words: int):
         """The two heap buffers (int32 words), grown to `words` each (collective: every
-        rank grows at the same call, since C and the row size are agreed)."""
+        rank grows at the same call, since C and the rows' fields are agreed: the layout
+        exchange of a dispatch, _agree_once of a cached dispatch and of combine)."""
         if self._stage is None or self._stage[0].numel() < words:
             if self._stage is not None:
                 self.ctx.barrier()           # no peer still writes into the old ones
@@ -186,30 +249,55 @@ class NormalMethods:
         self._gather_bufs[V] = bufs
         return rows
 
-    def _layout(self, in_rank, per_rank, per_expert, topk_idx, row_bytes: int,
+    def _layout(self, in_rank, per_rank, per_expert, topk_idx, specs, names,
                 worst: int) -> tuple[NormalHandle, list]:
         """The handle of a dispatch and the tokens per local expert received (summed over
         the sources' num_tokens_per_expert). One all_gather, read on the host; every
-        rank checks every rank's inputs, so all raise the same error together."""
+        rank checks every rank's inputs, so all raise the same error together. The
+        number of experts is agreed first (once per Buffer and number: it sizes the
+        all_gather)."""
         R, me, dev = self.group_size, self.rank, in_rank.device
         E = per_expert.numel()
+        self._agree_once("dispatch", ("experts", E), "num_tokens_per_expert sizes",
+                         lambda: f"num_tokens_per_expert [{E}] (num_experts = {E})")
         counts = in_rank.sum(0)
+        per_expert = per_expert.to(torch.int64)
         flags = [(counts != per_rank.to(counts.dtype)).any()]
-        flags.append(((topk_idx < -1) | (topk_idx >= E)).any() if topk_idx is not None
-                     else torch.zeros((), dtype=torch.bool, device=dev))
-        facts = torch.tensor([row_bytes, E, worst], dtype=torch.int64)
-        info = torch.cat([counts, per_expert.to(torch.int64), torch.stack(flags).to(torch.int64),
+        if topk_idx is not None:
+            ids = topk_idx.flatten().to(torch.int64)
+            valid = (ids >= 0) & (ids < E)
+            flags.append((~valid & (ids != -1)).any())
+            # num_tokens_per_expert: exactly the entries of each expert (no bincount: it
+            # reads the largest id on the host)
+            want = torch.zeros(E + 1, dtype=torch.int64, device=dev).scatter_add_(
+                0, torch.where(valid, ids, E), torch.ones_like(ids))[:E]
+            flags.append((want != per_expert).any())
+        else:
+            flags.append(torch.zeros((), dtype=torch.bool, device=dev))
+            # without top-k: each rank's experts hold every token sent there, at least
+            # once, and none where none goes
+            held = per_expert.reshape(R, E // R).sum(1)
+            flags.append((per_expert < 0).any() | (held < counts).any()
+                         | ((counts == 0) & (held != 0)).any())
+        facts = torch.tensor([_digest(specs), worst], dtype=torch.int64)
+        info = torch.cat([counts, per_expert, torch.stack(flags).to(torch.int64),
                           facts.to(dev)])
         rows = self._gather(info)
         for s, row in enumerate(rows):
             _check(not row[R + E], f"dispatch: rank {s}'s num_tokens_per_rank differs from "
                    f"its is_token_in_rank (pass get_dispatch_layout's outputs)")
             _check(not row[R + E + 1], f"dispatch: rank {s}'s topk_idx holds ids outside "
-                   f"[-1, {E})")
-        _check(all(row[R + E + 2:R + E + 4] == rows[0][R + E + 2:R + E + 4] for row in rows),
-               f"dispatch: the ranks differ in row size or num_experts (per rank: "
-               f"{[tuple(row[R + E + 2:R + E + 4]) for row in rows]}); every rank must pass "
-               f"the same hidden size, dtype, top-k and num_experts")
+                   f"[-1, {E}) (num_experts = {E}: num_tokens_per_expert's length)")
+            _check(not row[R + E + 2], f"dispatch: rank {s}'s num_tokens_per_expert does "
+                   f"not match its routing: expected " + (
+                       "each expert's number of entries in topk_idx" if topk_idx is not None
+                       else "each rank's experts to hold at least the tokens "
+                            "is_token_in_rank sends there, and none where it sends none")
+                   + " (pass get_dispatch_layout's outputs)")
+        if any(row[R + E + 3] != rows[0][R + E + 3] for row in rows):
+            what = "hidden sizes, dtypes or top-k"
+            self._agree("dispatch", what, _describe(specs, names))   # names them
+            raise ValueError(f"dispatch: the ranks passed different {what}")
         for s, row in enumerate(rows):
             got = sum(r[s] for r in rows)
             _check(not row[-1] or got <= row[-1], f"dispatch: rank {s} receives {got} "
@@ -262,11 +350,14 @@ class NormalMethods:
         _check(isinstance(is_token_in_rank, torch.Tensor) and is_token_in_rank.dtype ==
                torch.bool and tuple(is_token_in_rank.shape) == (T, R),
                f"dispatch: is_token_in_rank must be a [{T}, {R}] bool tensor")
-        _check(tuple(num_tokens_per_rank.shape) == (R,),
-               f"dispatch: num_tokens_per_rank must be [{R}]")
+        _counts(num_tokens_per_rank, "num_tokens_per_rank", f"num_ranks = {R}")
+        _check(num_tokens_per_rank.shape[0] == R,
+               f"dispatch: num_tokens_per_rank must be [{R}], got "
+               f"[{num_tokens_per_rank.shape[0]}]")
+        _counts(num_tokens_per_expert, "num_tokens_per_expert", "num_experts")
         E = num_tokens_per_expert.numel()
-        _check(num_tokens_per_expert.dim() == 1 and E % R == 0, f"dispatch: "
-               f"num_tokens_per_expert must be [num_experts], a multiple of {R} ranks")
+        _check(E > 0 and E % R == 0, f"dispatch: num_tokens_per_expert must be "
+               f"[num_experts], a multiple of {R} ranks, got [{E}]")
         _check((topk_idx is None) == (topk_weights is None),
                "dispatch: pass topk_idx and topk_weights together (as DeepEP)")
         _check(isinstance(expert_alignment, int) and expert_alignment >= 1,
@@ -292,6 +383,8 @@ class NormalMethods:
         """DeepEP's intranode dispatch. Returns (recv_x, recv_topk_idx, recv_topk_weights,
         num_recv_tokens_per_expert_list, handle, event); x is [T, H] or, for FP8, a tuple
         (e4m3 [T, H], fp32 scales [T, H / 128]), received as the same kind."""
+        if self.ctx is None:
+            raise self._destroyed("dispatch")
         try:      # refused on this rank: its peers stop at once naming it (fail_call)
             fields = self._dispatch_inputs(x, handle, num_tokens_per_rank,
                                            num_tokens_per_rdma_rank, is_token_in_rank,
@@ -299,15 +392,21 @@ class NormalMethods:
                                            expert_alignment, previous_event)
         except (TypeError, ValueError, NotImplementedError) as exc:
             raise self.ctx.fail_call("dispatch", exc) from None
+        specs = _specs(fields)
+        names = ("x", "x scales")[:2 if isinstance(x, tuple) else 1]
         if handle is not None:
-            got = self._receive(handle, fields, num_worst_tokens)
+            self._agree_once("dispatch", ("cached", specs), "hidden sizes or dtypes",
+                             lambda: "a cached dispatch of " + _describe(specs, names))
+            got = self._receive(handle, fields, specs, num_worst_tokens)
             return _as_x(got, fields), None, None, None, handle, \
                 event_for(async_finish, self._cuda)
         R = self.group_size
         E = num_tokens_per_expert.numel()
+        if topk_idx is not None:
+            names += ("topk_idx", "topk_weights")
         h, experts = self._layout(is_token_in_rank, num_tokens_per_rank, num_tokens_per_expert,
-                                  topk_idx, _row_bytes(fields), num_worst_tokens)
-        got = self._receive(h, fields, num_worst_tokens)
+                                  topk_idx, specs, names, num_worst_tokens)
+        got = self._receive(h, fields, specs, num_worst_tokens)
         h.recv_src_idx = got[-1][:h.num_recv]
         recv_idx = recv_w = None
         if topk_idx is not None:
@@ -322,10 +421,10 @@ class NormalMethods:
         return _as_x(got[:n_x], got[:n_x]), recv_idx, recv_w, per_expert, h, \
             event_for(async_finish, self._cuda)
 
-    def _receive(self, h: NormalHandle, fields, worst: int) -> list:
-        """Move every token's fields to the ranks in its is_token_in_rank row; the received
-        rows per field, padded to `worst` rows (ids -1, the rest 0) if worst."""
-        specs = [(f.dtype, tuple(f.shape[1:])) for f in fields]
+    def _receive(self, h: NormalHandle, fields, specs, worst: int) -> list:
+        """Move every token's fields (`specs`: _specs(fields)) to the ranks in its
+        is_token_in_rank row; the received rows per field, padded to `worst` rows (ids -1,
+        the rest 0) if worst."""
         packed = _pack(fields, h.num_tokens).index_select(0, h.send_tokens)
         got = _unpack(self._move(h, packed, forward=True), specs)
         if worst:
@@ -348,6 +447,8 @@ class NormalMethods:
         combined_x[t] = the sum over the ranks token t went to of their row (+ bias), and
         with topk_weights [N, k], their sum likewise. Returns (combined_x,
         combined_topk_weights or None, event)."""
+        if self.ctx is None:
+            raise self._destroyed("combine")
         try:      # refused on this rank: its peers stop at once naming it (fail_call)
             if not isinstance(handle, NormalHandle):
                 raise TypeError(f"combine: handle must be what dispatch returned, got "
@@ -364,7 +465,11 @@ class NormalMethods:
                 fields.append(topk_weights[:N])
         except (TypeError, ValueError) as exc:
             raise self.ctx.fail_call("combine", exc) from None
-        specs = [(f.dtype, tuple(f.shape[1:])) for f in fields]
+        specs = _specs(fields)
+        # the rows' size and dtypes: equal on every rank, or the staging buffers grow on
+        # some ranks only and the others read bytes of another dtype
+        self._agree_once("combine", ("combine", specs), "hidden sizes or dtypes",
+                         lambda: _describe(specs, ("x", "topk_weights")))
         back = _unpack(self._move(handle, _pack(fields, N), forward=False), specs)
         sums = []
         for v in back:
