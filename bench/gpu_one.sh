@@ -3,7 +3,8 @@
 # group, MPS; trident/runtime/placement.py, trident/runtime/mps.py). Steps chosen with STEPS (default: env
 # tests checks); logs under $OUT (at most 8 files come back from a device call).
 #   env       GPU, versions, MPS binary
-#   tests     pytest at TEST_WORLDS (default 1,2,4), side by side, over TESTS (default: tests)
+#   tests     pytest at TEST_WORLDS (default 1,2,4), side by side, over TESTS (default: tests);
+#             PLAN_GRAPHS=all and CAPTURE=light as in allgraphs
 #   checks    gemm tests, demo at 1/2/4 ranks, examples at 2 ranks, soak, bench host figures
 #   gemm      the GEMM core's table of this GPU model (bounded bench gemm, Llama-3 layers at
 #             2 ranks' shapes, M 1..8192): trident/ops/gemm_table_<gpu>.json in this copy
@@ -48,7 +49,10 @@ for step in ${STEPS:-env tests checks}; do
     # one MPS daemon, each rank capped so that all ranks of all worlds add up to 100 % of
     # the GPU (TEST_SHARES: percent per rank of each world), so every rank's programs stay
     # resident. A log per world; the summary lines go to $LOG.
-    nvidia-cuda-mps-control -d && say "MPS daemon started for the test pass"
+    # PLAN_GRAPHS=all (TRIDENT_PLAN_GRAPHS) and CAPTURE=light as in allgraphs below
+    nvidia-cuda-mps-control -d && say "MPS daemon started for the test pass (plan graphs ${PLAN_GRAPHS:-default}, capture ${CAPTURE:-torch})"
+    [ -n "${PLAN_GRAPHS:-}" ] && export TRIDENT_PLAN_GRAPHS=$PLAN_GRAPHS
+    [ "${CAPTURE:-torch}" = light ] && export PYTHONPATH=$PWD:$PWD/bench/lab/capture_site
     shares=(${TEST_SHARES:-16 18 12}); i=0; pids=()
     for w in $(echo ${TEST_WORLDS:-1,2,4} | tr , ' '); do
       # SIGINT at the limit: pytest then prints its summary of what failed so far

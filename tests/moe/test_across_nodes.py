@@ -215,3 +215,30 @@ def test_graph_replay(pool):
         pytest.skip("the rail is gloo through host copies here (ranks share a GPU): "
                     "not capturable")
     pool.run(_graph_replay, 3)
+
+
+def _another_ones_dispatched(ctx):
+    """combine of a Dispatched that another ExpertParallel's dispatch returned: a
+    ValueError on every rank (each makes the same mistake), before anything is sent; both
+    objects' next rounds are right."""
+    E, k, H, M, dtype = 2 * ctx.world_size, 2, 32, 3, torch.bfloat16
+    eps = [td.ExpertParallel(ctx, E, k, H, M, dtype=dtype) for _ in range(2)]
+    try:
+        ranks, a, b = _round_inputs(81, ctx.world_size, E, k, H, M, dtype)
+        T, x, idx, w = ranks[ctx.rank]
+        x, idx, w = x.to(ctx.device), idx.to(ctx.device), w.to(ctx.device)
+        d = [ep.dispatch(x, idx) for ep in eps]
+        ey = _run_experts(ctx, d[0], 2, a, b, dtype)
+        kind, text, _ = attempt(lambda: eps[1].combine(ey, d[0], w))
+        assert (kind, "another ExpertParallel" in text) == ("ValueError", True), (kind, text)
+        for ep, dd in zip(eps, d):
+            _check_combine(ep.combine(_run_experts(ctx, dd, 2, a, b, dtype), dd, w), T,
+                           x.cpu(), idx.cpu(), w.cpu(), a, b, dtype)
+        ctx.barrier()
+    finally:
+        for ep in eps:
+            ep.close()
+
+
+def test_combine_of_another_expert_parallels_dispatch_raises(pool):
+    pool.run(_another_ones_dispatched)

@@ -58,6 +58,9 @@ class Dispatched:
     expert_x_scale: torch.Tensor | None = None   # fp8: [L, cap, H/128] fp32, column-major
                                      # in its last two dims (DeepEP's layout); a row's values
                                      # are expert_x[e, i, j] * expert_x_scale[e, i, j // 128]
+    _owner: int = -1                 # the _id of the ExpertParallel whose dispatch made it
+    _receiving: bool = False         # dispatch(wait=False): its receive half is not queued
+                                     # yet (PendingDispatch.wait() clears it)
 
 
 class PendingDispatch:
@@ -77,6 +80,7 @@ class PendingDispatch:
             self._ep._dispatch_recv(self._result.expert_x_scale is not None,
                                     self._result.has_weights)
             self._done = True
+            self._result._receiving = False      # combine may take it now
         return self._result
 
 
@@ -212,6 +216,8 @@ class ExpertParallel(metaclass=_NamedByContext):
         self.sms = -(-max_programs // 2)          # what the launches are sized for
         self._seq = 0
         self._result: Dispatched | None = None
+        self._combine_at_dispatch = False   # the weights of the combine whose receive half
+                                            # is pending (wait=False) came with dispatch
         try:
             # every rank's flags are zero before anyone signals. A barrier of this call
             # (ctx.building): a peer that refused its arguments (fail_call above) makes it
@@ -288,10 +294,10 @@ class ExpertParallel(metaclass=_NamedByContext):
         b = self.buf
         if fp8:
             self._result = Dispatched(b.expert_x_fp8, b.expert_num_tokens, x.shape[0], has_w,
-                                      self._seq, b.expert_x_scale)
+                                      self._seq, b.expert_x_scale, self._id, not wait)
         else:
             self._result = Dispatched(b.expert_x, b.expert_num_tokens, x.shape[0], has_w,
-                                      self._seq)
+                                      self._seq, None, self._id, not wait)
         if not wait:
             # checked in debug mode after the receive half: the send half never waits, and a
             # bad id raised between the halves would leave this rank's receive epoch behind
@@ -322,6 +328,16 @@ class ExpertParallel(metaclass=_NamedByContext):
             raise self.ctx.fail_call("moe_combine", TypeError(
                 f"combine: d must be what dispatch returned (a Dispatched; call .wait() on a "
                 f"PendingDispatch), got {type(d).__name__}"))
+        if d._owner != self._id:
+            raise self.ctx.fail_call("moe_combine", ValueError(
+                f"combine: d was returned by the dispatch of another ExpertParallel "
+                f"(ep{d._owner}), not of this one ({self.name}); combine it with the "
+                f"ExpertParallel that dispatched it (its buffers hold the tokens)"))
+        if d._receiving:
+            raise self.ctx.fail_call("moe_combine", RuntimeError(
+                "combine: d is the result of a dispatch(wait=False) whose receive half has "
+                "not run: its expert_x is not received yet. Call .wait() on the "
+                "PendingDispatch first (d = pending.wait()), then combine"))
         if d._seq != self._seq:
             raise self.ctx.fail_call("moe_combine", ValueError(
                 "combine: d is from an earlier dispatch; its buffers have been reused since. "
@@ -335,13 +351,17 @@ class ExpertParallel(metaclass=_NamedByContext):
         (ctx.plans.get(key) or plans.new_plan(ctx, key, plans.combine, (
             self, expert_y, d, topk_weights, out, wait))).run((out,))
         ctx.after_op()
-        return out if wait else PendingCombine(self, out)
+        if wait:
+            return out
+        # the receive half's fingerprint is its send half's (plans.combine_recv)
+        self._combine_at_dispatch = topk_weights is None
+        return PendingCombine(self, out)
 
     def _combine_recv(self, out: torch.Tensor) -> None:
         ctx = self.ctx
-        T = out.shape[0]
-        self._plan(("moe_combine_recv", self._id, T, ctx.capturing()), plans.combine_recv,
-                   T, out)((out,))
+        T, at_dispatch = out.shape[0], self._combine_at_dispatch
+        self._plan(("moe_combine_recv", self._id, T, ctx.capturing(), at_dispatch),
+                   plans.combine_recv, T, out, at_dispatch)((out,))
         ctx.after_op()
 
     # ------------------------------------------------------------------ lifetime

@@ -273,7 +273,13 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
             s = (rank + 1 + item % nsrc) % world    # programs spread over the links
             n = tl.sum(tl.where(rs == s, counts, 0))
             if not WEIGHTS_AT_DISPATCH:
-                if ok & (c * CHUNK < n) & (((waited >> s) & 1) == 0):
+                # at chunk 0 also from a source with no token (its one weight program
+                # signals all the same): a source that kept its weights at dispatch
+                # instead (another call: the fingerprint differs) then never signals, and
+                # its receivers find it (ht_combine_recv) -- else, with T = 0 there, the
+                # two calls would not meet at any fingerprint and each side's partials
+                # would use other weights, silently
+                if ok & ((c * CHUNK < n) | (c == 0)) & (((waited >> s) & 1) == 0):
                     ok = B.wait_call(flags, fps, B.FLAG_WEIGHTS, par, world, s, epoch, fp,
                                      ctrl, rank, B.OP_COMBINE)
                     waited = waited | (1 << s)
@@ -291,13 +297,20 @@ def ht_combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, str
 
 @triton.jit
 def ht_combine_recv(pid, npid, out, expert_y, stride_ye, stride_yr, topk_weights, stride_wt,
-                    stride_wk, num_tokens, send_slot, token_rows, weights, partial,
-                    chunk_flags, state, ctrl, rank, world, max_tokens, cap, trace_buf,
-                    H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WP: tl.constexpr,
-                    WEIGHTS_AT_DISPATCH: tl.constexpr, ONE_PASS: tl.constexpr,
-                    CHUNK: tl.constexpr, BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                    stride_wk, num_tokens, send_slot, token_rows, weights, partial, flags,
+                    fps, chunk_flags, state, ctrl, rank, world, max_tokens, cap, trace_buf,
+                    fp, H: tl.constexpr, K: tl.constexpr, KP: tl.constexpr,
+                    WP: tl.constexpr, WEIGHTS_AT_DISPATCH: tl.constexpr,
+                    ONE_PASS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_H: tl.constexpr,
+                    TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
     par = epoch % 2
+    # with the weights at dispatch, a chunk's wait also watches the source's weights flag
+    # (polled with its control block only, never on a wait that finds its flag): a source
+    # that sent weights in this launch made the other call (weights at combine, another
+    # fingerprint) and waits for ours, which never come -- CallMismatch at once, not the
+    # timeout (tdl.wait's SIBLINGS)
+    SIBLINGS: tl.constexpr = 1 if WEIGHTS_AT_DISPATCH else 0
     if WEIGHTS_AT_DISPATCH:     # this rank's own weights, in dispatch's half of dweights
         wpar = tl.load(state + B.DISPATCH_RECV_EPOCH) % 2
     t0 = trd.begin(TRACE)
@@ -310,9 +323,11 @@ def ht_combine_recv(pid, npid, out, expert_y, stride_ye, stride_yr, topk_weights
         for j in range(1 if ONE_PASS else 0, world):
             r = (rank + j) % world      # ONE_PASS: this rank's own part needs no flag
             if ok:
+                wslot = (B.FLAG_WEIGHTS * 2 + par) * world + r
                 ok = tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world,
                                           max_tokens, CHUNK), epoch, ctrl, rank, r,
-                              B.OP_COMBINE)
+                              B.OP_COMBINE, siblings=flags + wslot, fp_at=fps + wslot,
+                              fp=fp, SIBLINGS=SIBLINGS, SIBLING_STRIDE=1)
         if ok:
             for t in range(c * CHUNK, tl.minimum(c * CHUNK + CHUNK, num_tokens)):
                 if ONE_PASS:
@@ -359,6 +374,7 @@ def ht_combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, s
         if PART != B.SEND:
             ht_combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, expert_y,
                             stride_ye, stride_yr, topk_weights, stride_wt, stride_wk,
-                            num_tokens, send_slot, token_rows, weights, partial, chunk_flags,
-                            state, ctrl, rank, world, max_tokens, cap, trace_buf, H, K, KP,
-                            WP, WEIGHTS_AT_DISPATCH, ONE_PASS, CHUNK, BLOCK_H, TRACE)
+                            num_tokens, send_slot, token_rows, weights, partial, flags, fps,
+                            chunk_flags, state, ctrl, rank, world, max_tokens, cap,
+                            trace_buf, fp, H, K, KP, WP, WEIGHTS_AT_DISPATCH, ONE_PASS,
+                            CHUNK, BLOCK_H, TRACE)

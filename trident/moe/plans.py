@@ -58,10 +58,13 @@ PDL = True
 # Made once per signature, when the plan is built (a warm call does not repeat them).
 def check_open(ep, op: str) -> None:
     """`op` (dispatch, combine) of an ExpertParallel `ep` (None: the node's one of a closed
-    ExpertParallel across nodes) after its close(), which freed the buffers."""
+    ExpertParallel across nodes) after its close(), which freed the buffers, or after its
+    context's close(), which unmapped the heap they are on (the context's own error: its
+    close() also empties the plan cache, so every call after it comes here)."""
     if ep is None or ep.buf is None:
         raise RuntimeError(f"{op}: this ExpertParallel is closed (close() freed its heap "
                            f"buffers); make a new one")
+    ep.ctx._check_open()
 
 
 def _check_tokens(ep, x: torch.Tensor, topk_idx: torch.Tensor) -> None:
@@ -289,6 +292,7 @@ def dispatch(ep, x, topk_idx, topk_weights, wait: bool, check: bool, use_fp8: bo
 def dispatch_recv(ep, use_fp8: bool, has_w: bool) -> Plan:
     """The receive half alone (split mode); the send half's tensors are not read (`has_w`:
     whether the send half had weights, for the fingerprint)."""
+    check_open(ep, "dispatch")
     b = ep.buf
     plan = Plan((), "moe_dispatch_recv")
     args = dict(x=b.tokens, stride_x=0, topk_idx=b.meta, stride_it=0, stride_ik=0,
@@ -317,7 +321,8 @@ def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
                 topk_weights=w, stride_wt=0 if at_dispatch else w.stride(0),
                 stride_wk=0 if at_dispatch else w.stride(1), out=Live(0), num_tokens=T,
                 weights=ep.buf.dweights if at_dispatch else ep.buf.weights,
-                num_weight_programs=weight_programs, fp=_call(ep, _kernels(ep)[1]),
+                num_weight_programs=weight_programs,
+                fp=_call(ep, _kernels(ep)[1], at_dispatch),
                 **_combine_constexprs(ep, weight_programs))
     part, programs = (B.BOTH, senders + _programs(ep, T)) if wait else (B.SEND, senders)
     if part == B.BOTH and ep.high_throughput and HT_COMBINE_STAGED:
@@ -327,14 +332,19 @@ def combine(ep, expert_y, d, topk_weights, out, wait: bool) -> Plan:
     return plan
 
 
-def combine_recv(ep, T: int, out) -> Plan:
-    """The receive half alone (split mode): sums the partials of T tokens into tensor 0."""
+def combine_recv(ep, T: int, out, at_dispatch: bool) -> Plan:
+    """The receive half alone (split mode): sums the partials of T tokens into tensor 0
+    (`at_dispatch`: whether the send half's weights came with dispatch, for the
+    fingerprint)."""
+    check_open(ep, "combine")
     b = ep.buf
     plan = Plan((out,), "moe_combine_recv")
     args = dict(expert_y=b.expert_x, stride_ye=0, stride_yr=0, topk_weights=b.dweights,
                 stride_wt=0, stride_wk=0, out=Live(0), num_tokens=T, weights=b.weights,
-                num_weight_programs=0, fp=_call(ep, _kernels(ep)[1]),
+                num_weight_programs=0, fp=_call(ep, _kernels(ep)[1], at_dispatch),
                 **_combine_constexprs(ep, 0))
+    # the high-throughput receivers watch for the other call where the weights came with
+    # dispatch (high_throughput.py ht_combine_recv); the low-latency ones read it nowhere
     _launch(ep, plan, _kernels(ep)[1], B.RECV, 0, _programs(ep, T), args,
-            WEIGHTS_AT_DISPATCH=False)
+            WEIGHTS_AT_DISPATCH=at_dispatch and ep.high_throughput)
     return plan

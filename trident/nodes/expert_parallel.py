@@ -136,7 +136,7 @@ class ExpertParallelAcrossNodes:
         self._seq += 1
         nd = self._node_d
         self._result = Dispatched(nd.expert_x, nd.expert_num_tokens, T, has_w, self._seq,
-                                  nd.expert_x_scale)
+                                  nd.expert_x_scale, self._id)
         if not wait:
             return PendingDispatch(self, self._result)
         if ctx.debug:
@@ -194,6 +194,9 @@ class ExpertParallelAcrossNodes:
         if not isinstance(d, Dispatched):
             raise TypeError(f"combine: d must be what dispatch returned (a Dispatched; call "
                             f".wait() on a PendingDispatch), got {type(d).__name__}")
+        if d._owner != self._id:
+            raise ValueError("combine: d was returned by the dispatch of another "
+                             "ExpertParallel; combine it with the one that dispatched it")
         if d._seq != self._seq or self._node_pending is not None:
             raise ValueError("combine: d is from an earlier dispatch, or its .wait() was not "
                              "called; combine the latest dispatch after its .wait()")
