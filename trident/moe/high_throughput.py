@@ -322,6 +322,15 @@ def ht_combine_recv(pid, npid, out, expert_y, stride_ye, stride_yr, topk_weights
     for c in range(pid, tl.maximum(tl.cdiv(num_tokens, CHUNK), 1), npid):
         for j in range(1 if ONE_PASS else 0, world):
             r = (rank + j) % world      # ONE_PASS: this rank's own part needs no flag
+            if not WEIGHTS_AT_DISPATCH:
+                if ok & (c == pid):
+                    # before this program sums its first chunk of r: r's call is this one
+                    # (its weights flag carries the fingerprint). Else a source that kept
+                    # its weights at dispatch (another call) pushes partials made with
+                    # other weights, these receivers sum them and finish before this
+                    # rank's senders fail, and the output is left plausible, not poisoned
+                    ok = B.wait_call(flags, fps, B.FLAG_WEIGHTS, par, world, r, epoch, fp,
+                                     ctrl, rank, B.OP_COMBINE)
             if ok:
                 wslot = (B.FLAG_WEIGHTS * 2 + par) * world + r
                 ok = tdl.wait(_chunk_flag(chunk_flags, B.CHUNK_COMBINE, r, c, world,
