@@ -70,6 +70,18 @@ def _right(ctx, ep, seed, split=False, weights_at_dispatch=False):
     torch.testing.assert_close(y.cpu(), _reference_combine(T, xc, ic, wc, a, b, DTYPE))
 
 
+def _then_right(sub, call, *rounds):
+    """attempt(call) and sync; then, after sub.reset(), each of `rounds` ((ep, seed, kw))
+    is a correct round; every ExpertParallel closed. Returns the attempt."""
+    got = attempt(lambda: (call(), sub.sync()))
+    sub.reset()
+    for ep, seed, kw in rounds:
+        _right(sub, ep, seed, **kw)
+    for ep in {id(r[0]): r[0] for r in rounds}.values():
+        ep.close()
+    return got
+
+
 def _misusing(ctx, who: str) -> bool:
     return who == "every" or ctx.rank == ctx.world_size - 1
 
@@ -97,13 +109,7 @@ def _another_ones_dispatched(ctx, who):
         ep2.dispatch(*_inputs(sub, ep2, 2)[3:5])
         ey = _run_experts(sub, d1, ep1.num_local_experts, a, b, DTYPE)
         ep = ep2 if _misusing(sub, who) else ep1
-        got = attempt(lambda: (ep.combine(ey, d1, w), sub.sync()))
-        sub.reset()
-        _right(sub, ep1, 3)
-        _right(sub, ep2, 4)
-        ep1.close()
-        ep2.close()
-    return got
+        return _then_right(sub, lambda: ep.combine(ey, d1, w), (ep1, 3, {}), (ep2, 4, {}))
 
 
 @pytest.mark.parametrize("who", ["every", "last"])
@@ -124,12 +130,8 @@ def _before_wait(ctx, who):
         else:
             d = pending.wait()
         ey = _run_experts(sub, d, ep.num_local_experts, a, b, DTYPE)
-        got = attempt(lambda: (ep.combine(ey, d, w), sub.sync()))
-        sub.reset()
-        _right(sub, ep, 3, split=True)
-        _right(sub, ep, 4)
-        ep.close()
-    return got
+        return _then_right(sub, lambda: ep.combine(ey, d, w), (ep, 3, dict(split=True)),
+                           (ep, 4, {}))
 
 
 @pytest.mark.parametrize("who", ["every", "last"])
