@@ -117,6 +117,9 @@ def _bad_knobs(ctx):
         ctx.all_reduce(t, algorithm="two_shot", chunk=4)
     with pytest.raises(ValueError, match="unknown option"):
         ctx.all_reduce(t, algorithm="one_shot", warps=4)
+    # a misspelt argument of the op (torch's `root` for trident's `src`) says so
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['root'\].*not broadcast's own"):
+        ctx.broadcast(t, root=0)
     with pytest.raises(ValueError, match="nccl takes no options" if ctx.nccl_available
                        else "ranks share one GPU"):
         ctx.broadcast(t, 0, algorithm="nccl", depth=4)

@@ -14,6 +14,9 @@ launch, and a peer in it with another fingerprint is a CallMismatch (language/sy
 import pytest
 import torch
 
+import trident as td
+from trident.runtime.errors import HeapMismatchError
+
 from .mismatch import assert_found_when_ranks_meet, mismatched_call
 
 N = 4000          # floats: two programs of the flag kernels on the CPU emulation
@@ -59,3 +62,31 @@ def test_algorithms_that_differ_are_poisoned_and_raised(pool, op, pair):
     if pool.world_size == 1:
         pytest.skip("needs two ranks")
     assert_found_when_ranks_meet(pool.run(_algorithms_differ, op, pair), op)
+
+
+def _first_calls_differ(ctx):
+    """A fresh context whose first all_reduce is one_shot on rank 0 and two_shot on the
+    others: each creates another workspace, which the ranks' creation barrier finds."""
+    with td.init(heap_size=8 << 20, group=ctx.group, timeout=10.0) as sub:
+        t = sub.ones(64)
+        try:
+            sub.all_reduce(t, algorithm="one_shot" if sub.rank == 0 else "two_shot")
+            sub.sync()
+        except HeapMismatchError as e:
+            text = str(e)
+        else:
+            text = "no error"
+        sub.reset()
+        t.fill_(1.0)
+        sub.all_reduce(t, algorithm="one_shot")
+        assert t.eq(sub.world_size).all()
+        sub.barrier()
+    return text
+
+
+def test_first_calls_of_different_algorithms_are_named_as_such(pool):
+    if pool.world_size == 1:
+        pytest.skip("needs two ranks")
+    for rank, text in enumerate(pool.run(_first_calls_differ)):
+        assert "the ranks created different workspaces" in text, (rank, text)
+        assert "the ranks made different calls here (another algorithm" in text, (rank, text)

@@ -214,3 +214,33 @@ def test_weights_at_dispatch_on_one_rank_at_combine_on_others_raise(
         assert "moe_combine" in text and "different call" in text, every
         assert took < QUICK, f"rank {rank} took {took:.2f} s\n{every}"
         assert poisoned, f"rank {rank}: plausible outputs of a mismatched combine\n{every}"
+
+
+# ---------------------------------------------------------------- arguments differ
+def _made_differently(ctx, field):
+    """The last rank makes its ExpertParallel with another hidden size, or for another
+    number of SMs (its programs differ: 2 against 3 on the CPU emulation)."""
+    last = ctx.rank == ctx.world_size - 1
+    kw = dict(hidden_dim=2 * H if last else H) if field == "hidden_dim" else \
+        dict(hidden_dim=H, num_sms=1 if last else None)
+    got = attempt(lambda: td.ExpertParallel(ctx, 2 * ctx.world_size, K, max_num_tokens=M,
+                                            dtype=DTYPE, **kw))
+    ep = _ep(ctx)                 # nothing was allocated: the heaps still agree
+    _right(ctx, ep, 5)
+    ep.close()
+    ctx.barrier()
+    return got
+
+
+@pytest.mark.parametrize("field,said", [
+    ("hidden_dim", ["hidden_dim: rank 0 {h}, ", "rank {last} {h2})"]),
+    ("num_sms", ["programs: rank 0", "pass the same num_sms"])])
+def test_arguments_that_differ_between_ranks_are_named_on_every_rank(pool, field, said):
+    results = pool.run(_made_differently, field)
+    every = "\n".join(f"rank {r}: {x}" for r, x in enumerate(results))
+    for rank, (kind, text, took) in enumerate(results):
+        assert kind == "ValueError", every
+        assert "the ranks made it with different arguments" in text, every
+        assert all(p.format(h=H, h2=2 * H, last=len(results) - 1) in text
+                   for p in said), every
+        assert took < QUICK, every

@@ -30,7 +30,9 @@ def knobs(ctx, op: str, name: str, options: tuple, block=None, programs=None,
         bad = [k for k in kw if k not in algorithm.knobs]
         if bad:
             raise ValueError(f"{op} {name}: unknown option(s) {bad}; it takes "
-                             f"{list(algorithm.knobs)}")
+                             f"{list(algorithm.knobs)} (keyword arguments that are not "
+                             f"{op}'s own go to its algorithm, {name!r} here: a misspelt "
+                             f"argument of {op} ends up here too)")
     common.check_launch(block, programs, op)
     common.check_warps(kw.get("warps"))
     algorithm.check_options(ctx, word, block, kw)

@@ -133,6 +133,30 @@ def program_cap(ctx, num_sms) -> int:
     return 2 * (share if num_sms is None else num_sms)
 
 
+def agree_args(ctx, **fields) -> None:
+    """The constructor's arguments that the ranks' kernels share (and what they resolved to
+    on this rank: the program cap, the path) are the same on every rank, checked before
+    anything is allocated: else every rank raises ValueError naming each field that
+    differs and every rank's value (instead of a heap mismatch of buffer shapes, or a call
+    mismatch at the first dispatch). validate and allow_minus_one are each rank's own."""
+    mine = tuple((k, str(v)) for k, v in fields.items())
+    with ctx.building("ExpertParallel"):
+        _, everyone = ctx.host_exchange("ExpertParallel", detail=mine)
+    if everyone is None:
+        return
+    differ = [i for i in range(len(mine)) if len({theirs[i] for theirs in everyone}) > 1]
+    said = "; ".join(f"{mine[i][0]}: " + ", ".join(f"rank {r} {theirs[i][1]}"
+                                                    for r, theirs in enumerate(everyone))
+                     for i in differ)
+    hint = {"programs": " (programs: twice num_sms; with num_sms=None, each rank's share of "
+                        "the GPU: pass the same num_sms)",
+            "high_throughput": " (high_throughput=None: max_num_tokens against each rank's "
+                               "TRIDENT_MOE_HT_MIN_TOKENS)"}
+    raise ValueError(f"ExpertParallel: the ranks made it with different arguments ({said}); "
+                     f"every rank must pass the same"
+                     + "".join(hint.get(mine[i][0], "") for i in differ))
+
+
 class _NamedByContext(type):
     """ExpertParallel(ctx, ...) makes the class that the context names in its attribute
     `expert_parallel_class`, where it has one: a trident.WorldContext names the two-stage
@@ -199,6 +223,9 @@ class ExpertParallel(metaclass=_NamedByContext):
         # of dispatch.py/combine.py (low latency); per object, so the same on every rank
         self.high_throughput = (max_num_tokens >= ctx.options.moe_ht_min_tokens
                                 if high_throughput is None else bool(high_throughput))
+        agree_args(ctx, num_experts=num_experts, experts_per_token=experts_per_token,
+                   hidden_dim=hidden_dim, max_num_tokens=max_num_tokens, dtype=dtype,
+                   high_throughput=self.high_throughput, programs=max_programs)
         self._id = next(_IDS)
         # how trident::moe_dispatch/combine find it (trident/torch/ops/moe.py): its context's
         # name, its number in this process and what the ops' fakes read (local experts,

@@ -182,9 +182,15 @@ class HeapMethods:
                 roll_back()
             if keys is not None:
                 names = "; ".join(f"rank {r}: {k!r}" for r, k in enumerate(keys))
+                kinds = {k[0] if isinstance(k, tuple) and k else k for k in keys}
+                why = ("their sizes differ. Every rank must call with the same sizes."
+                       if len(kinds) == 1 else
+                       "the ranks made different calls here (another algorithm, schedule or "
+                       "op, or sizes that lead to another one). Every rank must make the "
+                       "same calls with the same arguments.")
                 raise HeapMismatchError(
                     f"{self._op_phrase()}: the ranks created different workspaces ({names}): "
-                    f"their sizes differ. Every rank must call with the same sizes.")
+                    f"{why}")
             if any(failed):
                 if error is None:
                     bad = [r for r, f in enumerate(failed) if f]
