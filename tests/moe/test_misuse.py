@@ -11,11 +11,10 @@ error, and now raises a named one on every rank that should, quickly:
   - ranks that disagree on where the weights are (one rank keeps them from dispatch, the
     others pass new ones to combine): where the rank that keeps them has no token (so the
     others wait for no weights of it) each side summed with other weights, silently; on
-    the high-throughput path with tokens everywhere both sides waited until their
-    timeout. Now the combine's fingerprint holds it (plans.combine): CallMismatch on every
-    rank, or PeerFailed naming it, with the outputs NaN. (On the low-latency path with
-    tokens on every rank the CPU emulation still waits for the timeout, bounded, every
-    rank raising; not tested here, it was so before.)
+    both paths with tokens everywhere both sides waited until their timeout. Now the
+    combine's fingerprint holds it (plans.combine), and the receivers of a rank that kept
+    its weights watch the sources' weights flags: CallMismatch on every rank, or
+    PeerFailed naming it, at once, with the outputs NaN.
 
 Where only the last rank misuses, its peers' correct call stops at once naming it
 (fail_call), not at their timeout. After ctx.reset() on every rank (or in a new context),
@@ -201,10 +200,11 @@ def _weights_disagree(ctx, high_throughput, tokens, split):
 
 
 @pytest.mark.parametrize("high_throughput,tokens,split", [
-    (False, "empty", False), (False, "empty", True), (True, "empty", False),
-    (True, "empty", True), (True, "full", False)],
-    ids=["low_latency-empty", "low_latency-empty-split", "ht-empty", "ht-empty-split",
-         "ht-full"])
+    (False, "empty", False), (False, "empty", True), (False, "full", False),
+    (False, "full", True), (True, "empty", False), (True, "empty", True),
+    (True, "full", False)],
+    ids=["low_latency-empty", "low_latency-empty-split", "low_latency-full",
+         "low_latency-full-split", "ht-empty", "ht-empty-split", "ht-full"])
 def test_weights_at_dispatch_on_one_rank_at_combine_on_others_raise(
         pool, high_throughput, tokens, split):
     results = pool.run(_weights_disagree, high_throughput, tokens, split)

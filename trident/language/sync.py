@@ -245,7 +245,8 @@ def _all_came(cur, value, mask):
 
 
 @triton.jit
-def wait_group(flags, mask, value, ctrl, rank, peer, op: tl.constexpr = 0):
+def wait_group(flags, mask, value, ctrl, rank, peer, op: tl.constexpr = 0, siblings=0,
+               fp_at=0, fp=0, SIBLINGS: tl.constexpr = 0, SIBLING_STRIDE: tl.constexpr = 0):
     """`wait` for a group of flags of one peer at once: until the local word at every lane
     of `flags` (a block of pointers, any addresses) where `mask` is set is >= `value`
     (acquire, system scope), one look at all of them per probe. Lanes off the mask are
@@ -253,31 +254,36 @@ def wait_group(flags, mask, value, ctrl, rank, peer, op: tl.constexpr = 0):
     one came, the words as last read: what the signals carried).
 
     Bounded, and stops on a failed peer, on this rank's error word or on a peer in a
-    host-side call exactly as `wait` does. Every decision in the loop is voted by the
+    host-side call exactly as `wait` does, and on another call of the peer in this
+    launch where SIBLINGS > 0 (as `wait`'s). Every decision in the loop is voted by the
     whole program, so its warps leave together (the reductions of a block larger than a
     warp hold program barriers: a warp that left alone would pair them wrongly)."""
     cur = load_acquire(flags)
     came = _all_came(cur, value, mask)
     gone = tl.cast(0, tl.int1)
     elsewhere = tl.cast(0, tl.int1)
+    wrong = tl.cast(0, tl.int1)
     if not came:
         late = tl.load(ctrl + CTRL_ERROR, volatile=True) != 0
         limit = tl.load(ctrl + CTRL_TIMEOUT)
         start = timestamp()
         rounds = 0
-        while (not came) & (not late) & (not gone) & (not elsewhere):
+        while (not came) & (not late) & (not gone) & (not elsewhere) & (not wrong):
             backoff()
             rounds += 1
             if rounds % PEER_POLL == 0:     # a peer that failed, or another program here
                 gone = program_any(peer_failed(ctrl, peer)
                                    | (tl.load(ctrl + CTRL_ERROR, volatile=True) != 0))
                 elsewhere = program_any(peer_in_host_call(ctrl, peer))
+                if SIBLINGS > 0:
+                    wrong = program_any(other_call(siblings, fp_at, value, fp, SIBLINGS,
+                                                   SIBLING_STRIDE))
             # read after the peer's words above: what it signalled before them is seen
             cur = load_acquire(flags)
             came = _all_came(cur, value, mask)
             late = program_any((timestamp() - start) > limit)
         if not came:
-            record_failed_wait(gone, elsewhere, ctrl, rank, peer, op)
+            record_failed_wait(gone, elsewhere, ctrl, rank, peer, op, 0, wrong)
     return came, cur
 
 

@@ -233,9 +233,13 @@ def signal_program(flags, fps, slots, kind: tl.constexpr, par, world, rank, pid,
 
 @triton.jit
 def wait_programs(flags, fps, slots, kind: tl.constexpr, par, world, src, n, value, fp, ctrl,
-                  rank, op: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr):
+                  rank, op: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
+                  WATCH: tl.constexpr = -1):
     """Wait until programs 0..n-1 of `src` signalled (kind, par) with at least `value`
-    (signal_program; n <= NP, a power of two), all in one look per probe. Returns (came,
+    (signal_program; n <= NP, a power of two), all in one look per probe. WATCH >= 0:
+    also watch `src`'s flag (WATCH, par) while waiting: one of this launch there with
+    another fingerprint is another call, CallMismatch at once (tdl.wait_group's
+    SIBLINGS), not the timeout. Returns (came,
     program 0's value, the fingerprint it stored): the caller checks the call with
     same_call(fp_theirs, fp, came, ...) where it first needs to, so that the load's trip
     overlaps its work -- anything it does before must stay in bounds whatever a peer of
@@ -245,7 +249,11 @@ def wait_programs(flags, fps, slots, kind: tl.constexpr, par, world, src, n, val
     slot = (kind * 2 + par) * world + src
     ptrs = tl.where(i == 0, flags + slot, slots + slot * NS + i)
     ptrs = tl.where(i < n, ptrs, flags + slot)
-    came, got = tdl.wait_group(ptrs, i < n, value, ctrl, rank, src, op)
+    WATCHED: tl.constexpr = WATCH if WATCH >= 0 else 0
+    SIBLINGS: tl.constexpr = 1 if WATCH >= 0 else 0
+    other = (WATCHED * 2 + par) * world + src
+    came, got = tdl.wait_group(ptrs, i < n, value, ctrl, rank, src, op, flags + other,
+                               fps + other, fp, SIBLINGS, 1)
     first = tl.sum(tl.where(i == 0, got, 0), axis=0)
     return came, first, tl.load(fps + slot, volatile=True)
 

@@ -241,9 +241,14 @@ def combine_send(pid, npid, expert_y, stride_ye, stride_yr, topk_weights, stride
 def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, fps, slots, state,
                  ctrl, trace_buf, rank, world, max_tokens, peer_programs, fp,
                  H: tl.constexpr, WP: tl.constexpr, NS: tl.constexpr, NP: tl.constexpr,
-                 BLOCK_H: tl.constexpr, TRACE: tl.constexpr):
+                 WEIGHTS_AT_DISPATCH: tl.constexpr, BLOCK_H: tl.constexpr,
+                 TRACE: tl.constexpr):
     epoch = tdl.launch_epoch(state + B.COMBINE_RECV_EPOCH)
     par = epoch % 2
+    # with the weights at dispatch, a source that sent weights in this launch made the
+    # other call (weights at combine: another fingerprint) and waits for ours, which never
+    # come; the wait for its partials watches its weights flag (CallMismatch at once)
+    WATCH: tl.constexpr = B.FLAG_WEIGHTS if WEIGHTS_AT_DISPATCH else -1
     t0 = trd.begin(TRACE)
     ok = tl.cast(1, tl.int1)
     for j in range(world):
@@ -251,7 +256,7 @@ def combine_recv(pid, npid, out, num_tokens, send_slot, partial, flags, fps, slo
         if ok:
             came, _, theirs = B.wait_programs(flags, fps, slots, B.FLAG_COMBINE, par, world,
                                               s, peer_programs, epoch, fp, ctrl, rank,
-                                              B.OP_COMBINE, NS, NP)
+                                              B.OP_COMBINE, NS, NP, WATCH)
             ok = same_call(theirs, fp, came, ctrl, rank, s, B.OP_COMBINE)
     trd.end(trace_buf, t0, tags.WAIT, rank, TRACE)
     t0 = trd.begin(TRACE)
@@ -284,7 +289,8 @@ def combine_kernel(expert_y, stride_ye, stride_yr, topk_weights, stride_wt, stri
         if PART != B.SEND:
             combine_recv(pid - n_send, tl.num_programs(0) - n_send, out, num_tokens,
                          send_slot, partial, flags, fps, slots, state, ctrl, trace_buf, rank,
-                         world, max_tokens, peer_programs, fp, H, WP, NS, NP, BLOCK_H, TRACE)
+                         world, max_tokens, peer_programs, fp, H, WP, NS, NP,
+                         WEIGHTS_AT_DISPATCH, BLOCK_H, TRACE)
     # off the chain, as dispatch's: the last program of the launch stores the epochs and,
     # if a wait of this rank failed, leaves out [T, H] all bits set (buffers.py "Calls")
     done = B.COMBINE_SEND_DONE if PART == B.SEND else B.COMBINE_RECV_DONE

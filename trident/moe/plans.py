@@ -343,8 +343,8 @@ def combine_recv(ep, T: int, out, at_dispatch: bool) -> Plan:
                 stride_wt=0, stride_wk=0, out=Live(0), num_tokens=T, weights=b.weights,
                 num_weight_programs=0, fp=_call(ep, _kernels(ep)[1], at_dispatch),
                 **_combine_constexprs(ep, 0))
-    # the high-throughput receivers watch for the other call where the weights came with
-    # dispatch (high_throughput.py ht_combine_recv); the low-latency ones read it nowhere
+    # the receivers watch for the other call where the weights came with dispatch
+    # (high_throughput.py ht_combine_recv, combine.py combine_recv)
     _launch(ep, plan, _kernels(ep)[1], B.RECV, 0, _programs(ep, T), args,
-            WEIGHTS_AT_DISPATCH=at_dispatch and ep.high_throughput)
+            WEIGHTS_AT_DISPATCH=at_dispatch)
     return plan
