@@ -57,7 +57,7 @@ import trident.language as tdl
 from trident.trace import device as trd, kernel_args, tags
 
 from . import common, lamport as proto, nccl
-from .device import (DATA, OP_ALL_REDUCE, SUM, begin_epoch, exchange, fingerprint, poison,
+from .device import (DATA, OP_ADD_RMSNORM, SUM, begin_epoch, exchange, fingerprint, poison,
                      reduce_slots, scratch_half)
 from ..runtime.graph_pools import outside_graph_pools
 from ..runtime.compiled import STANDINS, is_compiling
@@ -116,7 +116,7 @@ def _add_rmsnorm_kernel(x, residual, weight, out, scratch, flags, sync, ctrl, he
                           heap_bases, mask=mask)
     trd.end(trace_buf, t0, tags.SEND, rank, TRACE)
     ok = exchange(flags, DATA, epoch, ctrl, rank, world_size, heap_bases,
-                  OP_ALL_REDUCE, fp, trace_buf, TRACE)
+                  OP_ADD_RMSNORM, fp, trace_buf, TRACE)
     t0 = trd.begin(TRACE)
     for row in range(pid, rows, nprog):
         base = row * hidden
@@ -158,7 +158,7 @@ def _lamport_kernel(x, residual, weight, out, data, heads, lsync, fsync, ctrl, h
             # every rank reduces what travels (-0.0 as +0.0): the same values everywhere
             local = proto.canonical(tl.load(x + offs, mask=mask))
             s, ok = proto.receive(base, slot, heads_row, local, offs, mask, expect, ok, ctrl,
-                                  fsync, rank, heap_bases, SUM, WORLD, OP_ALL_REDUCE)
+                                  fsync, rank, heap_bases, SUM, WORLD, OP_ADD_RMSNORM)
             # a failed wait leaves NaN in the residual and the output (poison), from this
             # chunk on (the chunks before it came whole, in a call of this fingerprint)
             squares += _add_residual(residual, offs, mask, poison(s, ok), residual)

@@ -73,6 +73,7 @@ NUM_REGIONS = tl.constexpr(3 + 2)     # the flags buffer: phases, then fingerpri
 OP_ALL_GATHER = tl.constexpr(OP_CODES["all_gather"])
 OP_REDUCE_SCATTER = tl.constexpr(OP_CODES["reduce_scatter"])
 OP_ALL_REDUCE = tl.constexpr(OP_CODES["all_reduce"])
+OP_ADD_RMSNORM = tl.constexpr(OP_CODES["all_reduce_add_rmsnorm"])
 OP_ALL_TO_ALL = tl.constexpr(OP_CODES["all_to_all"])
 OP_BROADCAST = tl.constexpr(OP_CODES["broadcast"])
 SUM = tl.constexpr(0)

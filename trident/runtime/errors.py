@@ -20,6 +20,7 @@ OP_NAMES = {
     12: "test",
     13: "p2p_bench",
     14: "matmul_all_reduce_add_rmsnorm",
+    15: "all_reduce_add_rmsnorm",
 }
 OP_CODES = {name: code for code, name in OP_NAMES.items()}
 
