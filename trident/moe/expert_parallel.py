@@ -85,14 +85,16 @@ class PendingDispatch:
 
 
 class PendingCombine:
-    """The send half of a combine is queued; .wait() queues the receive half, returns y."""
+    """The send half of a combine is queued; .wait() queues the receive half, returns y.
+    `recv`: what the receive half needs of its send half (ExpertParallel: whether the
+    weights came with dispatch, in the call's fingerprint)."""
 
-    def __init__(self, ep: "ExpertParallel", out: torch.Tensor):
-        self._ep, self._out, self._done = ep, out, False
+    def __init__(self, ep: "ExpertParallel", out: torch.Tensor, *recv):
+        self._ep, self._out, self._recv, self._done = ep, out, recv, False
 
     def wait(self) -> torch.Tensor:
         if not self._done:
-            self._ep._combine_recv(self._out)
+            self._ep._combine_recv(self._out, *self._recv)
             self._done = True
         return self._out
 
@@ -243,8 +245,6 @@ class ExpertParallel(metaclass=_NamedByContext):
         self.sms = -(-max_programs // 2)          # what the launches are sized for
         self._seq = 0
         self._result: Dispatched | None = None
-        self._combine_at_dispatch = False   # the weights of the combine whose receive half
-                                            # is pending (wait=False) came with dispatch
         try:
             # every rank's flags are zero before anyone signals. A barrier of this call
             # (ctx.building): a peer that refused its arguments (fail_call above) makes it
@@ -378,15 +378,12 @@ class ExpertParallel(metaclass=_NamedByContext):
         (ctx.plans.get(key) or plans.new_plan(ctx, key, plans.combine, (
             self, expert_y, d, topk_weights, out, wait))).run((out,))
         ctx.after_op()
-        if wait:
-            return out
         # the receive half's fingerprint is its send half's (plans.combine_recv)
-        self._combine_at_dispatch = topk_weights is None
-        return PendingCombine(self, out)
+        return out if wait else PendingCombine(self, out, topk_weights is None)
 
-    def _combine_recv(self, out: torch.Tensor) -> None:
+    def _combine_recv(self, out: torch.Tensor, at_dispatch: bool) -> None:
         ctx = self.ctx
-        T, at_dispatch = out.shape[0], self._combine_at_dispatch
+        T = out.shape[0]
         self._plan(("moe_combine_recv", self._id, T, ctx.capturing(), at_dispatch),
                    plans.combine_recv, T, out, at_dispatch)((out,))
         ctx.after_op()
